@@ -1,0 +1,29 @@
+# The two quick-start commands: `make demo` (train short, test long on CPU) and `make test`.
+# Both build .venv on first use. TORCH picks the torch wheel: the default is the CPU build that lies on
+# this project's machines; elsewhere pass e.g. `make TORCH=torch test` for your platform's build.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install demo smoke test bench
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[dev,recipes]"
+	touch $@
+
+demo: install
+	HF_HUB_OFFLINE=1 $(PY) -m recipes.train_short_test_long --config recipes/configs/cpu_demo.yaml
+
+smoke: install
+	HF_HUB_OFFLINE=1 $(PY) -m recipes.train_short_test_long --config recipes/configs/cpu_demo.yaml --smoke
+
+test: install
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+bench: install
+	$(PY) -m benchmarks.bench_alibi

@@ -1,0 +1,47 @@
+"""hf_alibi: ALiBi GPT-2 models for transformers. Importing registers model type "alibi_gpt2" with the Auto classes."""
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
+
+from .alibi import alibi_causal_bias, get_alibi_slopes
+from .configuration_alibi_gpt2 import AlibiGPT2Config
+from .modeling_alibi_gpt2 import (
+    AlibiGPT2ForQuestionAnswering,
+    AlibiGPT2ForSequenceClassification,
+    AlibiGPT2ForTokenClassification,
+    AlibiGPT2LMHeadModel,
+    AlibiGPT2Model,
+    AlibiGPT2PreTrainedModel,
+)
+
+AUTO_CLASSES = {
+    AutoModel: AlibiGPT2Model,
+    AutoModelForCausalLM: AlibiGPT2LMHeadModel,
+    AutoModelForSequenceClassification: AlibiGPT2ForSequenceClassification,
+    AutoModelForTokenClassification: AlibiGPT2ForTokenClassification,
+    AutoModelForQuestionAnswering: AlibiGPT2ForQuestionAnswering,
+}
+
+AutoConfig.register(AlibiGPT2Config.model_type, AlibiGPT2Config, exist_ok=True)
+AlibiGPT2Config.register_for_auto_class("AutoConfig")  # save_pretrained ships the code beside the weights
+for _auto_class, _model_class in AUTO_CLASSES.items():
+    _auto_class.register(AlibiGPT2Config, _model_class, exist_ok=True)
+    _model_class.register_for_auto_class(_auto_class.__name__)
+
+__all__ = [
+    "AlibiGPT2Config",
+    "AlibiGPT2Model",
+    "AlibiGPT2LMHeadModel",
+    "AlibiGPT2ForSequenceClassification",
+    "AlibiGPT2ForTokenClassification",
+    "AlibiGPT2ForQuestionAnswering",
+    "AlibiGPT2PreTrainedModel",
+    "alibi_causal_bias",
+    "get_alibi_slopes",
+]

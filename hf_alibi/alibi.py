@@ -1,0 +1,62 @@
+"""The ALiBi math: per-head slopes and the additive attention bias, as small pure functions.
+
+Press et al., 2022, "Train Short, Test Long": attention logit(i, j) = q_i . k_j / sqrt(d) - m_h * (i - j), j <= i.
+"""
+
+import math
+
+import torch
+
+
+def _power_of_two_slopes(n: int, max_bias: float) -> list[float]:
+    # m_h = 2 ** (-max_bias * h / n), h = 1..n: start = ratio = 2 ** (-max_bias / n)
+    start = 2.0 ** (-max_bias / n)
+    return [start**h for h in range(1, n + 1)]
+
+
+def get_alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
+    """Per-head ALiBi slopes, fp32, shape `(num_heads,)`, by the paper's rule.
+
+    For a power of two `n` the slopes are `2 ** (-max_bias * h / n)`. Otherwise (the paper's code, also HF BLOOM,
+    MPT, x-transformers): the slopes of the closest smaller power of two `c`, followed by every other slope of
+    `2c` heads. 12 heads give 2^-1 .. 2^-8, then 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5. The order is not monotone and
+    checkpoints depend on it.
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
+    if not math.isfinite(max_bias) or max_bias <= 0:
+        raise ValueError(f"max_bias must be a positive finite number, got {max_bias!r}")
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = _power_of_two_slopes(closest, max_bias)
+    if closest < num_heads:
+        slopes += _power_of_two_slopes(2 * closest, max_bias)[0::2][: num_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def slopes_from_config(config) -> torch.Tensor:
+    """The slopes a config asks for: its explicit `alibi_slopes`, else the paper's rule at `alibi_max_bias`."""
+    if config.alibi_slopes is not None:
+        return torch.tensor(config.alibi_slopes, dtype=torch.float32)
+    return get_alibi_slopes(config.n_head, config.alibi_max_bias)
+
+
+def relative_distances(query_length: int, key_length: int, device=None) -> torch.Tensor:
+    """`i - j` for the last `query_length` of `key_length` positions (bottom-right aligned, as with a KV cache).
+
+    Returns int64 `(query_length, key_length)`; entries are negative above the causal diagonal.
+    """
+    offset = key_length - query_length  # tokens already in the cache
+    query_pos = torch.arange(offset, key_length, device=device)  # (q,)
+    key_pos = torch.arange(key_length, device=device)  # (kv,)
+    return query_pos[:, None] - key_pos[None, :]  # (q, kv)
+
+
+def alibi_causal_bias(slopes: torch.Tensor, query_length: int, key_length: int) -> torch.Tensor:
+    """The additive causal ALiBi bias, fp32, `(H, q, kv)`: `-m_h * (i - j)` for `j <= i`, the fp32 minimum above.
+
+    Built in the relative form `i - j` (never the `+m * j` shortcut, which is equal after softmax but loses
+    precision at long lengths). The fp32 minimum rather than `-inf` keeps fully masked rows free of NaN.
+    """
+    distance = relative_distances(query_length, key_length, slopes.device)  # (q, kv)
+    bias = -slopes.float()[:, None, None] * distance.float()  # (H, q, kv)
+    return bias.masked_fill(distance < 0, torch.finfo(torch.float32).min)  # (H, q, kv)

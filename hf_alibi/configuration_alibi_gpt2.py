@@ -1,0 +1,153 @@
+"""Configuration of the ALiBi GPT-2 family: GPT-2's arguments, minus position embeddings, plus ALiBi's."""
+
+import math
+
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+# Written into every saved config, so a Hub user without hf_alibi loads any head with `trust_remote_code=True`.
+AUTO_MAP = {
+    "AutoConfig": "configuration_alibi_gpt2.AlibiGPT2Config",
+    "AutoModel": "modeling_alibi_gpt2.AlibiGPT2Model",
+    "AutoModelForCausalLM": "modeling_alibi_gpt2.AlibiGPT2LMHeadModel",
+    "AutoModelForSequenceClassification": "modeling_alibi_gpt2.AlibiGPT2ForSequenceClassification",
+    "AutoModelForTokenClassification": "modeling_alibi_gpt2.AlibiGPT2ForTokenClassification",
+    "AutoModelForQuestionAnswering": "modeling_alibi_gpt2.AlibiGPT2ForQuestionAnswering",
+}
+
+
+class AlibiGPT2Config(PretrainedConfig):
+    r"""
+    Configuration for [`AlibiGPT2Model`] and its heads: GPT-2 (pre-LayerNorm blocks, `gelu_new` MLP, tied LM head)
+    with no position embeddings. Attention logits get the fixed, non-learned bias of ALiBi (Press et al., 2022,
+    "Train Short, Test Long"): `q_i . k_j / sqrt(d) - m_h * (i - j)` for key `j <= i` in head `h`.
+
+    Argument names and defaults are GPT-2's, so `GPT2Config` keyword arguments carry over unchanged.
+
+    Args:
+        vocab_size (`int`, *optional*, defaults to 50257):
+            Size of the vocabulary: the number of rows of `wte` and of outputs of the LM head.
+        n_positions (`int`, *optional*, defaults to 1024):
+            The sequence length the model is (or was) trained at. Metadata only: ALiBi has no position table, so
+            inputs of any length run. Alias: `max_position_embeddings`.
+        n_embd (`int`, *optional*, defaults to 768):
+            Width of the residual stream. Must be divisible by `n_head`. Alias: `hidden_size`.
+        n_layer (`int`, *optional*, defaults to 12):
+            Number of transformer blocks. Alias: `num_hidden_layers`.
+        n_head (`int`, *optional*, defaults to 12):
+            Number of attention heads, each with its own ALiBi slope. Alias: `num_attention_heads`.
+        n_inner (`int`, *optional*):
+            Width of the MLP's hidden layer; `None` means `4 * n_embd`.
+        activation_function (`str`, *optional*, defaults to `"gelu_new"`):
+            MLP activation, any key of `transformers.activations.ACT2FN`.
+        resid_pdrop (`float`, *optional*, defaults to 0.1):
+            Dropout on the outputs of attention and MLP before they join the residual stream.
+        embd_pdrop (`float`, *optional*, defaults to 0.1):
+            Dropout on the token embeddings.
+        attn_pdrop (`float`, *optional*, defaults to 0.1):
+            Dropout on the attention probabilities (training only).
+        layer_norm_epsilon (`float`, *optional*, defaults to 1e-5):
+            Epsilon of every LayerNorm.
+        initializer_range (`float`, *optional*, defaults to 0.02):
+            Standard deviation of the normal initialisation of weights (GPT-2's scheme, residual projections scaled
+            by `1 / sqrt(2 * n_layer)`).
+        scale_attn_weights (`bool`, *optional*, defaults to `True`):
+            Divide `q . k` by `sqrt(head_dim)`. The ALiBi bias itself is never scaled.
+        use_cache (`bool`, *optional*, defaults to `True`):
+            Whether the model returns a key/value cache for incremental decoding.
+        bos_token_id (`int`, *optional*, defaults to 50256), eos_token_id (`int`, *optional*, defaults to 50256),
+        pad_token_id (`int`, *optional*):
+            Special token ids, as in GPT-2.
+        tie_word_embeddings (`bool`, *optional*, defaults to `True`):
+            Tie the LM head to `wte`.
+        classifier_dropout (`float`, *optional*, defaults to 0.1):
+            Dropout before the token-classification head.
+        alibi_max_bias (`float`, *optional*, defaults to 8.0):
+            The `8` in the paper's slope rule `m_h = 2 ** (-max_bias * h / n)` (MPT's `alibi_bias_max`). Must be
+            positive and finite. Ignored when `alibi_slopes` is given.
+        alibi_slopes (`list[float]`, *optional*):
+            Explicit per-head slopes, one per head, each finite and >= 0, overriding the paper's rule. All zeros is
+            the "no position information" ablation (a causal transformer with no position signal).
+
+    Example:
+
+    ```python
+    >>> from transformers import AutoConfig, AutoModelForCausalLM
+    >>> import hf_alibi  # registers "alibi_gpt2" with the Auto classes
+    >>> config = AutoConfig.for_model("alibi_gpt2", n_layer=4, n_head=12, n_embd=384, vocab_size=8000, n_positions=256)
+    >>> model = AutoModelForCausalLM.from_config(config)
+    ```
+    """
+
+    model_type = "alibi_gpt2"
+    keys_to_ignore_at_inference = ["cache"]
+    attribute_map = {
+        "hidden_size": "n_embd",
+        "max_position_embeddings": "n_positions",
+        "num_attention_heads": "n_head",
+        "num_hidden_layers": "n_layer",
+    }
+
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_inner: int | None = None
+    activation_function: str = "gelu_new"
+    resid_pdrop: float = 0.1
+    embd_pdrop: float = 0.1
+    attn_pdrop: float = 0.1
+    layer_norm_epsilon: float = 1e-5
+    initializer_range: float = 0.02
+    scale_attn_weights: bool = True
+    use_cache: bool = True
+    bos_token_id: int | None = 50256
+    eos_token_id: int | list[int] | None = 50256
+    pad_token_id: int | None = None
+    tie_word_embeddings: bool = True
+    classifier_dropout: float = 0.1
+    alibi_max_bias: float = 8.0
+    alibi_slopes: list[float] | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self._check_arguments()
+        if getattr(self, "auto_map", None) is None:
+            self.auto_map = dict(AUTO_MAP)
+
+    def _check_arguments(self) -> None:
+        """Raise a `ValueError` naming the first bad argument, before any model is built from this config."""
+        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.n_inner is not None and (not isinstance(self.n_inner, int) or self.n_inner <= 0):
+            raise ValueError(f"n_inner must be a positive integer or None, got {self.n_inner!r}")
+        if self.activation_function not in ACT2FN:
+            raise ValueError(
+                f"activation_function {self.activation_function!r} is unknown; choose one of {sorted(ACT2FN)}"
+            )
+        for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "classifier_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= float(value) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+        if not (isinstance(self.alibi_max_bias, (int, float)) and math.isfinite(self.alibi_max_bias)) or (
+            self.alibi_max_bias <= 0
+        ):
+            raise ValueError(f"alibi_max_bias must be a positive finite number, got {self.alibi_max_bias!r}")
+        if self.alibi_slopes is not None:
+            slopes = list(self.alibi_slopes)
+            if len(slopes) != self.n_head:
+                raise ValueError(
+                    f"alibi_slopes has {len(slopes)} values but n_head is {self.n_head}: give one slope per head"
+                )
+            for slope in slopes:
+                if not isinstance(slope, (int, float)) or not math.isfinite(slope) or slope < 0:
+                    raise ValueError(f"alibi_slopes must be finite and >= 0, got {slope!r} in {slopes}")
+            self.alibi_slopes = [float(s) for s in slopes]
+
+
+__all__ = ["AUTO_MAP", "AlibiGPT2Config"]

@@ -1,0 +1,384 @@
+"""GPT-2 with ALiBi instead of position embeddings (Press et al., 2022, "Train Short, Test Long").
+
+Parameter names and shapes are those of transformers' GPT-2 minus `transformer.wpe.weight`, so GPT-2 weights drop
+straight in. Classes in transformers' order: attention, MLP, block, pretrained base, model, heads.
+"""
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from transformers import Cache, DynamicCache, GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutputWithPast,
+    TokenClassifierOutput,
+)
+from transformers.pytorch_utils import Conv1D
+from transformers.utils import logging
+
+from .alibi import slopes_from_config
+from .attention_alibi import AlibiAttentionInputs, alibi_attention, prepare_alibi_attention
+from .configuration_alibi_gpt2 import AlibiGPT2Config
+
+logger = logging.get_logger(__name__)
+
+
+class AlibiGPT2Attention(nn.Module):
+    def __init__(self, config: AlibiGPT2Config, layer_idx: int):
+        super().__init__()
+        self.embed_dim = config.n_embd
+        self.num_heads = config.n_head
+        self.head_dim = self.embed_dim // self.num_heads
+        self.scaling = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
+        self.layer_idx = layer_idx
+        self.c_attn = Conv1D(3 * self.embed_dim, self.embed_dim)
+        self.c_proj = Conv1D(self.embed_dim, self.embed_dim)
+        self.attn_pdrop = config.attn_pdrop
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        alibi: AlibiAttentionInputs,
+        cache: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, length, _ = hidden_states.shape
+        query, key, value = self.c_attn(hidden_states).split(self.embed_dim, dim=2)  # 3 x (B, q, C)
+        query, key, value = (
+            t.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2) for t in (query, key, value)
+        )  # 3 x (B, H, q, D)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)  # (B, H, kv, D)
+        dropout = self.attn_pdrop if self.training else 0.0
+        output, weights = alibi_attention(query, key, value, alibi, self.scaling, dropout, output_attentions)
+        output = output.reshape(batch, length, self.embed_dim)  # (B, q, C)
+        return self.resid_dropout(self.c_proj(output)), weights
+
+
+class AlibiGPT2MLP(nn.Module):
+    def __init__(self, intermediate_size: int, config: AlibiGPT2Config):
+        super().__init__()
+        self.c_fc = Conv1D(intermediate_size, config.n_embd)
+        self.c_proj = Conv1D(config.n_embd, intermediate_size)
+        self.act = ACT2FN[config.activation_function]
+        self.dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.act(self.c_fc(hidden_states))))
+
+
+class AlibiGPT2Block(GradientCheckpointingLayer):
+    def __init__(self, config: AlibiGPT2Config, layer_idx: int):
+        super().__init__()
+        inner_dim = config.n_inner if config.n_inner is not None else 4 * config.n_embd
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = AlibiGPT2Attention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = AlibiGPT2MLP(inner_dim, config)
+
+    def forward(self, hidden_states, alibi, cache=None, output_attentions=False):
+        attn_output, weights = self.attn(self.ln_1(hidden_states), alibi, cache, output_attentions)
+        hidden_states = hidden_states + attn_output
+        hidden_states = hidden_states + self.mlp(self.ln_2(hidden_states))
+        return hidden_states, weights
+
+
+class AlibiGPT2PreTrainedModel(PreTrainedModel):
+    config_class = AlibiGPT2Config
+    base_model_prefix = "transformer"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["AlibiGPT2Block"]
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_flash_attn = True
+    _compatible_flash_implementations = ["flash_attention_2"]  # the only one with an `alibi_slopes` argument
+    _can_compile_fullgraph = False  # SDPA's query chunks are a Python loop over the length
+
+    def _init_weights(self, module):
+        """GPT-2's initialisation; refills the fixed slopes (built on the meta device by `from_pretrained`)."""
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, Conv1D)):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        if isinstance(module, (AlibiGPT2Attention, AlibiGPT2MLP)):
+            # GPT-2: residual projections scaled by 1 / sqrt(2 * n_layer) (two residual paths per block)
+            init.normal_(module.c_proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
+        if isinstance(module, AlibiGPT2Model):
+            init.copy_(module.alibi_slopes, slopes_from_config(self.config))
+
+
+class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
+    def __init__(self, config: AlibiGPT2Config):
+        super().__init__(config)
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = nn.ModuleList([AlibiGPT2Block(config, layer_idx=i) for i in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        # Fixed, never trained: a non-persistent buffer (not in checkpoints, not seen by optimizers).
+        self.register_buffer("alibi_slopes", slopes_from_config(config), persistent=False)  # (H,)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.wte
+
+    def set_input_embeddings(self, new_embeddings):
+        self.wte = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast | tuple:
+        r"""
+        input_ids (`torch.LongTensor` of shape `(batch, length)`): token ids; with a `cache`, only the new ones.
+        cache (`transformers.Cache`, *optional*): keys and values of earlier tokens (`past_key_values` is accepted
+            as the deprecated name). ALiBi reads positions from the cache length; there are no `position_ids`.
+        attention_mask (`torch.Tensor` of shape `(batch, cached + length)`, *optional*): 1 for real tokens, 0 for
+            padding (left or right). Padding is masked out of the keys; distances stay `i - j`.
+        """
+        if cache is None:
+            cache = kwargs.pop("past_key_values", None)
+        if kwargs.pop("position_ids", None) is not None:
+            logger.warning_once("ALiBi models take positions from token order; `position_ids` is ignored.")
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.wte(input_ids)  # (B, q, C)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+
+        query_length = inputs_embeds.shape[1]
+        past_length = cache.get_seq_length() if cache is not None else 0
+        alibi = prepare_alibi_attention(
+            self.config._attn_implementation or "sdpa",
+            self.alibi_slopes,
+            attention_mask,
+            query_length,
+            past_length + query_length,
+        )
+
+        hidden_states = self.drop(inputs_embeds)
+        all_hidden_states = () if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for block in self.h:
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            hidden_states, weights = block(hidden_states, alibi, cache, output_attentions)
+            if output_attentions:
+                all_attentions += (weights,)
+        hidden_states = self.ln_f(hidden_states)
+        if output_hidden_states:
+            all_hidden_states += (hidden_states,)
+
+        output = BaseModelOutputWithPast(
+            last_hidden_state=hidden_states,
+            cache=cache if use_cache else None,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+
+    def __init__(self, config: AlibiGPT2Config):
+        super().__init__(config)
+        self.transformer = AlibiGPT2Model(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.post_init()
+
+    def create_masks_for_generate(self, attention_mask=None, **kwargs):
+        """ALiBi masks are built inside the model from the 2-D mask; keep it 2-D for compilable caches too."""
+        return attention_mask
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast | tuple:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch, length)`, *optional*): targets for the language-modelling loss,
+            shifted inside the model (so `labels = input_ids` works); -100 is ignored.
+        logits_to_keep (`int` or `torch.Tensor`, *optional*): compute logits only for the last `n` positions (0: all).
+        """
+        outputs = self.transformer(
+            input_ids,
+            cache=cache,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            past_key_values=kwargs.pop("past_key_values", None),
+            position_ids=kwargs.pop("position_ids", None),
+        )
+        hidden_states = outputs.last_hidden_state  # (B, q, C)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, keep, :])  # (B, q', V)
+        loss = None
+        if labels is not None:
+            # `num_items_in_batch` (from Trainer, in kwargs) makes the loss exact under gradient accumulation.
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        output = CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+class AlibiGPT2ForSequenceClassification(AlibiGPT2PreTrainedModel):
+    """Classifies from the last real (non-padding) token, as GPT-2 does; needs `pad_token_id` for batches > 1."""
+
+    def __init__(self, config: AlibiGPT2Config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = AlibiGPT2Model(config)
+        self.score = nn.Linear(config.n_embd, self.num_labels, bias=False)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, return_dict=None, **kwargs):
+        outputs = self.transformer(
+            input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, return_dict=True, **kwargs
+        )
+        logits = self.score(outputs.last_hidden_state)  # (B, L, num_labels)
+        batch = logits.shape[0]
+        if self.config.pad_token_id is None and batch != 1:
+            raise ValueError("Cannot classify batches of more than one sequence without config.pad_token_id")
+        if self.config.pad_token_id is None or input_ids is None:
+            last = torch.full((batch,), logits.shape[1] - 1, device=logits.device)
+        else:  # rightmost non-padding token: handles left and right padding
+            real = (input_ids != self.config.pad_token_id).int()  # (B, L)
+            last = (torch.arange(input_ids.shape[-1], device=logits.device) * real).argmax(-1)  # (B,)
+        pooled = logits[torch.arange(batch, device=logits.device), last]  # (B, num_labels)
+        loss = None if labels is None else self._loss(pooled, labels)
+        output = SequenceClassifierOutputWithPast(
+            loss=loss, logits=pooled, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+    def _loss(self, pooled: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.config.problem_type is None:
+            if self.num_labels == 1:
+                self.config.problem_type = "regression"
+            elif labels.dtype in (torch.long, torch.int):
+                self.config.problem_type = "single_label_classification"
+            else:
+                self.config.problem_type = "multi_label_classification"
+        if self.config.problem_type == "regression":
+            return MSELoss()(pooled.squeeze(-1), labels.squeeze(-1).to(pooled.dtype))
+        if self.config.problem_type == "single_label_classification":
+            return CrossEntropyLoss()(pooled.view(-1, self.num_labels), labels.view(-1))
+        return BCEWithLogitsLoss()(pooled, labels.to(pooled.dtype))
+
+
+class AlibiGPT2ForTokenClassification(AlibiGPT2PreTrainedModel):
+    def __init__(self, config: AlibiGPT2Config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = AlibiGPT2Model(config)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.n_embd, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, return_dict=None, **kwargs):
+        outputs = self.transformer(
+            input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, return_dict=True, **kwargs
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, L, num_labels)
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
+        output = TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+class AlibiGPT2ForQuestionAnswering(AlibiGPT2PreTrainedModel):
+    def __init__(self, config: AlibiGPT2Config):
+        super().__init__(config)
+        self.transformer = AlibiGPT2Model(config)
+        self.qa_outputs = nn.Linear(config.n_embd, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        outputs = self.transformer(
+            input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, return_dict=True, **kwargs
+        )
+        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(-1)  # 2 x (B, L)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            ignored = start_logits.shape[1]  # positions outside the input are ignored, as in GPT-2
+            loss_fct = CrossEntropyLoss(ignore_index=ignored)
+            start = start_positions.view(-1).clamp(0, ignored)
+            end = end_positions.view(-1).clamp(0, ignored)
+            loss = (loss_fct(start_logits, start) + loss_fct(end_logits, end)) / 2
+        output = QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits.contiguous(),
+            end_logits=end_logits.contiguous(),
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+__all__ = [
+    "AlibiGPT2PreTrainedModel",
+    "AlibiGPT2Model",
+    "AlibiGPT2LMHeadModel",
+    "AlibiGPT2ForSequenceClassification",
+    "AlibiGPT2ForTokenClassification",
+    "AlibiGPT2ForQuestionAnswering",
+]
