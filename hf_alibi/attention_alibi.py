@@ -185,6 +185,11 @@ def flex_alibi_attention(query, key, value, alibi, scaling):
     """
     from torch.nn.attention.flex_attention import flex_attention
 
+    if query.device.type == "cpu" and query.requires_grad:
+        raise ValueError(
+            "attn_implementation='flex_attention' has no backward pass on CPU in this torch version: train with "
+            "'sdpa' on CPU, or run inference under torch.no_grad()"
+        )
     slopes, offset = alibi.slopes.to(query.device), alibi.offset
 
     def alibi_score(score, b, h, q_idx, kv_idx):

@@ -101,6 +101,9 @@ class AlibiGPT2PreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _compatible_flash_implementations = ["flash_attention_2"]  # the only one with an `alibi_slopes` argument
     _can_compile_fullgraph = False  # SDPA's query chunks are a Python loop over the length
+    # Every forward reads `config._attn_implementation`, so `set_attn_implementation` may switch backends at any
+    # time; transformers would otherwise guess from this file's source that it cannot.
+    _can_set_attn_implementation_cached_value = True
 
     def _init_weights(self, module):
         """GPT-2's initialisation; refills the fixed slopes (built on the meta device by `from_pretrained`)."""

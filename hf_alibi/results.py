@@ -1,0 +1,296 @@
+"""Length-evaluation results a person wants to look at: JSON, CSV, a markdown table like the paper's, plots.
+
+`write_results(output_dir, {name: ModelEvaluation}, metadata=...)` writes, each file atomically (`*.tmp`, then
+`os.replace`, so a crash never leaves a half-written file under the final name):
+
+- `results.json`: everything, `{"metadata": ..., "models": {name: ModelEvaluation.to_dict()}}`;
+- `results.csv`: one row per (model, length);
+- `results.md`: perplexity tables, models as rows and lengths as columns, "n/a" where a model cannot run;
+- `perplexity_vs_length.png`: nonoverlapping and sliding perplexity against length (log2), training length marked;
+- `loss_by_position.png`: mean NLL against context length, one panel per model, one line per evaluation length.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .length_eval import LengthResult, ModelEvaluation
+
+CSV_COLUMNS = [
+    "model",
+    "length",
+    "factor",
+    "unsupported",
+    "ppl_nonoverlapping",
+    "ppl_sliding",
+    "tokens_nonoverlapping",
+    "tokens_sliding",
+    "stride",
+    "documents",
+]
+NOT_AVAILABLE = "n/a"
+
+
+def write_results(
+    output_dir: str | os.PathLike,
+    results: Mapping[str, ModelEvaluation | dict],
+    *,
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Path]:
+    """Write every results file into `output_dir` (created if needed); returns {kind: path}."""
+    results = _as_evaluations(results)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"metadata": dict(metadata or {}), "models": {name: ev.to_dict() for name, ev in results.items()}}
+    paths = {
+        "json": out / "results.json",
+        "csv": out / "results.csv",
+        "markdown": out / "results.md",
+        "plot": out / "perplexity_vs_length.png",
+        "position_plot": out / "loss_by_position.png",
+    }
+    atomic_write_text(paths["json"], json.dumps(payload, indent=2) + "\n")
+    atomic_write_text(paths["csv"], results_csv(results))
+    atomic_write_text(paths["markdown"], results_markdown(results, metadata=metadata))
+    plot_perplexity_vs_length(results, paths["plot"])
+    plot_loss_by_position(results, paths["position_plot"])
+    return paths
+
+
+def load_results(path: str | os.PathLike) -> tuple[dict[str, ModelEvaluation], dict[str, Any]]:
+    """Read a `results.json` (or the folder holding it) back into `({name: ModelEvaluation}, metadata)`."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    payload = json.loads(path.read_text())
+    return _as_evaluations(payload["models"]), payload.get("metadata", {})
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` via `path.tmp` and `os.replace`: readers see the old file or the new one, never half."""
+    _atomic_write(Path(path), lambda f: f.write(text.encode("utf-8")))
+
+
+def results_csv(results: Mapping[str, ModelEvaluation]) -> str:
+    """One row per (model, length), columns `CSV_COLUMNS`; floats at full precision (they round-trip exactly)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for name, evaluation in results.items():
+        for r in evaluation.lengths:
+            row = {key: getattr(r, key) for key in CSV_COLUMNS if hasattr(r, key)}
+            row.update(model=name, documents=evaluation.selection.documents)
+            writer.writerow({key: "" if value is None else value for key, value in row.items()})
+    return buffer.getvalue()
+
+
+def results_markdown(results: Mapping[str, ModelEvaluation], *, metadata: Mapping[str, Any] | None = None) -> str:
+    """Markdown tables (nonoverlapping, then sliding) of perplexity: models as rows, lengths as columns."""
+    train_length = _train_length(results)
+    lines = ["# Perplexity vs evaluation length", ""]
+    if train_length:
+        lines.append(f"Models trained on {train_length}-token sequences; columns are evaluation lengths.")
+    lines.extend(_selection_lines(results))
+    lines.append("")
+    lines += ["## Nonoverlapping windows", "", perplexity_table(results, "ppl_nonoverlapping"), ""]
+    if any(r.ppl_sliding is not None for ev in results.values() for r in ev.lengths):
+        strides = sorted({(r.length, r.stride) for ev in results.values() for r in ev.lengths if r.stride})
+        stride_text = ", ".join(f"{stride} at {length}" for length, stride in strides)
+        lines += ["## Sliding window", "", f"Stride (tokens scored per window): {stride_text}.", ""]
+        lines += [perplexity_table(results, "ppl_sliding"), ""]
+    unsupported = sorted({f"{name}: {r.unsupported.removeprefix('unsupported: ')}" for name, ev in results.items() for r in ev.lengths if r.unsupported})
+    if unsupported:
+        lines += [f"{NOT_AVAILABLE}: not run at that length ({'; '.join(unsupported)}).", ""]
+    if metadata:
+        lines += ["## Setup", ""] + [f"- {key}: {value}" for key, value in metadata.items()] + [""]
+    return "\n".join(lines)
+
+
+def perplexity_table(results: Mapping[str, ModelEvaluation], key: str = "ppl_nonoverlapping") -> str:
+    """One markdown table of `key` (`ppl_nonoverlapping` or `ppl_sliding`), like the paper's Table 1 layout."""
+    lengths = _all_lengths(results)
+    train_length = _train_length(results)
+    header = ["Model"] + [_length_label(length, train_length) for length in lengths]
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * len(lengths) + "|"]
+    for name, evaluation in results.items():
+        by_length = evaluation.by_length()
+        cells = [_cell(by_length.get(length), key) for length in lengths]
+        lines.append("| " + " | ".join([name] + cells) + " |")
+    return "\n".join(lines)
+
+
+def format_summary(results: Mapping[str, ModelEvaluation | dict], output_dir: str | os.PathLike | None = None) -> str:
+    """A few lines for stdout: `nonoverlapping / sliding` perplexity per model and length."""
+    results = _as_evaluations(results)
+    lengths = _all_lengths(results)
+    train_length = _train_length(results)
+    width = max([len(name) for name in results] + [5])
+    header = " " * width + "".join(f"{_length_label(length, train_length):>18}" for length in lengths)
+    lines = ["perplexity (nonoverlapping / sliding) by evaluation length", header]
+    for name, evaluation in results.items():
+        by_length = evaluation.by_length()
+        cells = []
+        for length in lengths:
+            r = by_length.get(length)
+            text = f"{_cell(r, 'ppl_nonoverlapping')} / {_cell(r, 'ppl_sliding')}"
+            cells.append(f"{text:>18}")
+        lines.append(f"{name:<{width}}" + "".join(cells))
+    lines.extend(_selection_lines(results))
+    if output_dir is not None:
+        lines.append(f"results written to {output_dir}")
+    return "\n".join(lines)
+
+
+def plot_perplexity_vs_length(results: Mapping[str, ModelEvaluation], path: str | os.PathLike) -> None:
+    """Two panels (nonoverlapping, sliding): perplexity (log) against evaluation length (log2), one line per model."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry, Agg by default
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    train_length = _train_length(results)
+    lengths = _all_lengths(results)
+    figure = Figure(figsize=(11, 4.5), layout="constrained")
+    if train_length:
+        figure.suptitle(f"Perplexity vs evaluation length (trained on {train_length}-token sequences)")
+    axes = figure.subplots(1, 2, sharey=True)
+    for ax, key, title in zip(axes, ("ppl_nonoverlapping", "ppl_sliding"), ("Nonoverlapping", "Sliding window")):
+        for index, (name, evaluation) in enumerate(results.items()):
+            by_length = evaluation.by_length()
+            xs = [length for length in lengths if length in by_length]
+            ys = [_value(by_length[length], key) for length in xs]
+            label = name if evaluation.max_length is None else f"{name} (positions <= {evaluation.max_length})"
+            style = "-" if key == "ppl_nonoverlapping" else "--"
+            ax.plot(xs, ys, style, marker="o", color=f"C{index}", label=label)
+        if train_length:
+            ax.axvline(train_length, color="0.4", linestyle=":", linewidth=1.5, label=f"train length {train_length}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(lengths, [str(length) for length in lengths])
+        ax.xaxis.set_minor_locator(LogLocator(base=2, subs=()))
+        ax.set_xlabel("evaluation length (tokens)")
+        ax.set_title(f"{title} ({'solid' if key == 'ppl_nonoverlapping' else 'dashed'})")
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0].set_ylabel("perplexity (log scale)")
+    axes[0].legend(fontsize="small")
+    _atomic_savefig(figure, Path(path))
+
+
+def plot_loss_by_position(results: Mapping[str, ModelEvaluation], path: str | os.PathLike) -> None:
+    """Mean nonoverlapping NLL against context length (log2 buckets): one panel per model, one line per length."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    models = list(results.items())
+    lengths = _all_lengths(results)
+    train_length = _train_length(results)
+    figure = Figure(figsize=(5.5 * len(models), 4.2), layout="constrained")
+    axes = figure.subplots(1, len(models), sharey=True, squeeze=False)[0]
+    colours = colormaps["viridis"]
+    for ax, (name, evaluation) in zip(axes, models):
+        for r in evaluation.lengths:
+            if r.position_loss is None:
+                continue
+            loss = r.position_loss
+            colour = colours(lengths.index(r.length) / max(1, len(lengths) - 1))
+            ax.plot(loss.context_start, loss.mean_nll, marker=".", color=colour, label=f"L={r.length}")
+        if train_length:
+            ax.axvline(train_length, color="0.4", linestyle=":", linewidth=1.5, label=f"train length {train_length}")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(LogLocator(base=4))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.set_xlabel("tokens of context before the predicted token (bucket start)")
+        ax.set_title(name)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    axes[0].set_ylabel("mean NLL (nats)")
+    _atomic_savefig(figure, Path(path))
+
+
+def _as_evaluations(results: Mapping[str, ModelEvaluation | dict]) -> dict[str, ModelEvaluation]:
+    if not results:
+        raise ValueError("results is empty: nothing to write")
+    return {name: ev if isinstance(ev, ModelEvaluation) else ModelEvaluation.from_dict(ev) for name, ev in results.items()}
+
+
+def _all_lengths(results: Mapping[str, ModelEvaluation]) -> list[int]:
+    return sorted({r.length for ev in results.values() for r in ev.lengths})
+
+
+def _train_length(results: Mapping[str, ModelEvaluation]) -> int | None:
+    return next((ev.train_length for ev in results.values() if ev.train_length), None)
+
+
+def _length_label(length: int, train_length: int | None) -> str:
+    if not train_length:
+        return str(length)
+    factor = length / train_length
+    factor_text = f"{factor:g}x"
+    return f"{length} ({factor_text}, train)" if length == train_length else f"{length} ({factor_text})"
+
+
+def _value(r: LengthResult, key: str) -> float:
+    value = getattr(r, key)
+    return math.nan if value is None else value
+
+
+def _cell(r: LengthResult | None, key: str) -> str:
+    if r is None:
+        return "-"
+    if r.unsupported:
+        return NOT_AVAILABLE
+    value = getattr(r, key)
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _selection_lines(results: Mapping[str, ModelEvaluation]) -> list[str]:
+    lines = []
+    for fingerprint in dict.fromkeys(ev.selection.fingerprint for ev in results.values()):
+        names = [name for name, ev in results.items() if ev.selection.fingerprint == fingerprint]
+        s = results[names[0]].selection
+        scope = "" if len(names) == len(results) else f" ({', '.join(names)})"
+        lines.append(
+            f"Eval set{scope}: {s.documents} documents, {s.tokens_used:,} tokens (skipped {s.skipped} shorter than "
+            f"{s.min_tokens} tokens, dropped {s.tokens_dropped:,} tail tokens), fingerprint {fingerprint[:12]}."
+        )
+    return lines
+
+
+def _atomic_savefig(figure, path: Path) -> None:
+    _atomic_write(path, lambda f: figure.savefig(f, format="png", dpi=120))
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+__all__ = [
+    "CSV_COLUMNS",
+    "atomic_write_text",
+    "format_summary",
+    "load_results",
+    "perplexity_table",
+    "plot_loss_by_position",
+    "plot_perplexity_vs_length",
+    "results_csv",
+    "results_markdown",
+    "write_results",
+]
