@@ -28,8 +28,13 @@ def convert_checkpoint(source: str, destination: str, alibi_max_bias: float = 8.
     try:
         model.save_pretrained(staging)
         try:
-            AutoTokenizer.from_pretrained(source).save_pretrained(staging)
+            tokenizer = AutoTokenizer.from_pretrained(source)
         except (OSError, ValueError):
+            tokenizer = None
+        # transformers 5 builds an empty tokenizer from a bare config: only a real vocabulary is worth shipping
+        if tokenizer is not None and len(tokenizer) > len(tokenizer.all_special_tokens):
+            tokenizer.save_pretrained(staging)
+        else:
             print(f"note: no tokenizer found at {source}; saved the model only")
         if destination_path.exists():
             destination_path.rmdir()

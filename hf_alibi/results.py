@@ -194,7 +194,7 @@ def plot_loss_by_position(results: Mapping[str, ModelEvaluation], path: str | os
     lengths = _all_lengths(results)
     train_length = _train_length(results)
     figure = Figure(figsize=(5.5 * len(models), 4.2), layout="constrained")
-    axes = figure.subplots(1, len(models), sharey=True, squeeze=False)[0]
+    axes = figure.subplots(1, len(models), sharex=True, sharey=True, squeeze=False)[0]
     colours = colormaps["viridis"]
     for ax, (name, evaluation) in zip(axes, models):
         for r in evaluation.lengths:
