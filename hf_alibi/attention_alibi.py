@@ -145,10 +145,10 @@ def sdpa_alibi_attention(query, key, value, alibi, scaling, dropout=0.0):
     for start in range(0, q_len, chunk):
         end = min(start + chunk, q_len)
         n, visible = end - start, offset + end
-        mask = bank[:, chunk - n :, kv - visible :]  # (H, n, visible), a view
+        mask = bank[None, :, chunk - n :, kv - visible :]  # (1, H, n, visible), a view
         if alibi.key_padding is not None:
             keep = alibi.key_padding[:, None, None, :visible]  # (B, 1, 1, visible)
-            mask = mask[None].masked_fill(~keep, _masked_min(mask.dtype))  # (B, H, n, visible)
+            mask = mask.masked_fill(~keep, _masked_min(mask.dtype))  # (B, H, n, visible)
         out = F.scaled_dot_product_attention(
             query[:, :, start:end],
             key[:, :, :visible],

@@ -210,7 +210,7 @@ def evaluate_model(
     name: str = "model",
     train_length: int | None = None,
     stride: int | None = None,
-    batch_tokens: int = 8192,
+    batch_tokens: int = 4096,
     max_length: int | None = None,
     max_documents: int | None = None,
     sliding: bool = True,
@@ -257,7 +257,11 @@ def _evaluate_length(model, docs, length, train_length, stride, batch_tokens, li
     if limit is not None and length > limit:
         return LengthResult(length=length, factor=factor, unsupported=f"unsupported: exceeds position table of {limit}")
     began = time.perf_counter()
-    windows = [(d, start, score_from) for d, doc in enumerate(docs) for start, score_from in nonoverlapping_windows(doc.numel(), length)]
+    windows = [
+        (d, start, score_from)
+        for d, doc in enumerate(docs)
+        for start, score_from in nonoverlapping_windows(doc.numel(), length)
+    ]
     nll, tokens, by_position = _score_windows(model, docs, windows, length, batch_tokens, track_positions=True)
     result = LengthResult(
         length=length,
@@ -279,8 +283,11 @@ def _evaluate_length(model, docs, length, train_length, stride, batch_tokens, li
         result.ppl_sliding, result.nll_sliding = perplexity(nll, tokens), nll
         result.tokens_sliding, result.windows_sliding = tokens, len(windows)
     result.seconds = time.perf_counter() - began
-    logger.info("%s tokens at length %d: ppl %.3f (nonoverlapping), %s (sliding) in %.1f s", result.tokens_nonoverlapping,
-                length, result.ppl_nonoverlapping, result.ppl_sliding, result.seconds)
+    sliding_text = f"{result.ppl_sliding:.3f}" if result.ppl_sliding is not None else "-"
+    logger.info(
+        "length %d: perplexity %.3f nonoverlapping, %s sliding, %d tokens, %.1f s",
+        length, result.ppl_nonoverlapping, sliding_text, result.tokens_nonoverlapping, result.seconds,
+    )
     return result
 
 

@@ -191,10 +191,12 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         hidden_states = self.drop(inputs_embeds)
         all_hidden_states = () if output_hidden_states else None
         all_attentions = () if output_attentions else None
+        # A checkpointed block runs twice (forward, then the backward replay): a cache would get its keys twice.
+        checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.h:
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
-            hidden_states, weights = block(hidden_states, alibi, cache, output_attentions)
+            hidden_states, weights = block(hidden_states, alibi, None if checkpointing else cache, output_attentions)
             if output_attentions:
                 all_attentions += (weights,)
         hidden_states = self.ln_f(hidden_states)

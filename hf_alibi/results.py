@@ -105,7 +105,10 @@ def results_markdown(results: Mapping[str, ModelEvaluation], *, metadata: Mappin
         stride_text = ", ".join(f"{stride} at {length}" for length, stride in strides)
         lines += ["## Sliding window", "", f"Stride (tokens scored per window): {stride_text}.", ""]
         lines += [perplexity_table(results, "ppl_sliding"), ""]
-    unsupported = sorted({f"{name}: {r.unsupported.removeprefix('unsupported: ')}" for name, ev in results.items() for r in ev.lengths if r.unsupported})
+    unsupported = sorted(
+        {f"{name}: {r.unsupported.removeprefix('unsupported: ')}" for name, ev in results.items() for r in ev.lengths
+         if r.unsupported}
+    )
     if unsupported:
         lines += [f"{NOT_AVAILABLE}: not run at that length ({'; '.join(unsupported)}).", ""]
     if metadata:
@@ -131,17 +134,17 @@ def format_summary(results: Mapping[str, ModelEvaluation | dict], output_dir: st
     results = _as_evaluations(results)
     lengths = _all_lengths(results)
     train_length = _train_length(results)
-    width = max([len(name) for name in results] + [5])
-    header = " " * width + "".join(f"{_length_label(length, train_length):>18}" for length in lengths)
-    lines = ["perplexity (nonoverlapping / sliding) by evaluation length", header]
-    for name, evaluation in results.items():
+    rows = []
+    for evaluation in results.values():
         by_length = evaluation.by_length()
-        cells = []
-        for length in lengths:
-            r = by_length.get(length)
-            text = f"{_cell(r, 'ppl_nonoverlapping')} / {_cell(r, 'ppl_sliding')}"
-            cells.append(f"{text:>18}")
-        lines.append(f"{name:<{width}}" + "".join(cells))
+        rows.append([f"{_cell(by_length.get(n), 'ppl_nonoverlapping')} / {_cell(by_length.get(n), 'ppl_sliding')}"
+                     for n in lengths])
+    labels = [_length_label(length, train_length) for length in lengths]
+    cell = max(len(text) for text in labels + [c for row in rows for c in row]) + 2
+    width = max(len(name) for name in results)
+    lines = ["perplexity (nonoverlapping / sliding) by evaluation length"]
+    lines.append(" " * width + "".join(f"{label:>{cell}}" for label in labels))
+    lines += [f"{name:<{width}}" + "".join(f"{c:>{cell}}" for c in row) for name, row in zip(results, rows)]
     lines.extend(_selection_lines(results))
     if output_dir is not None:
         lines.append(f"results written to {output_dir}")
@@ -219,7 +222,9 @@ def plot_loss_by_position(results: Mapping[str, ModelEvaluation], path: str | os
 def _as_evaluations(results: Mapping[str, ModelEvaluation | dict]) -> dict[str, ModelEvaluation]:
     if not results:
         raise ValueError("results is empty: nothing to write")
-    return {name: ev if isinstance(ev, ModelEvaluation) else ModelEvaluation.from_dict(ev) for name, ev in results.items()}
+    return {
+        name: ev if isinstance(ev, ModelEvaluation) else ModelEvaluation.from_dict(ev) for name, ev in results.items()
+    }
 
 
 def _all_lengths(results: Mapping[str, ModelEvaluation]) -> list[int]:

@@ -1,0 +1,121 @@
+"""The contestants: same width, depth, heads and vocabulary, randomly initialised from configs, every dropout 0.
+
+GPT-2's default attention dropout (0.1) pushes SDPA off its fused causal path in training, and BLOOM/MPT/hf_alibi
+apply theirs differently, so every contestant gets 0 everywhere: the benchmark compares attention, not dropout.
+
+| name                   | model                                           | attention                                  |
+|------------------------|-------------------------------------------------|--------------------------------------------|
+| `gpt2-sdpa`            | `GPT2LMHeadModel`, learned positions            | SDPA, no bias (the reference of every ratio)|
+| `bloom-eager`          | `BloomForCausalLM`                              | HF's ALiBi, eager (BLOOM has no other)     |
+| `mpt-eager`            | `MptForCausalLM`, `alibi=True`                  | HF's ALiBi, eager (MPT has no other)       |
+| `alibi-sdpa`           | `AlibiGPT2LMHeadModel` (the default backend)    | SDPA over query chunks of one bias bank    |
+| `alibi-eager`          | `AlibiGPT2LMHeadModel`                          | the fp32 reference                         |
+| `alibi-flex`           | `AlibiGPT2LMHeadModel`                          | FlexAttention, analytic `score_mod`        |
+| `alibi-flex-compiled`  | `torch.compile` of `alibi-flex`, inference only | compiled FlexAttention (slow to compile)   |
+| `alibi-flash`          | `AlibiGPT2LMHeadModel`, CUDA + flash-attn only  | FlashAttention-2 `alibi_slopes`            |
+"""
+
+import importlib.util
+from dataclasses import asdict, dataclass
+
+CONTESTANTS = (
+    "gpt2-sdpa",
+    "bloom-eager",
+    "mpt-eager",
+    "alibi-sdpa",
+    "alibi-eager",
+    "alibi-flex",
+    "alibi-flex-compiled",
+    "alibi-flash",
+)
+REFERENCE = "gpt2-sdpa"
+ALIBI_BACKENDS = {
+    "alibi-sdpa": "sdpa",
+    "alibi-eager": "eager",
+    "alibi-flex": "flex_attention",
+    "alibi-flex-compiled": "flex_attention",
+    "alibi-flash": "flash_attention_2",
+}
+SUITES = ("train", "forward", "generate")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The architecture every contestant shares (MLP width `4 * n_embd` for all of them)."""
+
+    n_embd: int
+    n_layer: int
+    n_head: int
+    vocab_size: int
+
+    def __post_init__(self):
+        for name, value in asdict(self).items():
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if self.vocab_size < 8:
+            raise ValueError(f"vocab_size must be >= 8 (ids 0-2 are reserved for pad/bos/eos), got {self.vocab_size}")
+
+
+def default_contestants(device: str) -> list[str]:
+    """Every contestant that runs on `device` without a compile step."""
+    names = ["gpt2-sdpa", "bloom-eager", "mpt-eager", "alibi-sdpa", "alibi-eager", "alibi-flex"]
+    if device == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        names.append("alibi-flash")
+    return names
+
+
+def unsupported_reason(name: str, suite: str, device: str) -> str | None:
+    """Why `name` cannot run `suite` on `device`, or None when it can. Decided before any worker starts."""
+    if name == "alibi-flash":
+        if device != "cuda":
+            return "FlashAttention-2 needs CUDA"
+        if importlib.util.find_spec("flash_attn") is None:
+            return "flash-attn is not installed"
+    if name == "alibi-flex" and suite == "train" and device == "cpu":
+        return "FlexAttention has no CPU backward in this torch version"
+    if name == "alibi-flex-compiled" and suite != "forward":
+        return "compiled contestant is inference-forward only (compiling costs ~30 s+ per shape)"
+    return None
+
+
+def build_model(name: str, shape: Shape, max_length: int):
+    """A randomly initialised causal LM for contestant `name`, fp32 on CPU, covering `max_length` positions.
+
+    Returns `(model, forward)` where `forward` is the callable to time: the model itself, or its `torch.compile`.
+    """
+    import torch
+    from transformers import BloomConfig, BloomForCausalLM, GPT2Config, GPT2LMHeadModel, MptConfig, MptForCausalLM
+
+    from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
+
+    if name not in CONTESTANTS:
+        raise ValueError(f"unknown contestant {name!r}; valid names are {list(CONTESTANTS)}")
+    torch.manual_seed(0)
+    ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    gpt2_shape = {"vocab_size": shape.vocab_size, "n_embd": shape.n_embd, "n_layer": shape.n_layer, "n_head": shape.n_head}
+    no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    if name == "gpt2-sdpa":
+        # n_positions covers the longest length of the run (learned table; rows past training are just untrained).
+        config = GPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, **ids)
+        model = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
+    elif name == "bloom-eager":
+        config = BloomConfig(
+            vocab_size=shape.vocab_size, hidden_size=shape.n_embd, n_layer=shape.n_layer, n_head=shape.n_head,
+            hidden_dropout=0.0, attention_dropout=0.0, **ids,
+        )
+        model = BloomForCausalLM._from_config(config, attn_implementation="eager")
+    elif name == "mpt-eager":
+        # MPT builds its ALiBi tensor for `max_seq_len` keys and slices it, so it must cover the longest length.
+        config = MptConfig(
+            d_model=shape.n_embd, n_heads=shape.n_head, n_layers=shape.n_layer, expansion_ratio=4,
+            max_seq_len=max_length, vocab_size=shape.vocab_size, resid_pdrop=0.0, emb_pdrop=0.0,
+            attn_config={"attn_pdrop": 0.0, "alibi": True}, use_cache=True, **ids,
+        )
+        model = MptForCausalLM._from_config(config, attn_implementation="eager")
+    else:
+        config = AlibiGPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, classifier_dropout=0.0, **ids)
+        model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation=ALIBI_BACKENDS[name])
+    forward = torch.compile(model) if name == "alibi-flex-compiled" else model
+    return model, forward

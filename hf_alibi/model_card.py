@@ -1,0 +1,176 @@
+"""Model cards for trained ALiBi checkpoints: metadata with a model-index of perplexity per evaluation length.
+
+    card = render_card(evaluation, model_name="alibi-gpt2-tiny", repo_id="you/alibi-gpt2-tiny", training={...})
+    save_card("runs/alibi/checkpoint", evaluation, plot_path="runs/eval/perplexity_vs_length.png", ...)
+
+The card is rendered with `huggingface_hub.ModelCard.from_template` from the jinja template
+`model_cards/alibi_gpt2.md` (found next to the package in a source checkout, or passed as `template_path`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from .length_eval import ModelEvaluation
+from .results import atomic_write_text, perplexity_table
+
+TEMPLATE_NAME = "alibi_gpt2.md"
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / TEMPLATE_NAME
+PLOT_FILE = "perplexity_vs_length.png"
+CARD_TAGS = ["alibi", "gpt2", "causal-lm", "length-extrapolation", "hf_alibi"]
+
+
+def find_template(template_path: str | os.PathLike | None = None) -> Path:
+    """The card template: `template_path` if given, else `model_cards/alibi_gpt2.md` at the repository root."""
+    path = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"model card template not found at {path}; pass template_path= pointing to a copy of "
+            f"model_cards/{TEMPLATE_NAME} from the hf_alibi repository"
+        )
+    return path
+
+
+def card_eval_results(
+    evaluation: ModelEvaluation, *, dataset_name: str, dataset_type: str, dataset_split: str = "validation"
+) -> list[EvalResult]:
+    """One `EvalResult` per measured (protocol, length): metric `perplexity`, config e.g. `nonoverlapping-512`."""
+    results = []
+    for r in evaluation.lengths:
+        if r.unsupported:
+            continue
+        factor = f", {r.factor:g}x training length" if r.factor else ""
+        for protocol, value in (("nonoverlapping", r.ppl_nonoverlapping), ("sliding", r.ppl_sliding)):
+            if value is None:
+                continue
+            stride = f", stride {r.stride}" if protocol == "sliding" else ""
+            results.append(
+                EvalResult(
+                    task_type="text-generation",
+                    task_name="Causal language modeling",
+                    dataset_type=dataset_type,
+                    dataset_name=dataset_name,
+                    dataset_split=dataset_split,
+                    metric_type="perplexity",
+                    metric_value=value,
+                    metric_name=f"Perplexity ({protocol}, {r.length} tokens{factor}{stride})",
+                    metric_config=f"{protocol}-{r.length}",
+                )
+            )
+    return results
+
+
+def render_card(
+    evaluation: ModelEvaluation | dict,
+    *,
+    model_name: str,
+    repo_id: str | None = None,
+    model_summary: str | None = None,
+    dataset_name: str = "held-out Python standard library files",
+    dataset_type: str = "python-stdlib",
+    datasets: list[str] | None = None,
+    architecture: Mapping[str, Any] | None = None,
+    training: Mapping[str, Any] | None = None,
+    compare_with: Mapping[str, ModelEvaluation | dict] | None = None,
+    plot_file: str | None = PLOT_FILE,
+    license: str = "apache-2.0",
+    template_path: str | os.PathLike | None = None,
+) -> ModelCard:
+    """Render the card of one ALiBi model from its length evaluation.
+
+    Args:
+        evaluation: this model's `ModelEvaluation` (or its dict); its perplexities fill the model-index.
+        model_name: the name in the title and the model-index.
+        repo_id: what the usage snippets load; defaults to `model_name`.
+        model_summary: one paragraph under the title.
+        dataset_name, dataset_type: the evaluation data as the model-index names it (`dataset_type` is a Hub id
+            when the data is on the Hub).
+        datasets: Hub dataset ids for the `datasets` metadata field (training data), if any.
+        architecture, training: facts listed under "Training" (sizes; steps, batch, learning rate, seed, ...).
+        compare_with: other models (e.g. the sinusoidal baseline) added as rows of the card's tables only.
+        plot_file: the plot's file name, relative to the card (`save_card` copies it into the folder); None: none.
+        template_path: the jinja template; see `find_template`.
+    """
+    if not isinstance(evaluation, ModelEvaluation):
+        evaluation = ModelEvaluation.from_dict(evaluation)
+    rows = {model_name: evaluation}
+    for name, other in (compare_with or {}).items():
+        rows[name] = other if isinstance(other, ModelEvaluation) else ModelEvaluation.from_dict(other)
+    measured = [r for r in evaluation.lengths if not r.unsupported]
+    if not measured:
+        raise ValueError(f"{model_name}: the evaluation has no measured length (all unsupported): nothing to report")
+    card_data = ModelCardData(
+        model_name=model_name,
+        license=license,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=list(CARD_TAGS),
+        datasets=datasets,
+        metrics=["perplexity"],
+        eval_results=card_eval_results(evaluation, dataset_name=dataset_name, dataset_type=dataset_type),
+    )
+    has_sliding = any(r.ppl_sliding is not None for r in measured)
+    strides = ", ".join(f"stride {r.stride} at {r.length}" for r in measured if r.stride)
+    selection = evaluation.selection
+    factors = [r.factor for r in evaluation.lengths if r.factor]
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(find_template(template_path)),
+        model_name=model_name,
+        repo_id=repo_id or model_name,
+        model_summary=model_summary or f"`{model_name}`: an ALiBi GPT-2 model trained with `hf_alibi`.",
+        dataset_name=dataset_name,
+        train_length=evaluation.train_length or "?",
+        min_factor=f"{min(factors):g}" if factors else "?",
+        max_factor=f"{max(factors):g}" if factors else "?",
+        selection=(
+            f"{selection.documents} documents, {selection.tokens_used:,} tokens, the same tokens scored at every "
+            f"length (token ids fingerprint `{selection.fingerprint[:12]}`)."
+        ),
+        table_nonoverlapping=perplexity_table(rows, "ppl_nonoverlapping"),
+        table_sliding=perplexity_table(rows, "ppl_sliding") if has_sliding else "",
+        strides=strides,
+        plot_file=plot_file,
+        architecture=dict(architecture or {}),
+        training=dict(training or {}),
+    )
+
+
+def save_card(
+    folder: str | os.PathLike,
+    evaluation: ModelEvaluation | dict,
+    *,
+    plot_path: str | os.PathLike | None = None,
+    **card_kwargs: Any,
+) -> Path:
+    """Render the card into `folder/README.md` (atomically); copy `plot_path` beside it. Returns the README path.
+
+    `card_kwargs` go to `render_card` (`model_name` is required). The card links the plot by its file name.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
+    plot_file = None
+    if plot_path is not None:
+        plot_path = Path(plot_path)
+        if not plot_path.is_file():
+            raise FileNotFoundError(f"plot {plot_path} does not exist")
+        plot_file = plot_path.name
+        target = folder / plot_file
+        if plot_path.resolve() != target.resolve():
+            tmp = target.with_name(target.name + ".tmp")
+            shutil.copyfile(plot_path, tmp)
+            os.replace(tmp, target)
+    card = render_card(evaluation, plot_file=plot_file, **card_kwargs)
+    readme = folder / "README.md"
+    atomic_write_text(readme, str(card))
+    return readme
+
+
+__all__ = ["CARD_TAGS", "card_eval_results", "find_template", "render_card", "save_card"]

@@ -1,0 +1,75 @@
+"""Shared fixtures: tiny ALiBi GPT-2 configs and models (CPU, fp32, dropout 0), no network, a fixed seed."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before huggingface_hub is imported: nothing in the tests may reach the Hub
+
+import pytest
+import torch
+
+import hf_alibi  # noqa: F401  (registers "alibi_gpt2" with the Auto classes)
+from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
+
+PAD = 0  # pad_token_id of the tiny configs; random_ids never draws it
+
+
+def tiny_config_kwargs(**overrides) -> dict:
+    """2 layers, 12 heads (the paper's non-power-of-two slopes), head_dim 8, n_positions 16, no dropout."""
+    kwargs = dict(
+        vocab_size=256,
+        n_positions=16,
+        n_embd=96,
+        n_layer=2,
+        n_head=12,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        classifier_dropout=0.0,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=PAD,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+@pytest.fixture(autouse=True)
+def _fixed_seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def make_config():
+    """`make_config(**overrides)` -> a tiny `AlibiGPT2Config`."""
+
+    def make(**overrides) -> AlibiGPT2Config:
+        return AlibiGPT2Config(**tiny_config_kwargs(**overrides))
+
+    return make
+
+
+@pytest.fixture
+def make_model(make_config):
+    """`make_model(attn_implementation="sdpa", **config_overrides)` -> a tiny `AlibiGPT2LMHeadModel` in eval mode."""
+
+    def make(attn_implementation: str = "sdpa", **overrides) -> AlibiGPT2LMHeadModel:
+        torch.manual_seed(0)  # the same weights whichever backend is asked for
+        config = make_config(**overrides)
+        return AlibiGPT2LMHeadModel._from_config(config, attn_implementation=attn_implementation).eval()
+
+    return make
+
+
+@pytest.fixture
+def tiny_model(make_model):
+    return make_model()
+
+
+@pytest.fixture
+def random_ids():
+    """`random_ids(batch, length, vocab=256)` -> int64 token ids in [3, vocab): never pad, bos or eos."""
+
+    def make(batch: int, length: int, vocab: int = 256) -> torch.Tensor:
+        return torch.randint(3, vocab, (batch, length))
+
+    return make

@@ -1,0 +1,217 @@
+"""Every attention backend against the formula written out in plain PyTorch, then backend selection in the model.
+
+Reference: softmax(q . k / sqrt(d) - m_h * (i - j)) @ v over keys j <= i that are not padding, in float64, with
+query i sitting at absolute position offset + row (offset = cached tokens).
+"""
+
+import pytest
+import torch
+
+from hf_alibi import AlibiGPT2LMHeadModel, attention_alibi, get_alibi_slopes
+from hf_alibi.attention_alibi import alibi_attention, prepare_alibi_attention
+
+HEADS, DIM = 12, 8
+SCALE = DIM**-0.5
+
+
+def reference_attention(query, key, value, slopes, key_padding=None):
+    """(B, H, q, D) x (B, H, kv, D) -> output (B, q, H, D), weights (B, H, q, kv), has_keys (B, 1, q, 1); float64."""
+    query, key, value = query.double(), key.double(), value.double()
+    q_len, kv_len = query.shape[2], key.shape[2]
+    i = torch.arange(kv_len - q_len, kv_len)[:, None]  # (q, 1) absolute query positions
+    j = torch.arange(kv_len)[None, :]  # (1, kv)
+    scores = query @ key.transpose(-1, -2) * SCALE - slopes.double()[:, None, None] * (i - j)  # (B, H, q, kv)
+    allowed = (j <= i)[None, None]  # (1, 1, q, kv)
+    if key_padding is not None:
+        allowed = allowed & key_padding[:, None, None, :]  # (B, 1, q, kv)
+    weights = torch.softmax(scores.masked_fill(~allowed, -torch.inf), dim=-1).nan_to_num(0.0)  # (B, H, q, kv)
+    has_keys = allowed.any(-1, keepdim=True)  # (B|1, 1, q, 1): rows with no visible key have no defined output
+    return (weights @ value).transpose(1, 2), weights, has_keys
+
+
+def padding_mask(lengths, total, side):
+    """(B, total) 0/1 mask with `lengths[b]` real tokens on the right (left padding) or on the left."""
+    positions = torch.arange(total)[None]
+    lengths = torch.tensor(lengths)[:, None]
+    real = positions >= total - lengths if side == "left" else positions < lengths
+    return real.long()
+
+
+# (query length, key length, attention mask or None); lengths are not multiples of the chunk of 16
+SCENARIOS = {
+    "self": (37, 37, None),
+    "cache_offset": (5, 29, None),
+    "one_token_decode": (1, 20, None),
+    "left_padding": (37, 37, padding_mask([37, 20, 3], 37, "left")),
+    "right_padding": (37, 37, padding_mask([37, 20, 3], 37, "right")),
+    "left_padding_with_cache": (19, 40, padding_mask([40, 33, 25], 40, "left")),
+    "fully_padded_sequence": (21, 21, padding_mask([21, 0, 5], 21, "left")),
+}
+BACKENDS = ["eager", "sdpa", "sdpa_chunked", "flex_attention"]
+
+
+def run_backend(backend, query, key, value, slopes, mask, monkeypatch):
+    if backend == "sdpa_chunked":
+        monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)  # several chunks, the last one partial
+        backend = "sdpa"
+    inputs = prepare_alibi_attention(backend, slopes, mask, query.shape[2], key.shape[2])
+    with torch.no_grad():  # FlexAttention has no CPU backward
+        output, _ = alibi_attention(query, key, value, inputs, SCALE)
+    return output
+
+
+def qkv(batch, q_len, kv_len, dtype=torch.float32):
+    query = torch.randn(batch, HEADS, q_len, DIM, dtype=dtype)
+    key = torch.randn(batch, HEADS, kv_len, DIM, dtype=dtype)
+    value = torch.randn(batch, HEADS, kv_len, DIM, dtype=dtype)
+    return query, key, value
+
+
+def assert_matches_reference(output, expected, has_keys, atol):
+    assert torch.isfinite(output).all(), "NaN or inf in the output (a fully masked row must stay finite)"
+    keep = has_keys.transpose(1, 2).expand_as(expected)  # (B, q, H, D)
+    difference = (output.double() - expected).abs().masked_fill(~keep, 0).max().item()
+    assert difference <= atol, f"largest difference from the reference {difference:.3g} > {atol}"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_matches_reference_formula_fp32(backend, scenario, monkeypatch):
+    q_len, kv_len, mask = SCENARIOS[scenario]
+    batch = 1 if mask is None else mask.shape[0]
+    query, key, value = qkv(batch, q_len, kv_len)
+    slopes = get_alibi_slopes(HEADS)
+    expected, _, has_keys = reference_attention(query, key, value, slopes, None if mask is None else mask.bool())
+    output = run_backend(backend, query, key, value, slopes, mask, monkeypatch)
+    assert output.shape == (batch, q_len, HEADS, DIM)
+    assert_matches_reference(output, expected, has_keys, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_matches_reference_with_steep_custom_slopes(backend, monkeypatch):
+    slopes = torch.tensor([0.0, 2.0, 0.5, 1e-3, 0.9, 0.0, 3.0, 0.1, 0.25, 0.7, 0.05, 1.5])
+    mask = padding_mask([30, 17], 30, "left")
+    query, key, value = qkv(2, 9, 30)
+    expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool())
+    output = run_backend(backend, query, key, value, slopes, mask, monkeypatch)
+    assert_matches_reference(output, expected, has_keys, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_matches_reference_in_bf16(backend, monkeypatch):
+    # bf16 inputs against the float64 reference of the same (rounded) inputs; bf16 has 8 bits of mantissa
+    q_len, kv_len, mask = SCENARIOS["left_padding_with_cache"]
+    query, key, value = qkv(mask.shape[0], q_len, kv_len, torch.bfloat16)
+    slopes = get_alibi_slopes(HEADS)
+    expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool())
+    output = run_backend(backend, query, key, value, slopes, mask, monkeypatch)
+    assert output.dtype == torch.bfloat16
+    assert_matches_reference(output, expected, has_keys, atol=2e-2)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_returned_attention_weights_match_reference_softmax(implementation):
+    mask = padding_mask([25, 11], 25, "left")
+    query, key, value = qkv(2, 7, 25)
+    slopes = get_alibi_slopes(HEADS)
+    _, expected, has_keys = reference_attention(query, key, value, slopes, mask.bool())
+    inputs = prepare_alibi_attention(implementation, slopes, mask, 7, 25)
+    _, weights = alibi_attention(query, key, value, inputs, SCALE, output_attentions=True)
+    difference = (weights.double() - expected).abs().masked_fill(~has_keys, 0).max().item()
+    assert difference <= 1e-6, f"largest weight difference {difference:.3g}"
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "flex_attention"])
+def test_whole_model_logits_agree_across_backends_beyond_n_positions(backend, make_model, random_ids, monkeypatch):
+    monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)
+    ids = random_ids(3, 70)  # n_positions is 16
+    mask = padding_mask([70, 41, 9], 70, "left")
+    with torch.no_grad():
+        expected = make_model("eager")(ids, attention_mask=mask).logits
+        logits = make_model(backend)(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(logits[real], expected[real], atol=1e-5, rtol=0)
+
+
+def test_sdpa_backward_gradients_match_eager(make_model, random_ids, monkeypatch):
+    monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)
+    ids = random_ids(2, 40)
+    # Right padding, as in training batches. (With left padding the last pad's logits predict the first real token
+    # from a fully masked row, whose output is arbitrary and backend-dependent.)
+    mask = padding_mask([40, 23], 40, "right")
+    labels = ids.masked_fill(mask == 0, -100)
+    gradients = {}
+    for backend in ("eager", "sdpa"):
+        model = make_model(backend).train()
+        model(ids, attention_mask=mask, labels=labels).loss.backward()
+        gradients[backend] = {name: p.grad for name, p in model.named_parameters()}
+    for name, expected in gradients["eager"].items():
+        scale = expected.abs().max().item()
+        difference = (gradients["sdpa"][name] - expected).abs().max().item()
+        assert difference <= 1e-5 * max(scale, 1e-3), f"{name}: largest gradient difference {difference:.3g}"
+
+
+class BackendSpy:
+    """Records which backend function each attention call reaches."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        for name in ("eager_alibi_attention", "sdpa_alibi_attention", "flex_alibi_attention"):
+            monkeypatch.setattr(attention_alibi, name, self._wrap(name, getattr(attention_alibi, name)))
+
+    def _wrap(self, name, function):
+        def spy(*args, **kwargs):
+            self.calls.append(name.removesuffix("_alibi_attention"))
+            return function(*args, **kwargs)
+
+        return spy
+
+    def backends_used_by(self, model, ids):
+        self.calls.clear()
+        with torch.no_grad():
+            model(ids)
+        return set(self.calls)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "flex_attention"])
+def test_attn_implementation_selects_backend_in_from_config_and_from_pretrained(
+    backend, make_config, random_ids, tmp_path, monkeypatch
+):
+    from transformers import AutoModelForCausalLM
+
+    spy = BackendSpy(monkeypatch)
+    expected = {backend.removesuffix("_attention")}
+    model = AutoModelForCausalLM.from_config(make_config(), attn_implementation=backend)
+    assert model.config._attn_implementation == backend
+    assert spy.backends_used_by(model, random_ids(1, 9)) == expected
+    model.save_pretrained(tmp_path)
+    loaded = AlibiGPT2LMHeadModel.from_pretrained(tmp_path, attn_implementation=backend)
+    assert spy.backends_used_by(loaded, random_ids(1, 9)) == expected
+
+
+def test_set_attn_implementation_switches_backend(tiny_model, random_ids, monkeypatch):
+    spy = BackendSpy(monkeypatch)
+    ids = random_ids(1, 9)
+    for backend in ("eager", "flex_attention", "sdpa", "eager"):
+        tiny_model.set_attn_implementation(backend)
+        assert spy.backends_used_by(tiny_model, ids) == {backend.removesuffix("_attention")}
+
+
+def test_unsupported_attn_implementation_raises_clear_error(make_config, random_ids):
+    from transformers import AutoModelForCausalLM
+
+    with pytest.raises(ValueError, match="not_a_backend"):
+        AutoModelForCausalLM.from_config(make_config(), attn_implementation="not_a_backend")
+    # transformers accepts its paged names; the model must refuse them by name rather than compute garbage
+    model = AutoModelForCausalLM.from_config(make_config(), attn_implementation="paged|eager")
+    with pytest.raises(ValueError, match=r"paged\|eager"):
+        model(random_ids(1, 5))
+
+
+def test_flash_attention_2_without_flash_attn_or_cuda_raises_clear_error(make_config, random_ids):
+    from transformers import AutoModelForCausalLM
+
+    # flash-attn missing: transformers refuses at build time; installed but CPU tensors: the model refuses
+    with pytest.raises((ImportError, ValueError), match="(?i)flash"):
+        model = AutoModelForCausalLM.from_config(make_config(), attn_implementation="flash_attention_2")
+        model(random_ids(1, 5))
