@@ -108,10 +108,11 @@ def build_model(name: str, shape: Shape, max_length: int):
         model = BloomForCausalLM._from_config(config, attn_implementation="eager")
     elif name == "mpt-eager":
         # MPT builds its ALiBi tensor for `max_seq_len` keys and slices it, so it must cover the longest length.
+        # `attn_pdrop` is typed `int` in MptAttentionConfig (strict validation rejects 0.0).
         config = MptConfig(
             d_model=shape.n_embd, n_heads=shape.n_head, n_layers=shape.n_layer, expansion_ratio=4,
             max_seq_len=max_length, vocab_size=shape.vocab_size, resid_pdrop=0.0, emb_pdrop=0.0,
-            attn_config={"attn_pdrop": 0.0, "alibi": True}, use_cache=True, **ids,
+            attn_config={"attn_pdrop": 0, "alibi": True}, use_cache=True, **ids,
         )
         model = MptForCausalLM._from_config(config, attn_implementation="eager")
     else:

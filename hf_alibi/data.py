@@ -134,7 +134,7 @@ def join_wikitext_articles(lines: Iterable[str]) -> list[str]:
 
 
 def _check_data_files(data_files: str | list[str] | dict[str, str | list[str]]) -> list[str]:
-    """Every path or glob of `data_files`, flat, each checked to match at least one file."""
+    """Every path or glob of `data_files`, flat, each local one checked to match at least one file."""
     if isinstance(data_files, dict):
         patterns = [p for value in data_files.values() for p in ([value] if isinstance(value, str) else value)]
     else:
@@ -142,7 +142,7 @@ def _check_data_files(data_files: str | list[str] | dict[str, str | list[str]]) 
     if not patterns:
         raise ValueError("data_files is empty: give at least one file or glob")
     for pattern in patterns:
-        if not glob.glob(os.path.expanduser(pattern), recursive=True):
+        if "://" not in pattern and not glob.glob(os.path.expanduser(pattern), recursive=True):
             raise ValueError(f"data file {pattern!r} matches no file")
     return patterns
 
@@ -202,9 +202,12 @@ def load_text_corpus(
     wikitext = name.rstrip("/").split("/")[-1] == "wikitext"
 
     def documents(split: str) -> tuple[list[str], list[str]]:
-        texts = list(raw[split][text_column])
-        texts = join_wikitext_articles(texts) if wikitext else [t for t in texts if t and t.strip()]
-        return [f"{split}/{i}" for i in range(len(texts))], texts
+        rows = raw[split][text_column]
+        if wikitext:
+            texts = join_wikitext_articles(rows)
+            return [f"{split}/article{i}" for i in range(len(texts))], texts
+        kept = [(f"{split}/{i}", text) for i, text in enumerate(rows) if text and text.strip()]
+        return [source for source, _ in kept], [text for _, text in kept]
 
     if validation_split is None:
         return split_documents(*documents(train_split), heldout_fraction, split_by="text")

@@ -189,7 +189,7 @@ def _resume_point(model_dir: Path, resume) -> str | None:
     return None if str(resume).lower() in ("true", "last", "1") else str(resume)
 
 
-def train_one(name, experiment, training, tokenizer, train_blocks, state) -> tuple[torch.nn.Module, dict]:
+def train_one(name, experiment, training, tokenizer, train_blocks, state, callbacks=None) -> tuple[torch.nn.Module, dict]:
     """Train (or resume) one model; save it atomically to `<output_dir>/<name>/final`. Returns (model, facts)."""
     model_dir = Path(training.output_dir) / name
     args = TrainingArguments(**{**training.to_dict(), "output_dir": str(model_dir), "push_to_hub": False})
@@ -201,6 +201,7 @@ def train_one(name, experiment, training, tokenizer, train_blocks, state) -> tup
         train_dataset=train_blocks,
         data_collator=default_data_collator,
         processing_class=tokenizer,
+        callbacks=callbacks,
     )
     start = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=_resume_point(model_dir, training.resume_from_checkpoint))
@@ -218,6 +219,7 @@ def train_one(name, experiment, training, tokenizer, train_blocks, state) -> tup
     facts = {
         "steps": result.global_step,
         "train_loss": result.training_loss,
+        "final_logged_loss": next((log["loss"] for log in reversed(trainer.state.log_history) if "loss" in log), None),
         "train_seconds": round(seconds, 1),
         "train_tokens_per_second": round(result.metrics.get("train_samples_per_second", 0) * experiment.train_length, 1),
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -231,8 +233,13 @@ def _atomic_json(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
-def run_experiment(experiment: ExperimentArguments, training: TrainingArguments) -> dict[str, ModelEvaluation]:
-    """Train every requested model at `train_length`, evaluate each at `eval_lengths`, write results and cards."""
+def run_experiment(
+    experiment: ExperimentArguments, training: TrainingArguments, callbacks=None
+) -> dict[str, ModelEvaluation]:
+    """Train every requested model at `train_length`, evaluate each at `eval_lengths`, write results and cards.
+
+    `callbacks` are `transformers.TrainerCallback`s given to every model's `Trainer`.
+    """
     state = PartialState()
     check_output_dir(experiment, training)
     corpus, tokenizer, train_blocks, heldout = prepare_data(experiment, state)  # fails before writing anything
@@ -260,7 +267,7 @@ def run_experiment(experiment: ExperimentArguments, training: TrainingArguments)
             saved = json.loads(record.read_text())
             evaluations[name], metadata[f"{name}_training"] = ModelEvaluation.from_dict(saved["evaluation"]), saved["training"]
             continue
-        model, facts = train_one(name, experiment, training, tokenizer, train_blocks, state)
+        model, facts = train_one(name, experiment, training, tokenizer, train_blocks, state, callbacks)
         if state.is_main_process:
             model = model.float().eval()
             evaluation = evaluate_model(

@@ -142,6 +142,13 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
     def set_input_embeddings(self, new_embeddings):
         self.wte = new_embeddings
 
+    def _apply(self, fn, recurse=True):
+        # `model.to(bfloat16)` would round slopes such as 2**-0.5 (0.3 of a logit at distance 4096): keep them fp32.
+        super()._apply(fn, recurse)
+        if self.alibi_slopes.dtype != torch.float32:
+            self.alibi_slopes = slopes_from_config(self.config).to(self.alibi_slopes.device)
+        return self
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,

@@ -97,10 +97,11 @@ def test_backend_matches_reference_with_steep_custom_slopes(backend, monkeypatch
     assert_matches_reference(output, expected, has_keys, atol=1e-5)
 
 
+@pytest.mark.parametrize("scenario", ["left_padding_with_cache", "fully_padded_sequence"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_backend_matches_reference_in_bf16(backend, monkeypatch):
+def test_backend_matches_reference_in_bf16(backend, scenario, monkeypatch):
     # bf16 inputs against the float64 reference of the same (rounded) inputs; bf16 has 8 bits of mantissa
-    q_len, kv_len, mask = SCENARIOS["left_padding_with_cache"]
+    q_len, kv_len, mask = SCENARIOS[scenario]
     query, key, value = qkv(mask.shape[0], q_len, kv_len, torch.bfloat16)
     slopes = get_alibi_slopes(HEADS)
     expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool())
@@ -215,3 +216,46 @@ def test_flash_attention_2_without_flash_attn_or_cuda_raises_clear_error(make_co
     with pytest.raises((ImportError, ValueError), match="(?i)flash"):
         model = AutoModelForCausalLM.from_config(make_config(), attn_implementation="flash_attention_2")
         model(random_ids(1, 5))
+
+
+# GPU only: FlashAttention-2 (its own alibi_slopes) and compiled FlexAttention, bf16, left padding, a KV cache.
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("backend", ["flash_attention_2", "compiled_flex_attention"])
+def test_gpu_backend_matches_reference_in_bf16_with_padding_and_cache(backend):
+    if backend == "flash_attention_2":
+        pytest.importorskip("flash_attn")
+    q_len, kv_len, mask = SCENARIOS["left_padding_with_cache"]
+    query, key, value = qkv(mask.shape[0], q_len, kv_len, torch.bfloat16)
+    slopes = get_alibi_slopes(HEADS)
+    expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool())
+    implementation = backend.removeprefix("compiled_")
+    inputs = prepare_alibi_attention(implementation, slopes.cuda(), mask.cuda(), q_len, kv_len)
+    attend = torch.compile(alibi_attention) if backend.startswith("compiled_") else alibi_attention
+    with torch.no_grad():
+        output, _ = attend(query.cuda(), key.cuda(), value.cuda(), inputs, SCALE)
+    assert output.dtype == torch.bfloat16
+    assert_matches_reference(output.cpu(), expected, has_keys, atol=2e-2)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_flash_model_prefill_and_cached_decode_match_eager_in_bf16(make_model, random_ids):
+    pytest.importorskip("flash_attn")
+    ids = random_ids(3, 24).cuda()
+    mask = padding_mask([24, 15, 6], 24, "left").cuda()
+    logits = {}
+    for backend in ("eager", "flash_attention_2"):
+        model = make_model(backend).to("cuda", torch.bfloat16)
+        with torch.no_grad():
+            out = model(ids[:, :20], attention_mask=mask[:, :20], use_cache=True)
+            pieces = [out.logits]
+            for t in range(20, 24):
+                out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=out.cache)
+                pieces.append(out.logits)
+        logits[backend] = torch.cat(pieces, dim=1).float()[mask.bool()]  # real tokens only
+    scale = logits["eager"].abs().max().item()
+    torch.testing.assert_close(logits["flash_attention_2"], logits["eager"], atol=3e-2 * max(scale, 1.0), rtol=0)

@@ -18,14 +18,16 @@ SHARED_WITH_GPT2 = (
 
 def test_defaults_are_gpt2s():
     ours, gpt2 = AlibiGPT2Config(), GPT2Config()
-    differing = {n: (getattr(ours, n), getattr(gpt2, n)) for n in SHARED_WITH_GPT2 if getattr(ours, n) != getattr(gpt2, n)}
+    pairs = {name: (getattr(ours, name), getattr(gpt2, name)) for name in SHARED_WITH_GPT2}
+    differing = {name: pair for name, pair in pairs.items() if pair[0] != pair[1]}
     assert not differing, f"defaults differ from GPT-2 (ours, GPT-2): {differing}"
     assert ours.model_type == "alibi_gpt2"
     assert ours.alibi_max_bias == 8.0 and ours.alibi_slopes is None
 
 
 def test_gpt2_keyword_arguments_carry_over():
-    kwargs = dict(vocab_size=300, n_positions=64, n_embd=72, n_layer=3, n_head=6, n_inner=100, activation_function="relu")
+    kwargs = dict(vocab_size=300, n_positions=64, n_embd=72, n_layer=3, n_head=6, n_inner=100)
+    kwargs["activation_function"] = "relu"
     ours, gpt2 = AlibiGPT2Config(**kwargs), GPT2Config(**kwargs)
     assert {n: getattr(ours, n) for n in kwargs} == {n: getattr(gpt2, n) for n in kwargs}
 
@@ -81,11 +83,10 @@ def test_auto_config_for_model_builds_the_alibi_config():
 
 
 def test_to_dict_from_dict_round_trip():
-    config = AlibiGPT2Config(
-        vocab_size=200, n_embd=48, n_head=4, n_layer=3, n_positions=40, alibi_slopes=[0.5, 0.0, 0.2, 1.0], pad_token_id=0
-    )
+    slopes = [0.5, 0.0, 0.2, 1.0]
+    config = AlibiGPT2Config(vocab_size=200, n_embd=48, n_head=4, n_layer=3, n_positions=40, alibi_slopes=slopes)
     as_dict = config.to_dict()
-    assert as_dict["model_type"] == "alibi_gpt2" and as_dict["alibi_slopes"] == [0.5, 0.0, 0.2, 1.0]
+    assert as_dict["model_type"] == "alibi_gpt2" and as_dict["alibi_slopes"] == slopes
     restored = AlibiGPT2Config.from_dict(as_dict)
     assert restored.to_dict() == as_dict
     assert AutoConfig.for_model(**as_dict).to_dict() == as_dict

@@ -4,9 +4,10 @@ import json
 import os
 
 import pytest
+from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hf_alibi import tokenization
+from hf_alibi import data, tokenization
 from hf_alibi.data import (
     corpus_fingerprint,
     heldout_token_ids,
@@ -130,8 +131,9 @@ def test_tokenizer_is_cached_and_not_retrained(corpus, tmp_path, monkeypatch):
 def test_interrupted_cache_write_leaves_nothing_behind(corpus, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
 
-    def crash(self, directory, **kwargs):
-        (os.path.join(directory, "tokenizer.json") and open(os.path.join(directory, "partial"), "w").close())
+    def crash(self, directory, **kwargs):  # dies half-way through writing
+        with open(os.path.join(directory, "tokenizer.json"), "w") as half_written:
+            half_written.write("{")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", crash)
@@ -181,7 +183,7 @@ def test_local_text_files_load_one_document_per_file(tmp_path):
     for i in range(30):
         _write(tmp_path / "txt", f"doc{i}.txt", f"first line {i}\nsecond line\n\nlast line\n")
     corpus = load_text_corpus(data_files=str(tmp_path / "txt" / "*.txt"), heldout_fraction=0.3)
-    texts = corpus["train"]["text"] + corpus["validation"]["text"]
+    texts = list(corpus["train"]["text"]) + list(corpus["validation"]["text"])
     assert len(texts) == 30 and all(t.count("\n") == 4 for t in texts)
     assert corpus["train"].column_names == ["source", "text"] and len(corpus["validation"]) > 0
 
@@ -217,3 +219,17 @@ def test_unknown_split_error_names_it(tmp_path):
 def test_wikitext_lines_join_into_articles():
     lines = ["", " = Alpha = \n", "", " = = Section = = \n", " Text a .\n", " = Beta = \n", " Text b .\n"]
     assert join_wikitext_articles(lines) == [" = Alpha = \n = = Section = = \n Text a .\n", " = Beta = \n Text b .\n"]
+
+
+def test_hub_wikitext_is_joined_into_articles_and_keeps_its_validation_split(monkeypatch):
+    def rows(*titles):
+        return Dataset.from_dict({"text": [line for t in titles for line in ("", f" = {t} = \n", f" About {t} .\n")]})
+
+    fake_hub = DatasetDict({"train": rows("A", "B", "C"), "validation": rows("D"), "test": rows("E")})
+    calls = []
+    monkeypatch.setattr(data, "load_dataset", lambda *args, **kwargs: calls.append(args) or fake_hub)
+    corpus = load_text_corpus("Salesforce/wikitext", "wikitext-103-raw-v1")
+    assert calls == [("Salesforce/wikitext", "wikitext-103-raw-v1")]
+    assert corpus["train"]["text"] == [f" = {t} = \n About {t} .\n" for t in "ABC"]
+    assert corpus["validation"]["text"] == [" = D = \n About D .\n"]
+    assert corpus["validation"]["source"] == ["validation/article0"]

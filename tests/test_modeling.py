@@ -151,7 +151,7 @@ def test_return_dict_false_returns_tuples(tiny_model, random_ids):
     torch.testing.assert_close(as_tuple[1], as_dict.logits)
     base = tiny_model.transformer(ids, return_dict=False)
     assert isinstance(base, tuple)
-    torch.testing.assert_close(base[0], as_dict.logits.new_tensor(base[0]), atol=0, rtol=0)
+    torch.testing.assert_close(base[0], tiny_model.transformer(ids).last_hidden_state)
 
 
 def test_bf16_autocast_forward_is_close_to_fp32(tiny_model, random_ids):
@@ -192,7 +192,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(make_model, random_ids)
     for checkpointing in (False, True):
         model = make_model("eager").train()
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            model.activation_checkpointing_enable()  # transformers 5 name of gradient_checkpointing_enable
         model(ids, labels=ids).loss.backward()  # use_cache stays at its default (True): the replay must not reuse it
         gradients.append({name: p.grad for name, p in model.named_parameters()})
     for name, expected in gradients[0].items():

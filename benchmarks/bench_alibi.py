@@ -1,0 +1,382 @@
+"""Issue 4's benchmark: hf_alibi against GPT-2 (SDPA, no ALiBi), BLOOM and MPT, side by side in one run.
+
+    python -m benchmarks.bench_alibi --out results.json --markdown BENCHMARKS-table.md          # GPT-2 small, CPU
+    python -m benchmarks.bench_alibi --preset tiny --repeats 1                                  # smoke, ~1 min
+    python -m benchmarks.bench_alibi --suite forward --lengths 4096,8192 --contestants gpt2-sdpa,bloom-eager,alibi-sdpa
+    python -m benchmarks.bench_alibi --device cuda --dtype bf16 --out results-cuda.json
+
+Every contestant lives in its own worker process (`benchmarks.worker`) for the whole run, so its peak memory is
+its own and a crash, out-of-memory or timeout is recorded as that contestant's result. For each measurement cell
+(suite x length x batch) the parent asks every worker for warm-up and a memory probe, then for `--repeats` timed
+calls interleaved across contestants (A B C A B C ...), and reports medians and ratios against `gpt2-sdpa`.
+
+- train: `model(input_ids, labels=input_ids)` (full logits and loss) + `backward()`, gradients dropped; with
+  `--optimizer sgd` plus a plain SGD step. tokens/s = batch * length / step time.
+- forward: batch 1 under `no_grad`, no cache, `logits_to_keep=1` for every contestant (the 16k x 50k logits
+  would otherwise dominate memory).
+- generate: greedy, exactly `--decode` new tokens (eos disabled) after a `--prefill`-token prompt; batches > 1 are
+  left-padded with prompts from `--prefill` down to half of it. Each repeat times generate(1 new token) and
+  generate(`--decode` new tokens); decode tokens/s = batch * (decode - 1) / (difference of the two).
+
+After OOM, timeout or crash at one size, larger sizes of that suite are skipped for that contestant. Each cell
+costs every contestant `--warmup` + 1 (memory probe) + `--repeats` calls. The full default run (GPT-2 small, fp32,
+2 CPU cores) takes hours: estimated ~1 h train, ~1.5-2 h forward (8192 and 16384 dominate; the eager contestants
+run out of memory at 16384 on a 23 GB machine), ~45 min generate. Run suites separately if needed.
+"""
+
+import argparse
+import json
+import os
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from . import report as reporting
+from .contestants import ALIBI_BACKENDS, CONTESTANTS, REFERENCE, SUITES, Shape, default_contestants, unsupported_reason
+from .worker import PROTOCOL_PREFIX
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = {
+    # shape, then default lengths; explicit flags override either
+    "small": dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, train_lengths=[512, 1024],
+                  lengths=[2048, 4096, 8192, 16384], prefill=512, decode=256),
+    "tiny": dict(n_embd=96, n_layer=2, n_head=12, vocab_size=512, train_lengths=[64, 128],
+                 lengths=[128, 256], prefill=32, decode=8),
+}
+
+
+class WorkerFailure(Exception):
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+class Worker:
+    """A worker process and its line protocol; every wait is bounded by a timeout."""
+
+    def __init__(self, argv: list[str], log_path: Path, env: dict | None = None):
+        self.log_path = log_path
+        self.log = open(log_path, "ab")
+        self.process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, cwd=ROOT, env=env,
+            start_new_session=True,  # its own process group: a timeout kills it and anything it spawned
+        )
+        self.buffer = b""
+
+    def receive(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        fd = self.process.stdout.fileno()
+        while True:
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                if text.startswith(PROTOCOL_PREFIX):
+                    return json.loads(text[len(PROTOCOL_PREFIX) :])
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise WorkerFailure("timeout", f"no answer within {timeout:g} s")
+            readable, _, _ = select.select([fd], [], [], remaining)
+            if readable:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    code = self.process.wait()
+                    if code == 1:  # an uncaught Python exception: its traceback is in the log
+                        raise WorkerFailure("error", "worker raised" + self._log_tail())
+                    why = " (killed, likely by the OS out of memory)" if code in (-signal.SIGKILL, 137) else ""
+                    raise WorkerFailure("crashed", f"worker exited with code {code}{why}" + self._log_tail())
+                self.buffer += chunk
+
+    def request(self, message: dict, timeout: float) -> dict:
+        try:
+            self.process.stdin.write((json.dumps(message) + "\n").encode())
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # receive() reports how it died
+        return self.receive(timeout)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def _log_tail(self) -> str:
+        self.log.flush()
+        lines = self.log_path.read_text(errors="replace").strip().splitlines()[-3:]
+        return ("; log: " + " | ".join(lines)) if lines else ""
+
+    def kill(self) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait()
+
+    def close(self) -> None:
+        if self.alive():
+            try:
+                self.process.stdin.write(b'{"op": "exit"}\n')
+                self.process.stdin.flush()
+                self.process.wait(timeout=10)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.kill()
+        self.log.close()
+
+
+def plan_cells(args) -> list[dict]:
+    """The measurement cells in run order; `scale` orders the sizes within a suite (for skipping after OOM)."""
+    cells = []
+    for suite in args.suites:
+        if suite == "train":
+            for length in args.train_lengths:
+                cells.append({"suite": suite, "name": f"train L={length} B={args.train_batch}", "length": length,
+                              "batch": args.train_batch, "scale": length * args.train_batch})
+        elif suite == "forward":
+            for length in args.lengths:
+                cells.append({"suite": suite, "name": f"forward L={length} B=1", "length": length, "batch": 1,
+                              "scale": length})
+        else:
+            for batch in args.gen_batches:
+                cells.append({"suite": suite, "name": f"generate B={batch} prefill {args.prefill} decode {args.decode}",
+                              "batch": batch, "prefill": args.prefill, "decode": args.decode, "scale": batch})
+    return cells
+
+
+class Bench:
+    """Runs the plan: one worker per contestant, restarted lazily after it dies."""
+
+    def __init__(self, args, log_dir: Path):
+        self.args, self.log_dir = args, log_dir
+        self.workers: dict[str, Worker] = {}
+        self.ready: dict[str, dict] = {}
+        self.failed_at: dict[tuple[str, str], tuple[int, str]] = {}  # (contestant, suite) -> (scale, what)
+        self.unbuildable: dict[str, dict] = {}  # contestant -> its failed start: never retried
+
+    def _spec(self, name: str) -> dict:
+        a = self.args
+        return {"contestant": name, "shape": asdict(a.shape), "max_length": a.max_length, "device": a.device,
+                "dtype": a.dtype, "threads": a.threads, "optimizer": a.optimizer,
+                "memory_limit_bytes": int(a.memory_limit_gb * 2**30) if a.device == "cpu" else 0}
+
+    def start(self, names: list[str]) -> dict[str, dict]:
+        """Start the workers of `names` concurrently; returns the failures (contestant -> result)."""
+        failures = {name: dict(self.unbuildable[name]) for name in names if name in self.unbuildable}
+        names = [name for name in names if name not in failures]
+        for name in names:
+            if name not in self.workers or not self.workers[name].alive():
+                if name in self.workers:
+                    self.workers[name].close()  # the dead one's log handle
+                argv = [sys.executable, "-m", "benchmarks.bench_alibi", "--worker", json.dumps(self._spec(name))]
+                self.workers[name] = Worker(argv, self.log_dir / f"{name}.log")
+                self.ready.pop(name, None)
+        for name in names:
+            if name in self.ready:
+                continue
+            try:
+                self.ready[name] = self.workers[name].receive(max(self.args.timeout, 600))
+            except WorkerFailure as failure:
+                failures[name] = {"status": failure.status, "reason": f"while building the model: {failure.reason}"}
+                self.unbuildable[name] = failures[name]
+        return failures
+
+    def _ask(self, name: str, message: dict, results: dict, cell: dict, calls: int = 1) -> dict | None:
+        try:
+            answer = self.workers[name].request(message, self.args.timeout * calls)
+        except WorkerFailure as failure:
+            answer = {"ok": False, "status": failure.status, "reason": failure.reason}
+        if answer["ok"]:
+            return answer
+        results[name] = {"status": answer["status"], "reason": answer["reason"]}
+        if answer["status"] in ("oom", "timeout", "crashed"):
+            self.failed_at[(name, cell["suite"])] = (cell["scale"], f"{answer['status']} at {cell['name']}")
+        return None
+
+    def run_cell(self, cell: dict, names: list[str]) -> dict:
+        results, active = {}, []
+        for name in names:
+            reason = unsupported_reason(name, cell["suite"], self.args.device)
+            earlier = self.failed_at.get((name, cell["suite"]))
+            if reason:
+                results[name] = {"status": "unsupported", "reason": reason}
+            elif earlier and cell["scale"] >= earlier[0]:
+                results[name] = {"status": "skipped", "reason": earlier[1]}
+            else:
+                active.append(name)
+        results.update(self.start(active))
+        active = [name for name in active if name not in results]
+        request = {k: v for k, v in cell.items() if k != "name"}
+        for name in list(active):
+            prepare = {"op": "prepare", "cell": request, "warmup": self.args.warmup}
+            answer = self._ask(name, prepare, results, cell, calls=self.args.warmup + 1)
+            if answer is None:
+                active.remove(name)
+                continue
+            results[name] = {"status": reporting.OK, "peak_mem_bytes": answer["peak_mem_bytes"],
+                             "mem_method": answer["mem_method"]}
+            for key in ("seconds", "prefill_s", "total_s"):
+                results[name][key] = []
+        for _ in range(self.args.repeats):
+            for name in list(active):
+                time.sleep(self.args.settle)  # let the previous worker's OpenMP threads go idle
+                answer = self._ask(name, {"op": "time"}, results, cell)
+                if answer is None:
+                    active.remove(name)
+                    continue
+                for key in ("seconds", "prefill_s", "total_s"):
+                    if key in answer:
+                        results[name][key].append(answer[key])
+        for result in results.values():
+            for key in ("seconds", "prefill_s", "total_s"):
+                if not result.get(key):
+                    result.pop(key, None)
+            reporting.summarise(cell, result)
+        reporting.add_ratios(results)
+        return results
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
+
+
+def build_report(args, cells: list[dict], bench: Bench) -> dict:
+    cells = [cell for cell in cells if "results" in cell]  # a partial report holds the cells done so far
+    ready = next(iter(bench.ready.values()), {})
+    threads = sorted({info["threads"] for info in bench.ready.values()})
+    memory = next((r["mem_method"] for c in cells for r in c.get("results", {}).values() if "mem_method" in r), "?")
+    optimizer = "forward + backward + SGD step" if args.optimizer == "sgd" else "forward + backward, no optimizer step"
+    alibi = [name for name in args.contestants if name in ALIBI_BACKENDS]
+    report = {
+        "schema": "hf_alibi.benchmark/1",
+        "command": args.command,
+        "machine": reporting.machine_description(
+            args.device, threads[0] if len(threads) == 1 else threads or args.threads,
+            ready.get("device_name"), ready.get("torch"),
+        ),
+        "settings": {
+            "shape": asdict(args.shape), "dtype": args.dtype, "device": args.device, "suites": args.suites,
+            "repeats": args.repeats, "warmup": args.warmup, "optimizer": args.optimizer,
+            "optimizer_description": optimizer,
+            "memory_method": f"{memory}, the peak growth over the state just before the call (model weights excluded)", "max_length": args.max_length, "timeout_s": args.timeout,
+            "memory_limit_gb": args.memory_limit_gb if args.device == "cpu" else None,
+        },
+        "contestants": args.contestants,
+        "workers": bench.ready,
+        "cells": cells,
+        "targets": [row for name in alibi for row in reporting.evaluate_targets(cells, name)],
+    }
+    return report
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_alibi", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="small",
+                        help="model shape and default lengths: small = GPT-2 small (d=768, 12 layers, 12 heads, "
+                        "vocab 50257); tiny = d=96, 2 layers, 12 heads, vocab 512, short lengths (smoke tests)")
+    parser.add_argument("--n-embd", type=int, help="override the preset's width")
+    parser.add_argument("--n-layer", type=int, help="override the preset's depth")
+    parser.add_argument("--n-head", type=int, help="override the preset's head count")
+    parser.add_argument("--vocab-size", type=int, help="override the preset's vocabulary size")
+    parser.add_argument("--suite", default=",".join(SUITES), help=f"comma-separated subset of {','.join(SUITES)}")
+    parser.add_argument("--contestants", help=f"comma-separated subset of {','.join(CONTESTANTS)} (default: every "
+                        "one that runs on the device without compiling; gpt2-sdpa is always added, as reference)")
+    parser.add_argument("--train-lengths", type=_ints, help="training-step lengths (small preset: 512,1024)")
+    parser.add_argument("--train-batch", type=int, default=4, help="training-step batch size (default 4)")
+    parser.add_argument("--lengths", type=_ints, help="inference-forward lengths, batch 1 (small: 2048,4096,8192,16384)")
+    parser.add_argument("--prefill", type=int, help="generation prompt length (small: 512)")
+    parser.add_argument("--decode", type=int, help="tokens generated per prompt (small: 256)")
+    parser.add_argument("--gen-batches", type=_ints, default=[1, 8], help="generation batch sizes (default 1,8)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per contestant and cell (median)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls before the memory probe and timing")
+    parser.add_argument("--optimizer", choices=("none", "sgd"), default="none",
+                        help="training step: gradients only (none) or plus a plain SGD step (sgd)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), help="weights and activations (cpu: fp32, cuda: bf16)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads in every worker (default: torch's own)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per measured call (warm-up, memory probe "
+                        "or repeat) before the worker is killed and the result recorded as timeout (default 900)")
+    parser.add_argument("--memory-limit-gb", type=float, help="CPU: address-space limit per worker, so running out "
+                        "raises an OOM result instead of waking the kernel's OOM killer (default 80%% of the memory "
+                        "available at start; 0 = none)")
+    parser.add_argument("--settle", type=float, default=0.2, help="seconds of idle between timed calls (default 0.2)")
+    parser.add_argument("--out", help="write the full results here as JSON (atomically, updated after every cell)")
+    parser.add_argument("--markdown", help="write the markdown table here (atomically)")
+    parser.add_argument("--worker", metavar="SPEC_JSON", help=argparse.SUPPRESS)  # internal: run as a worker
+    args = parser.parse_args(argv)
+    if args.worker:
+        return args
+    preset = PRESETS[args.preset]
+    args.shape = Shape(**{k: getattr(args, k) or preset[k] for k in ("n_embd", "n_layer", "n_head", "vocab_size")})
+    for key in ("train_lengths", "lengths", "prefill", "decode"):
+        if getattr(args, key) is None:
+            setattr(args, key, preset[key])
+    args.suites = [s for s in args.suite.split(",") if s]
+    if bad := [s for s in args.suites if s not in SUITES]:
+        parser.error(f"unknown suite(s) {bad}; choose from {list(SUITES)}")
+    args.contestants = args.contestants.split(",") if args.contestants else default_contestants(args.device)
+    if bad := [c for c in args.contestants if c not in CONTESTANTS]:
+        parser.error(f"unknown contestant(s) {bad}; choose from {list(CONTESTANTS)}")
+    if REFERENCE not in args.contestants:
+        args.contestants.insert(0, REFERENCE)
+    if args.repeats < 1 or args.warmup < 0 or args.decode < 2 or args.prefill < 2:
+        parser.error(f"need --repeats >= 1, --warmup >= 0, --decode >= 2, --prefill >= 2; got {args.repeats}, "
+                     f"{args.warmup}, {args.decode}, {args.prefill}")
+    args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    if args.memory_limit_gb is None:
+        args.memory_limit_gb = 0.8 * _available_memory_gb() if args.device == "cpu" else 0
+    args.max_length = max([*args.train_lengths, *args.lengths, args.prefill + args.decode])
+    args.command = "python -m benchmarks.bench_alibi " + shlex.join(sys.argv[1:] if argv is None else argv)
+    return args
+
+
+def _available_memory_gb() -> float:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        return int(fields["MemAvailable"].split()[0]) / 2**20
+    except (OSError, KeyError):
+        return 0.0
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    args = parse_args(argv)
+    if args.worker:
+        from .worker import serve
+
+        serve(json.loads(args.worker))
+        return None
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model is built from a config: nothing to download
+    cells = plan_cells(args)
+    with tempfile.TemporaryDirectory(prefix="bench_alibi_") as log_dir:
+        bench = Bench(args, Path(log_dir))
+        try:
+            for cell in cells:
+                print(f"[bench] {cell['name']}", file=sys.stderr, flush=True)
+                cell["results"] = bench.run_cell(cell, args.contestants)
+                for name, result in cell["results"].items():
+                    print(f"[bench]   {name}: {reporting.format_result(cell, result)}", file=sys.stderr, flush=True)
+                if args.out:
+                    reporting.write_atomic(args.out, json.dumps(build_report(args, cells, bench), indent=1))
+            report = build_report(args, cells, bench)
+        finally:
+            bench.close()
+    markdown = reporting.render_markdown(report)
+    if args.out:
+        reporting.write_atomic(args.out, json.dumps(report, indent=1))
+    if args.markdown:
+        reporting.write_atomic(args.markdown, markdown)
+    print(markdown)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""One contestant in its own process: builds the model once, then answers the parent's measurement requests.
+
+Protocol: the parent writes one JSON request per line on stdin; the worker answers each (and announces itself once
+with `{"event": "ready", ...}`) on a line starting with `@@bench ` on the stdout it had at start. Everything else a
+library prints goes to stderr (fd 1 is pointed at fd 2), which the parent keeps in a log file.
+
+Requests: `{"op": "prepare", "cell": {...}, "warmup": n}` builds the cell's inputs, runs `n` warm-up calls and one
+memory probe; `{"op": "time", "cell": {...}}` times one call; `{"op": "exit"}`.
+
+Peak memory (CPU) is the growth of the process's resident set over a baseline taken just before the probed call:
+unused heap is handed back first (`malloc_trim`), the kernel's high-water mark is reset to the current RSS (writing
+`5` to /proc/self/clear_refs, Linux >= 4.0), and the probe reads `VmHWM - VmRSS(before)`. Without clear_refs a
+thread samples VmRSS every millisecond instead (misses spikes shorter than that). On CUDA: `max_memory_allocated`
+minus `memory_allocated` before the call, after `reset_peak_memory_stats`.
+
+Fault injection for the harness's own tests: `HF_ALIBI_BENCH_FAULT="contestant:suite:kind[,...]"` makes `prepare`
+fail for that contestant and suite with kind `error` (exception), `oom` (MemoryError), `crash` (the process dies)
+or `hang` (never answers).
+"""
+
+import ctypes
+import gc
+import json
+import os
+import resource
+import sys
+import threading
+import time
+
+FAULT_ENV = "HF_ALIBI_BENCH_FAULT"
+PROTOCOL_PREFIX = "@@bench "
+PAD, FIRST_REAL_ID = 0, 3  # ids 0-2 are pad/bos/eos in every contestant's config; inputs never use them
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _reset_high_water_mark() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _malloc_trim() -> None:
+    try:
+        ctypes.CDLL(None).malloc_trim(0)  # glibc: return free heap pages, so reusing them cannot hide growth
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_memory(fn, device: str) -> tuple[int, str]:
+    """Run `fn()` once; return (peak memory growth in bytes over the state just before it, method name)."""
+    import torch
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base, "cuda max_memory_allocated"
+    _malloc_trim()
+    if _reset_high_water_mark():
+        base = _status_kib("VmRSS")
+        fn()
+        return (_status_kib("VmHWM") - base) * 1024, "VmHWM growth (clear_refs reset)"
+    page = os.sysconf("SC_PAGE_SIZE")
+    base, peak, done = _status_kib("VmRSS") * 1024, [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            with open("/proc/self/statm") as statm:
+                peak[0] = max(peak[0], int(statm.read().split()[1]) * page)
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        sampler.join()
+    return max(peak[0] - base, 0), "VmRSS sampled every 1 ms"
+
+
+class Contestant:
+    """A built model plus the inputs and callables of the cell being measured."""
+
+    def __init__(self, spec: dict):
+        import torch
+
+        from .contestants import Shape, build_model
+
+        self.name, self.device = spec["contestant"], spec["device"]
+        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[spec["dtype"]]
+        self.shape = Shape(**spec["shape"])
+        self.optimizer_name = spec.get("optimizer", "none")
+        started = time.perf_counter()
+        model, self.forward = build_model(self.name, self.shape, spec["max_length"])
+        self.model = model.to(device=self.device, dtype=self.dtype)
+        self.build_s = time.perf_counter() - started
+        self.cell_key, self.call = None, None
+
+    def _sync(self):
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _ids(self, batch: int, length: int, seed: int):
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(FIRST_REAL_ID, self.shape.vocab_size, (batch, length), generator=generator)
+        return ids.to(self.device)
+
+    def prepare(self, cell: dict) -> None:
+        """Build the inputs and the zero-argument call that one repeat of `cell` times."""
+        import torch
+
+        suite, batch = cell["suite"], cell["batch"]
+        self.model.zero_grad(set_to_none=True)
+        if suite == "train":
+            self.model.train()
+            ids = self._ids(batch, cell["length"], seed=1)
+            optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-6) if self.optimizer_name == "sgd" else None
+
+            def call():
+                loss = self.forward(input_ids=ids, labels=ids, use_cache=False).loss  # full logits, as in training
+                loss.backward()
+                if optimizer is not None:
+                    optimizer.step()
+                self.model.zero_grad(set_to_none=True)
+
+        elif suite == "forward":
+            self.model.eval()
+            ids = self._ids(batch, cell["length"], seed=2)
+
+            def call():
+                with torch.no_grad():  # logits for the last position only: memory is attention + activations
+                    self.forward(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+        elif suite == "generate":
+            self.model.eval()
+            ids, mask = self._left_padded_prompts(batch, cell["prefill"])
+            decode = cell["decode"]
+            # t(prefill + 1 token) and t(prefill + `decode` tokens): their difference is `decode - 1` decode steps.
+            first, full = self._generation_config(1), self._generation_config(decode)
+
+            def generate(config):
+                with torch.no_grad():
+                    out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+                if out.shape[1] != ids.shape[1] + config.max_new_tokens:
+                    raise RuntimeError(f"generated {out.shape[1] - ids.shape[1]} tokens, wanted {config.max_new_tokens}")
+
+            def call():
+                self._sync()
+                start = time.perf_counter()
+                generate(first)
+                self._sync()
+                middle = time.perf_counter()
+                generate(full)
+                self._sync()
+                return {"prefill_s": middle - start, "total_s": time.perf_counter() - middle}
+
+        else:
+            raise ValueError(f"unknown suite {suite!r}")
+        self.call = call
+
+    def _left_padded_prompts(self, batch: int, prefill: int):
+        """`batch` prompts, the longest `prefill` tokens, the others evenly shorter down to half, padded on the left."""
+        import torch
+
+        ids = self._ids(batch, prefill, seed=3)
+        lengths = [prefill - (i * (prefill // 2)) // max(batch - 1, 1) for i in range(batch)]
+        mask = torch.zeros(batch, prefill, dtype=torch.long, device=self.device)
+        for row, length in enumerate(lengths):
+            mask[row, prefill - length :] = 1
+        return ids.masked_fill(mask == 0, PAD), mask
+
+    def _generation_config(self, new_tokens: int):
+        from transformers import GenerationConfig
+
+        # Greedy, exactly `new_tokens` for every contestant: no eos can stop one of them early.
+        return GenerationConfig(
+            do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=None,
+            pad_token_id=PAD, bos_token_id=None, use_cache=True,
+        )
+
+    def timed_call(self) -> dict:
+        self._sync()
+        start = time.perf_counter()
+        extra = self.call()
+        self._sync()
+        elapsed = time.perf_counter() - start
+        return extra if isinstance(extra, dict) else {"seconds": elapsed}
+
+
+def _inject_fault(contestant: str, suite: str) -> None:
+    for entry in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
+        name, fault_suite, kind = entry.split(":")
+        if (name, fault_suite) != (contestant, suite):
+            continue
+        if kind == "crash":
+            os._exit(137)
+        if kind == "hang":
+            time.sleep(10**6)
+        if kind == "oom":
+            raise MemoryError("injected fault")
+        raise RuntimeError("injected fault")
+
+
+def failure_status(error: BaseException) -> str:
+    message = str(error).lower()
+    oom = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
+    if isinstance(error, MemoryError) or any(text in message for text in oom):
+        return "oom"
+    return "error"
+
+
+def serve(spec: dict) -> None:
+    """The worker's main loop (see the module docstring)."""
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # library prints must not corrupt the protocol
+    sys.stdout = sys.stderr
+
+    def send(message: dict) -> None:
+        protocol.write(PROTOCOL_PREFIX + json.dumps(message) + "\n")
+
+    if spec.get("memory_limit_bytes"):
+        # An allocation past the limit raises (recorded as "oom") instead of summoning the kernel's OOM killer.
+        resource.setrlimit(resource.RLIMIT_AS, (spec["memory_limit_bytes"], resource.RLIM_INFINITY))
+    import torch
+
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    contestant = Contestant(spec)
+    device_name = torch.cuda.get_device_name() if contestant.device == "cuda" else None
+    send({
+        "event": "ready", "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "parameters": sum(p.numel() for p in contestant.model.parameters()), "build_s": contestant.build_s,
+        "device_name": device_name,
+    })
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request["op"] == "exit":
+            break
+        try:
+            if request["op"] == "prepare":
+                cell = request["cell"]
+                contestant.call = None
+                _inject_fault(contestant.name, cell["suite"])
+                contestant.prepare(cell)
+                for _ in range(request.get("warmup", 1)):
+                    contestant.call()
+                peak, method = peak_memory(contestant.call, contestant.device)
+                send({"ok": True, "peak_mem_bytes": peak, "mem_method": method})
+            elif request["op"] == "time":
+                send({"ok": True, **contestant.timed_call()})
+            else:
+                raise ValueError(f"unknown op {request['op']!r}")
+        except Exception as error:  # noqa: BLE001 - every failure is a result to record, not a crash
+            contestant.call = None
+            contestant.model.zero_grad(set_to_none=True)
+            gc.collect()
+            if contestant.device == "cuda":
+                torch.cuda.empty_cache()
+            send({"ok": False, "status": failure_status(error), "reason": f"{type(error).__name__}: {error}"[:500]})

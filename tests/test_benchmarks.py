@@ -1,0 +1,156 @@
+"""The benchmark harness (benchmarks/): structure and failure handling, never speed.
+
+One end-to-end run in `--preset tiny` (two real worker processes) checks the JSON and markdown, that ratios are
+against gpt2-sdpa, and that a contestant failing (injected fault) or unsupported is a recorded result. Timeouts and
+crashes are checked on the worker protocol with a dummy worker that imports nothing.
+"""
+
+import json
+import math
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not part of the installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import bench_alibi, report  # noqa: E402
+from benchmarks.worker import FAULT_ENV  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """gpt2-sdpa + alibi-sdpa (fails every forward cell) + alibi-flash (unsupported on CPU), all suites, 1 repeat."""
+    out = tmp_path_factory.mktemp("bench")
+    argv = [
+        "--preset", "tiny", "--suite", "train,forward,generate", "--contestants", "alibi-sdpa,alibi-flash",
+        "--train-lengths", "32", "--lengths", "32,64", "--prefill", "8", "--decode", "8", "--gen-batches", "1,2",
+        "--repeats", "1", "--threads", "1", "--settle", "0", "--out", str(out / "results.json"),
+        "--markdown", str(out / "table.md"),
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv(FAULT_ENV, "alibi-sdpa:forward:error")
+        returned = bench_alibi.main(argv)
+    return returned, json.loads((out / "results.json").read_text()), (out / "table.md").read_text()
+
+
+def test_results_json_has_every_cell_and_contestant(tiny_run):
+    returned, results, _ = tiny_run
+    assert results == json.loads(json.dumps(returned))  # the file is the final report
+    assert results["contestants"] == ["gpt2-sdpa", "alibi-sdpa", "alibi-flash"]
+    assert [cell["name"] for cell in results["cells"]] == [
+        "train L=32 B=4", "forward L=32 B=1", "forward L=64 B=1",
+        "generate B=1 prefill 8 decode 8", "generate B=2 prefill 8 decode 8",
+    ]
+    for cell in results["cells"]:
+        assert set(cell["results"]) == {"gpt2-sdpa", "alibi-sdpa", "alibi-flash"}, cell["name"]
+    assert results["machine"]["threads"] == 1
+    assert {"cpu", "torch", "transformers", "date"} <= set(results["machine"])
+    assert results["command"].startswith("python -m benchmarks.bench_alibi --preset tiny")
+    assert results["settings"]["shape"] == {"n_embd": 96, "n_layer": 2, "n_head": 12, "vocab_size": 512}
+
+
+def test_ratios_are_against_gpt2_sdpa_of_the_same_cell(tiny_run):
+    _, results, _ = tiny_run
+    measured = [cell for cell in results["cells"] if cell["suite"] != "forward"]
+    for cell in measured:
+        reference, alibi = cell["results"]["gpt2-sdpa"], cell["results"]["alibi-sdpa"]
+        assert reference["status"] == alibi["status"] == "ok", cell["name"]
+        assert reference["time_ratio"] == 1.0
+        assert math.isclose(alibi["time_ratio"], alibi["median_s"] / reference["median_s"])
+        assert math.isclose(alibi["throughput_ratio"], 1 / alibi["time_ratio"])
+        if reference["peak_mem_bytes"] > 0:
+            assert math.isclose(alibi["mem_ratio"], alibi["peak_mem_bytes"] / reference["peak_mem_bytes"])
+        assert alibi["tokens_per_s"] > 0 and alibi["peak_mem_bytes"] >= 0
+    generate = measured[-1]["results"]["gpt2-sdpa"]
+    assert math.isclose(generate["median_s"], generate["total_s"][0] - generate["prefill_s"][0])
+    assert math.isclose(generate["tokens_per_s"], 2 * (8 - 1) / generate["median_s"])  # batch 2, decode 8
+
+
+def test_failing_and_unsupported_contestants_are_recorded_not_raised(tiny_run):
+    _, results, markdown = tiny_run
+    for cell in results["cells"]:
+        flash = cell["results"]["alibi-flash"]
+        assert flash["status"] == "unsupported" and "CUDA" in flash["reason"]
+        if cell["suite"] == "forward":
+            failed = cell["results"]["alibi-sdpa"]
+            assert failed["status"] == "error" and "injected fault" in failed["reason"]
+            assert cell["results"]["gpt2-sdpa"]["status"] == "ok"
+    assert "**error** (RuntimeError: injected fault)" in markdown
+    assert "alibi-flash" not in results["workers"]  # unsupported everywhere: its worker was never started
+
+
+def test_markdown_has_machine_command_tables_and_targets(tiny_run):
+    _, results, markdown = tiny_run
+    assert results["command"] in markdown and results["machine"]["cpu"] in markdown
+    header = "| measurement | `gpt2-sdpa` | `alibi-sdpa` | `alibi-flash` |"
+    assert markdown.count(header) == 3  # train, forward, generate
+    assert "| train L=32 B=4 | " in markdown and " tok/s) · 1.00x · " in markdown
+    assert "## Issue 4 targets" in markdown
+    targets = {row["target"]: row for row in results["targets"] if row["contestant"] == "alibi-sdpa"}
+    assert len(targets) == 9
+    assert targets["forward L=8192 <= 1.3x gpt2-sdpa time"]["status"] == "n/a"  # not measured at tiny lengths
+    assert targets["decode tokens/s batch 1 >= 0.95x gpt2-sdpa"]["status"] in ("met", "not met")
+
+
+def _result(median_s, peak, status="ok"):
+    return {"status": status, "median_s": median_s, "peak_mem_bytes": peak}
+
+
+def test_targets_met_and_not_met_from_known_numbers():
+    forward = {"suite": "forward", "length": 8192, "results": {
+        "gpt2-sdpa": _result(1.0, 100), "bloom-eager": _result(4.0, 300), "alibi-sdpa": _result(1.2, 140),
+    }}
+    report.add_ratios(forward["results"])
+    rows = {row["target"]: row for row in report.evaluate_targets([forward], "alibi-sdpa")}
+    assert rows["forward L=8192 <= 1.3x gpt2-sdpa time"]["status"] == "met"
+    assert rows["peak memory L=8192 <= 1.25x gpt2-sdpa"]["status"] == "not met"  # 1.40x
+    assert rows["forward L=8192 >= 3x faster than bloom-eager, < 0.5x its memory"]["status"] == "met"  # 3.33x, 0.47x
+    assert rows["forward L=4096 >= 3x faster than bloom-eager, < 0.5x its memory"]["status"] == "n/a"
+    forward["results"]["bloom-eager"] = {"status": "oom", "reason": "x"}
+    rows = {row["target"]: row for row in report.evaluate_targets([forward], "alibi-sdpa")}
+    assert rows["forward L=8192 >= 3x faster than bloom-eager, < 0.5x its memory"]["detail"] == "bloom-eager: oom"
+
+
+DUMMY_WORKER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    print("@@bench " + json.dumps({"event": "ready"}), flush=True)
+    for line in sys.stdin:
+        op = json.loads(line)["op"]
+        if op == "hang":
+            time.sleep(60)
+        if op == "crash":
+            os._exit(137)
+        if op == "raise":
+            raise SystemExit("boom")
+        print("noise a library printed", flush=True)
+        print("@@bench " + json.dumps({"ok": True, "op": op}), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("op, status", [("hang", "timeout"), ("crash", "crashed"), ("raise", "error")])
+def test_worker_timeout_crash_and_exception_become_statuses(tmp_path, op, status):
+    worker = bench_alibi.Worker([sys.executable, "-c", DUMMY_WORKER], tmp_path / "worker.log")
+    try:
+        assert worker.receive(timeout=30) == {"event": "ready"}
+        assert worker.request({"op": "ping"}, timeout=30) == {"ok": True, "op": "ping"}  # noise lines skipped
+        with pytest.raises(bench_alibi.WorkerFailure) as failure:
+            worker.request({"op": op}, timeout=1.0)
+        assert failure.value.status == status
+        assert not worker.alive()
+    finally:
+        worker.close()
+
+
+def test_cli_rejects_unknown_names_with_the_valid_ones():
+    with pytest.raises(SystemExit):
+        bench_alibi.parse_args(["--contestants", "alibi-sdpa,rwkv"])
+    args = bench_alibi.parse_args(["--preset", "tiny", "--contestants", "alibi-eager", "--n-layer", "3"])
+    assert args.contestants == ["gpt2-sdpa", "alibi-eager"] and args.shape.n_layer == 3
+    assert args.max_length == max(args.lengths + args.train_lengths + [args.prefill + args.decode])

@@ -1,0 +1,162 @@
+"""The Hub path: what save_pretrained / push_to_hub ship; loading it with trust_remote_code where hf_alibi is absent."""
+
+import ast
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import CommitInfo, HfApi, RepoUrl
+
+import hf_alibi
+from hf_alibi import get_alibi_slopes
+
+PACKAGE = Path(hf_alibi.__file__).parent
+AUTO_CLASSES = {
+    "AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification",
+    "AutoModelForTokenClassification", "AutoModelForQuestionAnswering",
+}  # fmt: skip
+ENTRY_FILES = ("configuration_alibi_gpt2.py", "modeling_alibi_gpt2.py")
+
+
+def imports(path: Path) -> tuple[set[str], set[str]]:
+    """(files imported relatively, absolute imports of hf_alibi) in a Python file."""
+    relative, absolute = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            relative.add(f"{node.module}.py")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] == "hf_alibi":
+            absolute.add(node.module)
+        elif isinstance(node, ast.Import):
+            absolute.update(a.name for a in node.names if a.name.split(".")[0] == "hf_alibi")
+    return relative, absolute
+
+
+def code_closure(folder: Path) -> set[str]:
+    """The entry files and everything they import relatively, followed recursively inside `folder`."""
+    needed, todo = set(), list(ENTRY_FILES)
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            needed.add(name)
+            todo.extend(imports(folder / name)[0])
+    return needed
+
+
+CODE_FILES = code_closure(PACKAGE)
+
+
+@pytest.fixture
+def saved(make_model, tmp_path):
+    model = make_model(alibi_max_bias=4.0)
+    folder = tmp_path / "checkpoint"
+    model.save_pretrained(folder)
+    return model, folder
+
+
+def test_package_code_files_import_each_other_only_relatively():
+    assert {"alibi.py", "attention_alibi.py"} <= CODE_FILES
+    offenders = {name: imports(PACKAGE / name)[1] for name in CODE_FILES if imports(PACKAGE / name)[1]}
+    assert not offenders, f"absolute hf_alibi imports break remote-code loading: {offenders}"
+
+
+def test_save_pretrained_writes_safetensors_config_with_auto_map_and_all_code(saved):
+    _, folder = saved
+    files = {p.name for p in folder.iterdir()}
+    assert "model.safetensors" in files and not any(f.endswith(".bin") for f in files), files
+    assert CODE_FILES <= files, f"missing code files: {CODE_FILES - files}"
+    assert code_closure(folder) == CODE_FILES  # the saved copies resolve their relative imports inside the folder
+    offenders = {name: imports(folder / name)[1] for name in CODE_FILES if imports(folder / name)[1]}
+    assert not offenders, f"absolute hf_alibi imports in saved code: {offenders}"
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert AUTO_CLASSES <= set(auto_map), f"auto_map lacks {AUTO_CLASSES - set(auto_map)}"
+    for target in auto_map.values():
+        module, _, class_name = target.rpartition(".")
+        assert f"class {class_name}(" in (folder / f"{module}.py").read_text(), target
+
+
+LOADER = r"""
+import sys
+sys.modules["hf_alibi"] = None  # the installed package must not be importable: everything comes from the folder
+import torch
+from transformers import AutoModel, AutoModelForCausalLM
+
+torch.set_num_threads(1)
+folder, inputs, output = sys.argv[1:]
+ids = torch.load(inputs)
+lm = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+base = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+with torch.no_grad():
+    result = {"logits": lm(ids).logits, "hidden": base(ids).last_hidden_state}
+result |= {"lm_slopes": lm.transformer.alibi_slopes, "base_slopes": base.alibi_slopes}
+result |= {"modules": [type(lm).__module__, type(base).__module__]}
+torch.save(result, output)
+"""
+
+
+def test_fresh_process_without_hf_alibi_loads_with_trust_remote_code(saved, tmp_path, random_ids):
+    model, folder = saved
+    ids = random_ids(2, 30)
+    torch.save(ids, tmp_path / "ids.pt")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    env.pop("PYTHONPATH", None)
+    # -P and another cwd: the checkpoint folder is not on sys.path, so only correct relative imports resolve
+    command = [sys.executable, "-P", "-c", LOADER, str(folder), str(tmp_path / "ids.pt"), str(tmp_path / "out.pt")]
+    run = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = torch.load(tmp_path / "out.pt")
+    assert all(m.startswith("transformers_modules") for m in result["modules"]), result["modules"]
+    with torch.no_grad():
+        expected_logits = model(ids).logits
+        expected_hidden = model.transformer(ids).last_hidden_state
+    torch.testing.assert_close(result["logits"], expected_logits, atol=0, rtol=0)
+    torch.testing.assert_close(result["hidden"], expected_hidden, atol=0, rtol=0)
+    for key in ("lm_slopes", "base_slopes"):
+        torch.testing.assert_close(result[key], get_alibi_slopes(12, 4.0), atol=0, rtol=0)
+
+
+def test_push_to_hub_uploads_exactly_what_a_hub_user_needs_without_network(saved, monkeypatch):
+    model, folder = saved
+    calls, uploaded = [], {}
+
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args}")
+
+    for name in ("connect", "connect_ex"):
+        monkeypatch.setattr(socket.socket, name, no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+
+    def create_repo(self, repo_id, **kwargs):
+        calls.append(("create_repo", repo_id))
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        calls.append(("create_commit", repo_id))
+        for operation in operations:  # read now: push_to_hub deletes its temporary folder afterwards
+            uploaded[operation.path_in_repo] = Path(operation.path_or_fileobj).read_bytes()
+        return CommitInfo(f"https://huggingface.co/{repo_id}/commit/0", "Upload model", "", "0" * 40)
+
+    def unexpected(self, *args, **kwargs):
+        raise AssertionError("push_to_hub took an upload path this test does not record")
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    for name in ("upload_folder", "upload_file", "create_branch", "preupload_lfs_files"):
+        monkeypatch.setattr(HfApi, name, unexpected)
+
+    model.push_to_hub("user/repo")
+
+    assert calls == [("create_repo", "user/repo"), ("create_commit", "user/repo")]
+    expected = {"config.json", "model.safetensors", "generation_config.json", "README.md"} | CODE_FILES
+    assert set(uploaded) == expected, f"extra: {set(uploaded) - expected}; missing: {expected - set(uploaded)}"
+    assert AUTO_CLASSES <= set(json.loads(uploaded["config.json"])["auto_map"])
+    # the upload is byte for byte what save_pretrained writes, which the remote-code test loads without hf_alibi
+    differing = [name for name in expected - {"README.md"} if uploaded[name] != (folder / name).read_bytes()]
+    assert not differing, f"uploaded files differ from save_pretrained's: {differing}"
+    assert b"library_name: transformers" in uploaded["README.md"]

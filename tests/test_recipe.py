@@ -1,0 +1,182 @@
+"""The train-short/test-long recipe end to end on its smoke budget: results, cards, resume, bad configs, Hub upload."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import TrainerCallback
+
+from hf_alibi.experiment import ExperimentArguments, apply_smoke, run_experiment
+from hf_alibi.recipe_args import parse_args
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE_YAML = REPO / "recipes" / "configs" / "smoke.yaml"
+
+
+def _args(tmp_path, *extra):
+    experiment, training = parse_args(
+        ["--config", str(SMOKE_YAML), "--output_dir", str(tmp_path / "run"), *extra], ExperimentArguments
+    )
+    apply_smoke(experiment, training)
+    return experiment, training
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """One smoke run of the default three models, shared by the result checks below."""
+    tmp_path = tmp_path_factory.mktemp("smoke")
+    experiment, training = _args(tmp_path)
+    evaluations = run_experiment(experiment, training)
+    return Path(training.output_dir), evaluations, experiment
+
+
+def test_smoke_run_writes_every_result_file_and_no_temporaries(smoke_run):
+    output_dir, evaluations, experiment = smoke_run
+    assert set(evaluations) == {"alibi", "learned", "sinusoidal"}
+    for name in ("results.json", "results.csv", "results.md", "perplexity_vs_length.png", "loss_by_position.png"):
+        assert (output_dir / name).stat().st_size > 0, name
+    assert not list(output_dir.rglob("*.tmp")), "a temporary file was left behind"
+    payload = json.loads((output_dir / "results.json").read_text())
+    assert payload["metadata"]["corpus_fingerprint"], "the corpus hash must be recorded with the results"
+    for name, evaluation in evaluations.items():
+        lengths = [r.length for r in evaluation.lengths]
+        assert lengths == experiment.eval_lengths, name
+        for result in evaluation.lengths:
+            assert result.unsupported is None and result.ppl_nonoverlapping > 1, (name, result)
+
+
+def test_smoke_run_saves_loadable_models_with_a_card_for_alibi(smoke_run):
+    from transformers import AutoModelForCausalLM
+
+    output_dir, evaluations, _ = smoke_run
+    final = output_dir / "alibi" / "final"
+    card = (final / "README.md").read_text()
+    assert "model-index" in card and "perplexity_vs_length.png" in card
+    assert (final / "perplexity_vs_length.png").exists()
+    assert (final / "modeling_alibi_gpt2.py").exists() and (final / "tokenizer.json").exists()
+    for name in evaluations:
+        model = AutoModelForCausalLM.from_pretrained(output_dir / name / "final")
+        assert model.config.train_length == 32, name
+
+
+def test_finished_run_is_not_overwritten_without_resume(smoke_run):
+    output_dir, _, _ = smoke_run
+    experiment, training = parse_args(
+        ["--config", str(SMOKE_YAML), "--output_dir", str(output_dir)], ExperimentArguments
+    )
+    apply_smoke(experiment, training)
+    with pytest.raises(ValueError, match="resume_from_checkpoint"):
+        run_experiment(experiment, training)
+
+
+class _Interrupt(TrainerCallback):
+    """Stops training like a killed job: after step `at`, with the checkpoint of step `at - 2` on disk."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.at:
+            raise KeyboardInterrupt
+
+
+def test_interrupted_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted_one(tmp_path):
+    straight_exp, straight_train = _args(tmp_path / "straight", "--models", "alibi")
+    straight = run_experiment(straight_exp, straight_train)
+
+    exp, train = _args(tmp_path / "interrupted", "--models", "alibi")
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(exp, train, callbacks=[_Interrupt(at=6)])
+    model_dir = Path(train.output_dir) / "alibi"
+    assert (model_dir / "checkpoint-4").is_dir() and not (model_dir / "final").exists()
+
+    exp, train = _args(tmp_path / "interrupted", "--models", "alibi", "--resume_from_checkpoint", "true")
+    resumed = run_experiment(exp, train)
+    facts = [json.loads((Path(t.output_dir) / "alibi" / "evaluation.json").read_text())["training"]
+             for t in (straight_train, train)]  # fmt: skip
+    assert facts[0]["steps"] == facts[1]["steps"] == 8
+    assert facts[1]["final_logged_loss"] == pytest.approx(facts[0]["final_logged_loss"], rel=1e-3)
+    ppl = [e["alibi"].lengths[0].ppl_nonoverlapping for e in (straight, resumed)]
+    assert ppl[1] == pytest.approx(ppl[0], rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["--models", "alibi", "transformer-xl"], "transformer-xl"),
+        (["--train_length", "0"], "train_length"),
+        (["--eval_factors", "1", "0"], "eval_factors"),
+        (["--data_files", "/nonexistent/corpus.txt"], "/nonexistent/corpus.txt"),
+    ],
+)
+def test_bad_config_fails_at_once_naming_the_value_and_writes_nothing(tmp_path, override, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        experiment, training = _args(tmp_path, *override)
+        run_experiment(experiment, training)
+    assert not (tmp_path / "run").exists()
+
+
+def test_dataset_without_the_text_column_fails_naming_the_columns(tmp_path):
+    data = tmp_path / "data.json"
+    data.write_text("\n".join(json.dumps({"body": f"document {i} " * 50}) for i in range(20)))
+    experiment, training = _args(tmp_path, "--data_files", str(data), "--text_column", "text")
+    with pytest.raises(ValueError, match="body"):
+        run_experiment(experiment, training)
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_yaml_key_is_rejected(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("output_dir: x\ntrain_lenght: 128\n")
+    with pytest.raises(ValueError, match="train_lenght"):
+        parse_args(["--config", str(config)], ExperimentArguments)
+
+
+def test_push_to_hub_uploads_exactly_the_final_alibi_folder(smoke_run, monkeypatch):
+    from huggingface_hub import HfApi
+
+    from hf_alibi.experiment import push_alibi_model
+
+    output_dir, _, experiment = smoke_run
+    calls = {}
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: calls.setdefault("repo", repo_id))
+    monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kw: calls.setdefault("upload", kw))
+    _, training = parse_args(
+        ["--output_dir", str(output_dir), "--push_to_hub", "true", "--hub_model_id", "user/alibi-smoke"],
+        ExperimentArguments,
+    )
+    push_alibi_model(experiment, training)
+    assert calls["repo"] == "user/alibi-smoke"
+    folder = Path(calls["upload"]["folder_path"])
+    assert folder == output_dir / "alibi" / "final"
+    uploaded = {p.name for p in folder.iterdir()}
+    needed = {"config.json", "model.safetensors", "modeling_alibi_gpt2.py", "configuration_alibi_gpt2.py",
+              "README.md", "tokenizer.json", "perplexity_vs_length.png"}  # fmt: skip
+    assert needed <= uploaded, needed - uploaded
+
+
+def test_recipe_main_smoke_prints_the_summary(tmp_path, capsys, monkeypatch):
+    from recipes import train_short_test_long
+
+    monkeypatch.setattr(sys, "argv", ["train_short_test_long"])
+    train_short_test_long.main(
+        ["--config", str(SMOKE_YAML), "--output_dir", str(tmp_path / "main"), "--models", "alibi"]
+    )
+    out = capsys.readouterr().out
+    assert "alibi" in out and "results written to" in out
+
+
+def test_two_process_ddp_training_runs_two_ranks(tmp_path):
+    """`torchrun --nproc_per_node 2` on CPU is real 2-process gloo DDP (accelerate's --cpu flag would run one)."""
+    import subprocess
+
+    output_dir = tmp_path / "ddp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+               "-m", "recipes.train_short_test_long", "--config", str(SMOKE_YAML), "--output_dir", str(output_dir),
+               "--models", "alibi"]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metadata = json.loads((output_dir / "results.json").read_text())["metadata"]
+    assert metadata["world_size"] == 2
+    assert (output_dir / "alibi" / "final" / "model.safetensors").exists()
