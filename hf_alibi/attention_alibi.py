@@ -29,7 +29,8 @@ class AlibiAttentionInputs:
     query_length: int
     key_length: int
     key_padding: torch.Tensor | None  # (B, kv) bool, True = real token; None = no padding
-    bias: torch.Tensor | None = None  # eager: (B|1, H, q, kv); sdpa: bank (H, chunk, kv); other backends: None
+    bias: torch.Tensor | None = None  # eager: (B|1, H, q, kv); sdpa: bank (B|1, H, chunk, kv); others: None
+    padding_in_bias: bool = False  # sdpa: the bank already hides padded keys (one chunk, built once per forward)
     block_mask: object | None = None  # flex_attention only
 
     @property
@@ -38,8 +39,8 @@ class AlibiAttentionInputs:
 
     def bias_as(self, dtype: torch.dtype) -> torch.Tensor:
         """The prebuilt bias in the layers' compute dtype (autocast decides it), cast once per forward."""
-        if self.bias.dtype != dtype:
-            self.bias = self.bias.to(dtype)
+        if self.bias.dtype != dtype:  # clamp first: fp32's minimum would become -inf in fp16 (NaN on empty rows)
+            self.bias = self.bias.clamp(min=torch.finfo(dtype).min).to(dtype)
         return self.bias
 
 
@@ -87,7 +88,10 @@ def prepare_alibi_attention(
     elif implementation == "sdpa":
         chunk = min(query_length, SDPA_QUERY_CHUNK)
         # The bias of the last `chunk` queries against all keys; every other chunk's mask is a slice of it.
-        bank = alibi_causal_bias(inputs.slopes, chunk, key_length)  # (H, chunk, kv) fp32
+        bank = alibi_causal_bias(inputs.slopes, chunk, key_length)[None]  # (1, H, chunk, kv) fp32
+        if key_padding is not None and chunk == query_length:  # one chunk (decoding, short inputs): mask pads once
+            bank = bank.masked_fill(~key_padding[:, None, None, :], _masked_min(torch.float32))  # (B, H, q, kv)
+            inputs.padding_in_bias = True
         inputs.bias = bank
     elif implementation == "flex_attention":
         inputs.block_mask = _flex_block_mask(inputs, slopes.device)
@@ -136,17 +140,17 @@ def sdpa_alibi_attention(query, key, value, alibi, scaling, dropout=0.0):
 
     Chunk rows [s, e) sit at absolute positions offset + s .. offset + e - 1 and see keys [0, offset + e). With
     E = offset + e and n = e - s, the bank row a' = a + chunk - n and column c = j + kv - E hold exactly
-    -m * ((offset + s + a) - j), so the chunk's mask is bank[:, chunk - n:, kv - E:].
+    -m * ((offset + s + a) - j), so the chunk's mask is bank[:, :, chunk - n:, kv - E:].
     """
-    bank = alibi.bias_as(query.dtype)  # (H, chunk, kv)
-    chunk, kv = bank.shape[1], alibi.key_length
+    bank = alibi.bias_as(query.dtype)  # (B|1, H, chunk, kv)
+    chunk, kv = bank.shape[2], alibi.key_length
     q_len, offset = alibi.query_length, alibi.offset
     outputs = []
     for start in range(0, q_len, chunk):
         end = min(start + chunk, q_len)
         n, visible = end - start, offset + end
-        mask = bank[None, :, chunk - n :, kv - visible :]  # (1, H, n, visible), a view
-        if alibi.key_padding is not None:
+        mask = bank[:, :, chunk - n :, kv - visible :]  # (B|1, H, n, visible), a view
+        if alibi.key_padding is not None and not alibi.padding_in_bias:
             keep = alibi.key_padding[:, None, None, :visible]  # (B, 1, 1, visible)
             mask = mask.masked_fill(~keep, _masked_min(mask.dtype))  # (B, H, n, visible)
         out = F.scaled_dot_product_attention(

@@ -240,6 +240,7 @@ def run_experiment(
 
     `callbacks` are `transformers.TrainerCallback`s given to every model's `Trainer`.
     """
+    _ = training.device  # TrainingArguments sets up the process group (gloo DDP on CPU under torchrun) first
     state = PartialState()
     check_output_dir(experiment, training)
     corpus, tokenizer, train_blocks, heldout = prepare_data(experiment, state)  # fails before writing anything

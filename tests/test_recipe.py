@@ -174,7 +174,7 @@ def test_two_process_ddp_training_runs_two_ranks(tmp_path):
     output_dir = tmp_path / "ddp"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
                "-m", "recipes.train_short_test_long", "--config", str(SMOKE_YAML), "--output_dir", str(output_dir),
-               "--models", "alibi"]  # fmt: skip
+               "--models", "alibi", "--use_cpu", "true"]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     metadata = json.loads((output_dir / "results.json").read_text())["metadata"]
