@@ -1,6 +1,6 @@
 """The `hf-alibi` console command.
 
-    hf-alibi convert SRC DST   # GPT-2 checkpoint (folder or Hub id) -> ALiBi GPT-2 folder, with its tokenizer
+hf-alibi convert SRC DST   # GPT-2 checkpoint (folder or Hub id) -> ALiBi GPT-2 folder, with its tokenizer
 """
 
 import argparse
@@ -46,7 +46,9 @@ def convert_checkpoint(source: str, destination: str, alibi_max_bias: float = 8.
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="hf-alibi", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="hf-alibi", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     convert = commands.add_parser("convert", help="convert a GPT-2 checkpoint to ALiBi GPT-2 (then fine-tune it)")
     convert.add_argument("source", help="GPT-2 checkpoint folder or Hub id")

@@ -3,7 +3,7 @@
 The recipe `recipes/train_short_test_long.py` is a thin `main()` over `run_experiment`. Layout of a run:
 
     <output_dir>/<model>/checkpoint-*      Trainer checkpoints (resume from these)
-    <output_dir>/<model>/final/            the trained model + tokenizer (+ model card for ALiBi): what push_to_hub uploads
+    <output_dir>/<model>/final/            the model + tokenizer (+ card for ALiBi): what push_to_hub uploads
     <output_dir>/<model>/evaluation.json   its length evaluation
     <output_dir>/results.{json,csv,md}, perplexity_vs_length.png, loss_by_position.png
 """
@@ -58,12 +58,17 @@ class ExperimentArguments:
     dataset_name: str | None = field(
         default=None, metadata={"help": f"None/'{STDLIB_CORPUS}' (offline default), a Hub dataset, or a builder."}
     )
-    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration, e.g. wikitext-103-raw-v1."})
+    dataset_config: str | None = field(
+        default=None, metadata={"help": "Hub dataset configuration, e.g. wikitext-103-raw-v1."}
+    )
     data_files: list[str] | None = field(default=None, metadata={"help": "Local data files or globs."})
     text_column: str = field(default="text", metadata={"help": "Column holding each document's text."})
-    heldout_fraction: float = field(default=0.1, metadata={"help": "Documents held out when the data has no validation split."})
+    heldout_fraction: float = field(
+        default=0.1, metadata={"help": "Documents held out when the data has no validation split."}
+    )
     tokenizer_name: str | None = field(
-        default=None, metadata={"help": "Tokenizer folder or Hub id; default: a byte-level BPE trained on the train split."}
+        default=None,
+        metadata={"help": "Tokenizer folder or Hub id; default: a byte-level BPE trained on the train split."},
     )
     vocab_size: int = field(default=8192, metadata={"help": "Vocabulary of the locally trained tokenizer."})
     n_embd: int = field(default=256, metadata={"help": "Model width (all models)."})
@@ -189,7 +194,9 @@ def _resume_point(model_dir: Path, resume) -> str | None:
     return None if str(resume).lower() in ("true", "last", "1") else str(resume)
 
 
-def train_one(name, experiment, training, tokenizer, train_blocks, state, callbacks=None) -> tuple[torch.nn.Module, dict]:
+def train_one(
+    name, experiment, training, tokenizer, train_blocks, state, callbacks=None
+) -> tuple[torch.nn.Module, dict]:
     """Train (or resume) one model; save it atomically to `<output_dir>/<name>/final`. Returns (model, facts)."""
     model_dir = Path(training.output_dir) / name
     args = TrainingArguments(**{**training.to_dict(), "output_dir": str(model_dir), "push_to_hub": False})
@@ -221,7 +228,9 @@ def train_one(name, experiment, training, tokenizer, train_blocks, state, callba
         "train_loss": result.training_loss,
         "final_logged_loss": next((log["loss"] for log in reversed(trainer.state.log_history) if "loss" in log), None),
         "train_seconds": round(seconds, 1),
-        "train_tokens_per_second": round(result.metrics.get("train_samples_per_second", 0) * experiment.train_length, 1),
+        "train_tokens_per_second": round(
+            result.metrics.get("train_samples_per_second", 0) * experiment.train_length, 1
+        ),
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     return trainer.model, facts
@@ -266,7 +275,10 @@ def run_experiment(
         record = output_dir / name / "evaluation.json"
         if record.exists():  # finished in an earlier, interrupted run
             saved = json.loads(record.read_text())
-            evaluations[name], metadata[f"{name}_training"] = ModelEvaluation.from_dict(saved["evaluation"]), saved["training"]
+            evaluations[name], metadata[f"{name}_training"] = (
+                ModelEvaluation.from_dict(saved["evaluation"]),
+                saved["training"],
+            )
             continue
         model, facts = train_one(name, experiment, training, tokenizer, train_blocks, state, callbacks)
         if state.is_main_process:
@@ -298,9 +310,9 @@ def run_experiment(
 
 
 def write_cards(experiment, training, evaluations, metadata) -> None:
-    """A model card (with the extrapolation table and plot) in the final folder of each ALiBi model."""
+    """A model card (with the extrapolation table and plot) in the final folder of the ALiBi model."""
     output_dir = Path(training.output_dir)
-    for name in ("alibi", "nope"):
+    for name in ("alibi",):  # the template describes ALiBi slopes; NoPE (zero slopes) gets none
         if name not in evaluations:
             continue
         others = {other: ev for other, ev in evaluations.items() if other != name}
@@ -326,6 +338,7 @@ def push_alibi_model(experiment, training) -> str:
     folder = _final_dir(Path(training.output_dir), "alibi")
     api = HfApi(token=training.hub_token)
     api.create_repo(training.hub_model_id, private=training.hub_private_repo, exist_ok=True)
-    api.upload_folder(repo_id=training.hub_model_id, folder_path=str(folder), commit_message="hf_alibi train-short-test-long")
+    api.upload_folder(
+        repo_id=training.hub_model_id, folder_path=str(folder), commit_message="hf_alibi train-short-test-long"
+    )
     return training.hub_model_id
-
