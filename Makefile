@@ -19,8 +19,9 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	HF_HUB_OFFLINE=1 $(PY) -m recipes.train_short_test_long --config recipes/configs/cpu_demo.yaml
 
-smoke: install
-	HF_HUB_OFFLINE=1 $(PY) -m recipes.train_short_test_long --config recipes/configs/cpu_demo.yaml --smoke
+smoke: install  # a new output folder each time: finished runs are never overwritten
+	HF_HUB_OFFLINE=1 $(PY) -m recipes.train_short_test_long --config recipes/configs/smoke.yaml \
+		--output_dir runs/smoke/$$(date +%Y%m%d-%H%M%S)
 
 test: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
