@@ -187,11 +187,12 @@ def make_model(name: str, experiment: ExperimentArguments, tokenizer):
 
 
 def _resume_point(model_dir: Path, resume) -> str | None:
+    """`true`/`last`: the newest checkpoint in `model_dir` (None: start fresh); any other value is a checkpoint path."""
     if not resume:
         return None
-    if str(resume).lower() in ("true", "last", "1") and model_dir.is_dir():
-        return get_last_checkpoint(str(model_dir))
-    return None if str(resume).lower() in ("true", "last", "1") else str(resume)
+    if str(resume).lower() in ("true", "last", "1"):
+        return get_last_checkpoint(str(model_dir)) if model_dir.is_dir() else None
+    return str(resume)
 
 
 def train_one(

@@ -24,7 +24,7 @@ from transformers.pytorch_utils import Conv1D
 from transformers.utils import logging
 
 from .alibi import slopes_from_config
-from .attention_alibi import AlibiAttentionInputs, alibi_attention, prepare_alibi_attention
+from .attention_alibi import SUPPORTED_ATTENTION, AlibiAttentionInputs, alibi_attention, prepare_alibi_attention
 from .configuration_alibi_gpt2 import AlibiGPT2Config
 
 logger = logging.get_logger(__name__)
@@ -187,8 +187,11 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
 
         query_length = inputs_embeds.shape[1]
         past_length = cache.get_seq_length() if cache is not None else 0
+        implementation = self.config._attn_implementation or "sdpa"
+        if output_attentions and implementation in SUPPORTED_ATTENTION:
+            implementation = "eager"  # weights come from the eager path in every layer: build its bias once, here
         alibi = prepare_alibi_attention(
-            self.config._attn_implementation or "sdpa",
+            implementation,
             self.alibi_slopes,
             attention_mask,
             query_length,
