@@ -10,7 +10,7 @@ from transformers import (
 )
 
 from .alibi import alibi_causal_bias, get_alibi_slopes
-from .convert_gpt2 import convert_gpt2
+from .conversion import convert_gpt2
 from .configuration_alibi_gpt2 import AlibiGPT2Config
 from .modeling_alibi_gpt2 import (
     AlibiGPT2ForQuestionAnswering,

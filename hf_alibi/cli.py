@@ -17,7 +17,7 @@ def convert_checkpoint(source: str, destination: str, alibi_max_bias: float = 8.
     """
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
-    from .convert_gpt2 import convert_gpt2
+    from .conversion import convert_gpt2
 
     destination_path = Path(destination)
     if destination_path.exists() and any(destination_path.iterdir()):

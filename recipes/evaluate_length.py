@@ -1,7 +1,7 @@
 """Evaluate causal LMs at multiples of their training length ("train short, test long") and write the results.
 
 Writes `results.json`, `results.csv`, `results.md`, `perplexity_vs_length.png` and `loss_by_position.png` into
-`--output_dir` (see `hf_alibi.results`) and prints a summary. Works on any saved checkpoint (ALiBi ones load because
+`--output_dir` (see `hf_alibi.experiments.results`) and prints a summary. Works on any saved checkpoint (ALiBi ones load because
 `hf_alibi` is imported first) and, with a network, on Hub models and datasets.
 
 CPU-sized (a minute or two: one checkpoint, 1x to 4x, four documents, no sliding window):
@@ -34,8 +34,8 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 import hf_alibi  # noqa: F401  (registers "alibi_gpt2" with the Auto classes before any checkpoint loads)
-from hf_alibi.length_eval import ModelEvaluation, evaluate_model
-from hf_alibi.results import format_summary, write_results
+from hf_alibi.experiments.length_eval import ModelEvaluation, evaluate_model
+from hf_alibi.experiments.results import format_summary, write_results
 
 logger = logging.getLogger(__name__)
 
@@ -161,10 +161,10 @@ def evaluation_lengths(train_length: int, factors: list[float]) -> list[int]:
 def load_documents(args: EvaluateLengthArguments, tokenizer, min_tokens: int) -> tuple[list[torch.Tensor], str]:
     """Held-out documents of at least `min_tokens` tokens as 1-D LongTensors, and the corpus fingerprint.
 
-    The one place that knows `hf_alibi.data`: its held-out split is a hash of each document's name, the same one
+    The one place that knows `hf_alibi.experiments.data`: its held-out split is a hash of each document's name, the same one
     the training recipe trains around.
     """
-    from hf_alibi.data import corpus_fingerprint, heldout_token_ids, load_text_corpus
+    from hf_alibi.experiments.data import corpus_fingerprint, heldout_token_ids, load_text_corpus
 
     corpus = load_text_corpus(
         args.dataset_name,

@@ -22,8 +22,8 @@ Any YAML key can be overridden on the command line (`--max_steps 100`). Two proc
 import logging
 import sys
 
-from hf_alibi.experiment import ExperimentArguments, apply_smoke, run_experiment
-from hf_alibi.recipe_args import parse_args
+from hf_alibi.experiments.runner import ExperimentArguments, apply_smoke, run_experiment
+from hf_alibi.experiments.arguments import parse_args
 
 
 def main(argv: list[str] | None = None) -> None:

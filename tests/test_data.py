@@ -1,4 +1,4 @@
-"""Corpus, held-out split, fingerprint, tokenizer cache and packing (hf_alibi.data, hf_alibi.tokenization)."""
+"""Corpus, held-out split, fingerprint, tokenizer cache and packing (hf_alibi.experiments.data, hf_alibi.experiments.tokenization)."""
 
 import json
 import os
@@ -7,8 +7,8 @@ import pytest
 from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hf_alibi import data, tokenization
-from hf_alibi.data import (
+from hf_alibi.experiments import data, tokenization
+from hf_alibi.experiments.data import (
     corpus_fingerprint,
     heldout_token_ids,
     is_heldout,
@@ -18,7 +18,7 @@ from hf_alibi.data import (
     split_documents,
     stdlib_documents,
 )
-from hf_alibi.tokenization import END_OF_TEXT, load_or_train_tokenizer, train_tokenizer
+from hf_alibi.experiments.tokenization import END_OF_TEXT, load_or_train_tokenizer, train_tokenizer
 
 VOCAB = 300  # 256 bytes + <|endoftext|> + a few merges: trains in milliseconds
 

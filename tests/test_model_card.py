@@ -1,4 +1,4 @@
-"""hf_alibi.model_card: the card's metadata carries the measured perplexities and survives ModelCard.load."""
+"""hf_alibi.experiments.model_card: the card's metadata carries the measured perplexities and survives ModelCard.load."""
 
 import math
 
@@ -7,9 +7,9 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hf_alibi.length_eval import evaluate_model
-from hf_alibi.model_card import find_template, render_card, save_card
-from hf_alibi.results import write_results
+from hf_alibi.experiments.length_eval import evaluate_model
+from hf_alibi.experiments.model_card import find_template, render_card, save_card
+from hf_alibi.experiments.results import write_results
 
 LENGTHS = [8, 16, 32]
 

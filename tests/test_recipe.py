@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from transformers import TrainerCallback
 
-from hf_alibi.experiment import ExperimentArguments, apply_smoke, run_experiment
-from hf_alibi.recipe_args import parse_args
+from hf_alibi.experiments.runner import ExperimentArguments, apply_smoke, run_experiment
+from hf_alibi.experiments.arguments import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE_YAML = REPO / "recipes" / "configs" / "smoke.yaml"
@@ -136,7 +136,7 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
 def test_push_to_hub_uploads_exactly_the_final_alibi_folder(smoke_run, monkeypatch):
     from huggingface_hub import HfApi
 
-    from hf_alibi.experiment import push_alibi_model
+    from hf_alibi.experiments.runner import push_alibi_model
 
     output_dir, _, experiment = smoke_run
     calls = {}

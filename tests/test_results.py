@@ -1,4 +1,4 @@
-"""hf_alibi.results: the files a person reads agree with results.json; writes are atomic; the recipe writes them."""
+"""hf_alibi.experiments.results: the files a person reads agree with results.json; writes are atomic; the recipe writes them."""
 
 import csv
 import json
@@ -8,9 +8,9 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from hf_alibi import results as results_module
-from hf_alibi.length_eval import evaluate_model
-from hf_alibi.results import format_summary, load_results, write_results
+from hf_alibi.experiments import results as results_module
+from hf_alibi.experiments.length_eval import evaluate_model
+from hf_alibi.experiments.results import format_summary, load_results, write_results
 
 LENGTHS = [8, 16, 32]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

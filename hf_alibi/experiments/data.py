@@ -9,7 +9,7 @@ Every corpus is a `datasets.DatasetDict` with splits `train` and `validation`, o
 columns `source` (where the document came from: a relative path, or `split/row`) and `text`.
 
     corpus = load_text_corpus()                                     # the Python standard library
-    tokenizer = load_or_train_tokenizer(corpus["train"])            # hf_alibi.tokenization
+    tokenizer = load_or_train_tokenizer(corpus["train"])            # hf_alibi.experiments.tokenization
     train = pack_documents(corpus["train"], tokenizer, block_size=256)
     heldout = heldout_token_ids(corpus["validation"], tokenizer, min_eval_tokens=16 * 256 + 1)
 """

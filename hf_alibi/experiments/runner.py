@@ -166,7 +166,7 @@ def make_model(name: str, experiment: ExperimentArguments, tokenizer):
     if experiment.init_from_gpt2 is not None:
         from transformers import GPT2LMHeadModel
 
-        from .convert_gpt2 import convert_gpt2
+        from ..conversion import convert_gpt2
 
         model = convert_gpt2(GPT2LMHeadModel.from_pretrained(experiment.init_from_gpt2))
         model.config.n_positions = experiment.train_length

@@ -20,8 +20,8 @@ import math
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedModel
 
-from .configuration_alibi_gpt2 import AlibiGPT2Config
-from .modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..configuration_alibi_gpt2 import AlibiGPT2Config
+from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 
 BASELINES = ("alibi", "nope", "learned", "sinusoidal", "rotary")
 INITIALIZER_RANGE = 0.02  # GPT-2's std for every weight matrix and embedding
@@ -66,7 +66,7 @@ def build_model(
             long; only the first `train_length` rows of the learned one are ever trained, which is the comparison.
         dropout: Every dropout probability (embeddings, residual branches, attention).
         bos_token_id, eos_token_id, pad_token_id: The tokenizer's special ids (one id for all three with
-            `hf_alibi.tokenization`).
+            `hf_alibi.experiments.tokenization`).
 
     All use GPT-2's initialisation (normal, std 0.02, residual projections scaled by `1 / sqrt(2 * n_layer)`),
     tied input/output embeddings and a loss when called with `labels`, so they train with `transformers.Trainer`.

@@ -21,7 +21,7 @@ from .length_eval import ModelEvaluation
 from .results import atomic_write_text, perplexity_table
 
 TEMPLATE_NAME = "alibi_gpt2.md"
-DEFAULT_TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" / TEMPLATE_NAME
+DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / TEMPLATE_NAME
 PLOT_FILE = "perplexity_vs_length.png"
 CARD_TAGS = ["alibi", "gpt2", "causal-lm", "length-extrapolation", "hf_alibi"]
 
