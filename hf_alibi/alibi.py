@@ -40,23 +40,27 @@ def slopes_from_config(config) -> torch.Tensor:
     return get_alibi_slopes(config.n_head, config.alibi_max_bias)
 
 
-def relative_distances(query_length: int, key_length: int, device=None) -> torch.Tensor:
-    """`i - j` for the last `query_length` of `key_length` positions (bottom-right aligned, as with a KV cache).
+def relative_distances(query_length: int, key_length: int, device=None, query_offset=None) -> torch.Tensor:
+    """`i - j` for `query_length` queries starting at absolute position `query_offset`, against `key_length` keys.
 
-    Returns int64 `(query_length, key_length)`; entries are negative above the causal diagonal.
+    `query_offset` (the number of cached tokens) defaults to `key_length - query_length` (bottom-right alignment, as
+    with a dynamic KV cache); a static cache passes it explicitly, possibly as a 0-d tensor (no host sync, no
+    recompilation). Returns int64 `(query_length, key_length)`; entries are negative above the causal diagonal.
     """
-    offset = key_length - query_length  # tokens already in the cache
-    query_pos = torch.arange(offset, key_length, device=device)  # (q,)
+    if query_offset is None:
+        query_offset = key_length - query_length
+    query_pos = torch.arange(query_length, device=device) + query_offset  # (q,)
     key_pos = torch.arange(key_length, device=device)  # (kv,)
     return query_pos[:, None] - key_pos[None, :]  # (q, kv)
 
 
-def alibi_causal_bias(slopes: torch.Tensor, query_length: int, key_length: int) -> torch.Tensor:
+def alibi_causal_bias(slopes: torch.Tensor, query_length: int, key_length: int, query_offset=None) -> torch.Tensor:
     """The additive causal ALiBi bias, fp32, `(H, q, kv)`: `-m_h * (i - j)` for `j <= i`, the fp32 minimum above.
 
     Built in the relative form `i - j` (never the `+m * j` shortcut, which is equal after softmax but loses
     precision at long lengths). The fp32 minimum rather than `-inf` keeps fully masked rows free of NaN.
+    `query_offset` as in `relative_distances`.
     """
-    distance = relative_distances(query_length, key_length, slopes.device)  # (q, kv)
+    distance = relative_distances(query_length, key_length, slopes.device, query_offset)  # (q, kv)
     bias = -slopes.float()[:, None, None] * distance.float()  # (H, q, kv)
     return bias.masked_fill(distance < 0, torch.finfo(torch.float32).min)  # (H, q, kv)

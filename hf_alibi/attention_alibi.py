@@ -1,9 +1,11 @@
 """ALiBi attention on every backend: eager (the reference), SDPA, FlexAttention and FlashAttention-2.
 
 The model calls `prepare_alibi_attention` once per forward; it builds whatever the backend needs (never sized by a
-maximum length, never per layer), and every layer then calls `alibi_attention` with it. Queries are the last
-`q` of `kv` positions (bottom-right alignment: with a KV cache the query offset is the number of cached tokens).
-Padding is a key mask only: ALiBi depends on `i - j` alone, so left padding needs no position shift.
+maximum length, never per layer), and every layer then calls `alibi_attention` with it. Query row `r` sits at absolute
+position `query_offset + r`, where `query_offset` is the number of cached tokens (a 0-d tensor for static caches, so
+compiled decoding neither syncs nor recompiles). A key `j` is visible to query `i` when `j <= i`, it is not padding,
+and, in packed rows, it belongs to the same document. ALiBi depends on `i - j` alone, so left padding needs no
+position shift and a packed document sees exactly the distances it would see alone: masking is all it takes.
 """
 
 from dataclasses import dataclass
@@ -28,14 +30,17 @@ class AlibiAttentionInputs:
     slopes: torch.Tensor  # (H,) fp32
     query_length: int
     key_length: int
-    key_padding: torch.Tensor | None  # (B, kv) bool, True = real token; None = no padding
-    bias: torch.Tensor | None = None  # eager: (B|1, H, q, kv); sdpa: bank (B|1, H, chunk, kv); others: None
-    padding_in_bias: bool = False  # sdpa: the bank already hides padded keys (one chunk, built once per forward)
+    query_offset: int | torch.Tensor  # absolute position of the first query = cached tokens
+    key_padding: torch.Tensor | None = None  # (B, kv) bool, True = real token; None = no padding
+    documents: torch.Tensor | None = None  # (B, kv) int document index of each token of packed rows; None = one each
+    bias: torch.Tensor | None = None  # eager and sdpa: (B|1, H, q, kv); chunked sdpa: bank (B|1, H, chunk, kv)
+    chunked: bool = False  # sdpa: `bias` is a bank of the last `chunk` rows, sliced per query chunk
+    padding_in_bias: bool = False  # chunked sdpa: the bank already hides padded keys (one chunk)
     block_mask: object | None = None  # flex_attention only
 
     @property
-    def offset(self) -> int:
-        return self.key_length - self.query_length  # cached tokens before the first query
+    def offset(self) -> int | torch.Tensor:
+        return self.query_offset
 
     def bias_as(self, dtype: torch.dtype) -> torch.Tensor:
         """The prebuilt bias in the layers' compute dtype (autocast decides it), cast once per forward."""
@@ -48,51 +53,99 @@ def _masked_min(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min
 
 
+def _is_static(length) -> bool:
+    """True for a plain int; False for a symbolic length (torch.export / dynamic-shape compile)."""
+    return isinstance(length, int) and not isinstance(length, torch.SymInt)
+
+
+def _key_padding(attention_mask: torch.Tensor | None, key_length: int) -> torch.Tensor | None:
+    """The 2-D 0/1 mask as (B, kv) bool, or None when nothing is padded (checked only outside compilation)."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be 2-D (batch, keys) of 0/1, got shape {tuple(attention_mask.shape)}")
+    if attention_mask.shape[-1] < key_length:  # a static cache longer than the mask: causality hides the rest
+        attention_mask = F.pad(attention_mask, (0, key_length - attention_mask.shape[-1]), value=1)
+    elif attention_mask.shape[-1] > key_length:
+        raise ValueError(
+            f"attention_mask covers {attention_mask.shape[-1]} positions but there are only {key_length} keys"
+        )
+    # An all-ones mask costs nothing to drop in eager mode; a compiled graph keeps it (no data-dependent branch).
+    if not torch.compiler.is_compiling() and bool(attention_mask.all()):
+        return None
+    return attention_mask.bool()
+
+
+def visible_keys(inputs: AlibiAttentionInputs, rows: slice = slice(None), keys: slice = slice(None)):
+    """Padding and document visibility for query `rows` and `keys` as bool (B, 1, q', kv'), or None (all visible).
+
+    Causality is not included: the bias carries it.
+    """
+    keep = None
+    if inputs.key_padding is not None:
+        keep = inputs.key_padding[:, None, None, keys]  # (B, 1, 1, kv')
+    if inputs.documents is not None:
+        documents = inputs.documents
+        same = documents[:, None, rows, None] == documents[:, None, None, keys]  # (B, 1, q', kv')
+        keep = same if keep is None else keep & same
+    return keep
+
+
 def prepare_alibi_attention(
     implementation: str,
     slopes: torch.Tensor,
     attention_mask: torch.Tensor | None,
     query_length: int,
     key_length: int,
+    query_offset: int | torch.Tensor | None = None,
+    documents: torch.Tensor | None = None,
 ) -> AlibiAttentionInputs:
     """Build, once per forward, what `implementation` needs for ALiBi over `query_length` of `key_length` keys.
 
-    `attention_mask` is the usual 2-D `(B, kv)` mask of 1 (real) and 0 (padding), or None.
+    `attention_mask` is the usual 2-D `(B, kv)` mask of 1 (real) and 0 (padding), or None. `query_offset` is the
+    number of cached tokens (default `key_length - query_length`). `documents` (B, kv) numbers the documents of
+    packed rows (no cache: `query_length == key_length`); a query only sees keys of its own document.
     """
     if implementation not in SUPPORTED_ATTENTION:
         raise ValueError(
             f"attn_implementation={implementation!r} is not supported by ALiBi GPT-2; choose one of "
             f"{SUPPORTED_ATTENTION}"
         )
-    key_padding = None
-    if attention_mask is not None:
-        if attention_mask.dim() != 2:
-            raise ValueError(
-                f"attention_mask must be 2-D (batch, keys) of 0/1, got shape {tuple(attention_mask.shape)}"
-            )
-        if attention_mask.shape[-1] < key_length:  # e.g. a static cache longer than the mask: causal hides the rest
-            attention_mask = F.pad(attention_mask, (0, key_length - attention_mask.shape[-1]), value=1)
-        elif attention_mask.shape[-1] > key_length:
-            raise ValueError(
-                f"attention_mask covers {attention_mask.shape[-1]} positions but there are only {key_length} keys"
-            )
-        if not bool(attention_mask.all()):
-            key_padding = attention_mask.bool()
-    inputs = AlibiAttentionInputs(implementation, slopes.float(), query_length, key_length, key_padding)
-
-    if implementation == "eager":
-        bias = alibi_causal_bias(inputs.slopes, query_length, key_length)[None]  # (1, H, q, kv) fp32
-        if key_padding is not None:
-            bias = bias.masked_fill(~key_padding[:, None, None, :], _masked_min(torch.float32))  # (B, H, q, kv)
+    if query_offset is None:
+        query_offset = key_length - query_length
+    if documents is not None and documents.shape[-1] != key_length:
+        raise ValueError(
+            f"packed documents cover {documents.shape[-1]} tokens but there are {key_length} keys: packed rows "
+            "(restarting position_ids or cu_seq_lens) cannot be combined with a cache"
+        )
+    key_padding = _key_padding(attention_mask, key_length)
+    inputs = AlibiAttentionInputs(
+        implementation, slopes.float(), query_length, key_length, query_offset, key_padding, documents
+    )
+    # The chunked bank needs plain ints and queries that end at the last key (dynamic caches, no cache).
+    bottom_right = (
+        isinstance(query_offset, int)
+        and _is_static(query_length)
+        and _is_static(key_length)
+        and query_offset + query_length == key_length
+    )
+    if implementation == "eager" or (implementation == "sdpa" and not bottom_right):
+        # One (B|1, H, q, kv) bias: the reference, and SDPA's one-mask path for static caches and symbolic lengths.
+        bias = alibi_causal_bias(inputs.slopes, query_length, key_length, query_offset)[None]  # (1, H, q, kv)
+        keep = visible_keys(inputs)  # (B, 1, q|1, kv) or None
+        if keep is not None:
+            bias = bias.masked_fill(~keep, _masked_min(torch.float32))  # (B, H, q, kv)
         inputs.bias = bias
     elif implementation == "sdpa":
         chunk = min(query_length, SDPA_QUERY_CHUNK)
         # The bias of the last `chunk` queries against all keys; every other chunk's mask is a slice of it.
         bank = alibi_causal_bias(inputs.slopes, chunk, key_length)[None]  # (1, H, chunk, kv) fp32
-        if key_padding is not None and chunk == query_length:  # one chunk (decoding, short inputs): mask pads once
-            bank = bank.masked_fill(~key_padding[:, None, None, :], _masked_min(torch.float32))  # (B, H, q, kv)
+        if chunk == query_length:  # one chunk (decoding, short inputs): fold padding and documents in once
+            keep = visible_keys(inputs)
+            if keep is not None:
+                bank = bank.masked_fill(~keep, _masked_min(torch.float32))  # (B, H, q, kv)
             inputs.padding_in_bias = True
-        inputs.bias = bank
+        inputs.bias, inputs.chunked = bank, True
     elif implementation == "flex_attention":
         inputs.block_mask = _flex_block_mask(inputs, slopes.device)
     return inputs
@@ -126,8 +179,9 @@ def eager_alibi_attention(query, key, value, alibi, scaling, dropout=0.0, bias=N
     """The reference: scores in fp32, plus the fp32 relative bias, softmax in fp32."""
     if bias is None:
         bias = prepare_alibi_attention(
-            "eager", alibi.slopes, alibi.key_padding, alibi.query_length, alibi.key_length
-        ).bias
+            "eager", alibi.slopes, alibi.key_padding, alibi.query_length, alibi.key_length, alibi.query_offset,
+            alibi.documents,
+        ).bias  # fmt: skip
     scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling  # (B, H, q, kv)
     weights = torch.softmax(scores + bias, dim=-1).to(value.dtype)  # (B, H, q, kv)
     weights = F.dropout(weights, p=dropout, training=dropout > 0)
@@ -136,23 +190,29 @@ def eager_alibi_attention(query, key, value, alibi, scaling, dropout=0.0, bias=N
 
 
 def sdpa_alibi_attention(query, key, value, alibi, scaling, dropout=0.0):
-    """SDPA over query chunks; each chunk's float mask is a view into the bias bank (plus padding when present).
+    """SDPA with the ALiBi bias as its float mask: one mask, or query chunks whose masks are views into a bank.
 
-    Chunk rows [s, e) sit at absolute positions offset + s .. offset + e - 1 and see keys [0, offset + e). With
+    Chunked: rows [s, e) sit at absolute positions offset + s .. offset + e - 1 and see keys [0, offset + e). With
     E = offset + e and n = e - s, the bank row a' = a + chunk - n and column c = j + kv - E hold exactly
     -m * ((offset + s + a) - j), so the chunk's mask is bank[:, :, chunk - n:, kv - E:].
     """
+    if not alibi.chunked:
+        output = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=alibi.bias_as(query.dtype), dropout_p=dropout, scale=scaling
+        )  # (B, H, q, D)
+        return output.transpose(1, 2)  # (B, q, H, D)
     bank = alibi.bias_as(query.dtype)  # (B|1, H, chunk, kv)
     chunk, kv = bank.shape[2], alibi.key_length
-    q_len, offset = alibi.query_length, alibi.offset
+    q_len, offset = alibi.query_length, alibi.query_offset
     outputs = []
     for start in range(0, q_len, chunk):
         end = min(start + chunk, q_len)
         n, visible = end - start, offset + end
         mask = bank[:, :, chunk - n :, kv - visible :]  # (B|1, H, n, visible), a view
-        if alibi.key_padding is not None and not alibi.padding_in_bias:
-            keep = alibi.key_padding[:, None, None, :visible]  # (B, 1, 1, visible)
-            mask = mask.masked_fill(~keep, _masked_min(mask.dtype))  # (B, H, n, visible)
+        if not alibi.padding_in_bias:
+            keep = visible_keys(alibi, slice(start, end), slice(0, visible))  # (B, 1, n|1, visible) or None
+            if keep is not None:
+                mask = mask.masked_fill(~keep, _masked_min(mask.dtype))  # (B, H, n, visible)
         out = F.scaled_dot_product_attention(
             query[:, :, start:end],
             key[:, :, :visible],
@@ -167,18 +227,21 @@ def sdpa_alibi_attention(query, key, value, alibi, scaling, dropout=0.0):
 
 
 def _flex_block_mask(alibi: AlibiAttentionInputs, device):
+    """Causal, padding- and document-aware: blocks that are all padding or another document are skipped."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    offset, key_padding = alibi.offset, alibi.key_padding
+    offset, key_padding, documents = alibi.query_offset, alibi.key_padding, alibi.documents
 
-    def causal(b, h, q_idx, kv_idx):
-        return kv_idx <= q_idx + offset
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = kv_idx <= q_idx + offset
+        if key_padding is not None:
+            keep = keep & key_padding[b, kv_idx]
+        if documents is not None:
+            keep = keep & (documents[b, q_idx] == documents[b, kv_idx])
+        return keep
 
-    def causal_and_real(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx + offset) & key_padding[b, kv_idx]
-
-    batch = None if key_padding is None else key_padding.shape[0]
-    mask_mod = causal if key_padding is None else causal_and_real
+    per_row = key_padding if key_padding is not None else documents
+    batch = None if per_row is None else per_row.shape[0]
     return create_block_mask(mask_mod, batch, None, alibi.query_length, alibi.key_length, device=device)
 
 
@@ -194,7 +257,7 @@ def flex_alibi_attention(query, key, value, alibi, scaling):
             "attn_implementation='flex_attention' has no backward pass on CPU in this torch version: train with "
             "'sdpa' on CPU, or run inference under torch.no_grad()"
         )
-    slopes, offset = alibi.slopes.to(query.device), alibi.offset
+    slopes, offset = alibi.slopes.to(query.device), alibi.query_offset
 
     def alibi_score(score, b, h, q_idx, kv_idx):
         return score - slopes[h] * (q_idx + offset - kv_idx)
@@ -203,11 +266,18 @@ def flex_alibi_attention(query, key, value, alibi, scaling):
     return output.transpose(1, 2)  # (B, q, H, D)
 
 
+def _varlen_boundaries(segments: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Cumulative lengths (int32, with a leading 0) and the longest run of the kept tokens of `segments` (B, L)."""
+    row_ids = segments + torch.arange(segments.shape[0], device=segments.device)[:, None] * (segments.shape[1] + 1)
+    counts = torch.unique_consecutive(row_ids[keep], return_counts=True)[1]  # one count per (row, segment)
+    return F.pad(counts.cumsum(0, dtype=torch.int32), (1, 0)), int(counts.max())
+
+
 def flash_alibi_attention(query, key, value, alibi, scaling, dropout=0.0):
     """FlashAttention-2 with its own `alibi_slopes` (the stock transformers integration drops them).
 
-    flash-attn's causal mask is bottom-right aligned and its bias is -m * |i + kv - q - j|, i.e. ALiBi's.
-    Padded batches go through the varlen kernel on the real tokens only.
+    flash-attn's causal mask is bottom-right aligned and its bias is -m * |i + kv - q - j|, i.e. ALiBi's. Padded
+    batches and packed rows go through the varlen kernel on the real tokens only, one segment per document.
     """
     try:
         from flash_attn import flash_attn_func, flash_attn_varlen_func
@@ -215,20 +285,54 @@ def flash_alibi_attention(query, key, value, alibi, scaling, dropout=0.0):
         raise ImportError("attn_implementation='flash_attention_2' needs the flash-attn package") from error
     if not query.is_cuda:
         raise ValueError("attn_implementation='flash_attention_2' needs CUDA tensors; use 'sdpa' on CPU")
+    key_padding, q_len = alibi.key_padding, alibi.query_length
+    visible = int(alibi.query_offset) + q_len  # a static cache returns its whole buffer: keep the filled part
+    if visible != key.shape[2]:
+        key, value = key[:, :, :visible], value[:, :, :visible]
+        key_padding = None if key_padding is None else key_padding[:, :visible]
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, L, H, D)
     slopes = alibi.slopes.to(device=query.device, dtype=torch.float32)
-    if alibi.key_padding is None:
+    if key_padding is None and alibi.documents is None:
         return flash_attn_func(q, k, v, dropout, softmax_scale=scaling, causal=True, alibi_slopes=slopes)
-    batch, q_len = q.shape[:2]
-    key_keep = alibi.key_padding  # (B, kv)
-    query_keep = key_keep[:, alibi.offset :]  # (B, q)
-    k_lens, q_lens = key_keep.sum(-1, dtype=torch.int32), query_keep.sum(-1, dtype=torch.int32)
-    cu_k = F.pad(k_lens.cumsum(0, dtype=torch.int32), (1, 0))
-    cu_q = F.pad(q_lens.cumsum(0, dtype=torch.int32), (1, 0))
+    batch = q.shape[0]
+    key_keep = key_padding if key_padding is not None else q.new_ones(batch, visible, dtype=torch.bool)  # (B, kv)
+    query_keep = key_keep[:, visible - q_len :]  # (B, q)
+    segments = alibi.documents if alibi.documents is not None else torch.zeros_like(key_keep, dtype=torch.long)
+    cu_k, max_k = _varlen_boundaries(segments, key_keep)
+    cu_q, max_q = _varlen_boundaries(segments[:, visible - q_len :], query_keep)
     out = flash_attn_varlen_func(
-        q[query_keep], k[key_keep], v[key_keep], cu_q, cu_k, int(q_lens.max()), int(k_lens.max()),
+        q[query_keep], k[key_keep], v[key_keep], cu_q, cu_k, max_q, max_k,
         dropout, softmax_scale=scaling, causal=True, alibi_slopes=slopes,
-    )  # (real queries, H, D)
+    )  # (real queries, H, D)  # fmt: skip
     output = q.new_zeros(batch, q_len, *q.shape[2:])  # (B, q, H, D); padded queries stay zero
     output[query_keep] = out
     return output
+
+
+def packed_documents(position_ids: torch.Tensor, batch: int) -> torch.Tensor | None:
+    """Document index of each token of rows whose `position_ids` restart (packed rows), as (B, L) int64, or None.
+
+    transformers' rule for packed sequences: a new document starts wherever a position is not its predecessor + 1.
+    Plain positions (0, 1, 2, ...) give None in eager mode; a compiled graph keeps the (all-zero) indices rather
+    than branch on data.
+    """
+    if position_ids.dim() == 1:
+        position_ids = position_ids[None]
+    if position_ids.dim() != 2:
+        raise ValueError(f"position_ids must be (batch, length) or (length,), got shape {tuple(position_ids.shape)}")
+    position_ids = position_ids.expand(batch, -1)  # (B, L); positions are sometimes given for one row only
+    step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)  # (B, L)
+    documents = (step != 1).cumsum(-1)  # (B, L)
+    if not torch.compiler.is_compiling() and not bool(documents[:, -1].any()):
+        return None
+    return documents
+
+
+def documents_from_cu_seq_lens(cu_seq_lens: torch.Tensor, length: int) -> torch.Tensor:
+    """Document index (1, L) of a flattened row from flash-attention's cumulative lengths `[0, l1, l1 + l2, ...]`."""
+    if cu_seq_lens.dim() != 1 or (not torch.compiler.is_compiling() and int(cu_seq_lens[-1]) != length):
+        raise ValueError(
+            f"cu_seq_lens must be 1-D cumulative lengths ending at the row length {length}, got {cu_seq_lens.tolist()}"
+        )
+    positions = torch.arange(length, device=cu_seq_lens.device)  # (L,)
+    return torch.searchsorted(cu_seq_lens[1:].to(positions.dtype), positions, right=True)[None]  # (1, L)

@@ -29,7 +29,10 @@ class AlibiGPT2Config(PretrainedConfig):
             Size of the vocabulary: the number of rows of `wte` and of outputs of the LM head.
         n_positions (`int`, *optional*, defaults to 1024):
             The sequence length the model is (or was) trained at. Metadata only: ALiBi has no position table, so
-            inputs of any length run. Alias: `max_position_embeddings`.
+            inputs of any length run. `max_position_embeddings=` is accepted as an argument and stored here, but the
+            config deliberately has no `max_position_embeddings` attribute (as BLOOM's has none): transformers'
+            `generate` reads that attribute to warn past a "predefined maximum length", which ALiBi does not have.
+            Tools that size their windows from `n_positions` (lm-evaluation-harness) take an explicit `max_length`.
         n_embd (`int`, *optional*, defaults to 768):
             Width of the residual stream. Must be divisible by `n_head`. Alias: `hidden_size`.
         n_layer (`int`, *optional*, defaults to 12):
@@ -83,7 +86,6 @@ class AlibiGPT2Config(PretrainedConfig):
     keys_to_ignore_at_inference = ["cache"]
     attribute_map = {
         "hidden_size": "n_embd",
-        "max_position_embeddings": "n_positions",
         "num_attention_heads": "n_head",
         "num_hidden_layers": "n_layer",
     }
@@ -111,6 +113,8 @@ class AlibiGPT2Config(PretrainedConfig):
     alibi_slopes: list[float] | None = None
 
     def __post_init__(self, **kwargs):
+        if "max_position_embeddings" in kwargs:  # GPT-2-style name for the training length: not an attribute here
+            self.n_positions = kwargs.pop("max_position_embeddings")
         super().__post_init__(**kwargs)
         self._check_arguments()
         if getattr(self, "auto_map", None) is None:

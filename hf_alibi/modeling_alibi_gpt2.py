@@ -8,6 +8,7 @@ import math
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 from transformers import Cache, DynamicCache, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -22,9 +23,17 @@ from transformers.modeling_outputs import (
 )
 from transformers.pytorch_utils import Conv1D
 from transformers.utils import logging
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .alibi import slopes_from_config
-from .attention_alibi import SUPPORTED_ATTENTION, AlibiAttentionInputs, alibi_attention, prepare_alibi_attention
+from .attention_alibi import (
+    SUPPORTED_ATTENTION,
+    AlibiAttentionInputs,
+    alibi_attention,
+    documents_from_cu_seq_lens,
+    packed_documents,
+    prepare_alibi_attention,
+)
 from .configuration_alibi_gpt2 import AlibiGPT2Config
 
 logger = logging.get_logger(__name__)
@@ -100,7 +109,7 @@ class AlibiGPT2PreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_flash_attn = True
     _compatible_flash_implementations = ["flash_attention_2"]  # the only one with an `alibi_slopes` argument
-    _can_compile_fullgraph = False  # SDPA's query chunks are a Python loop over the length
+    _can_compile_fullgraph = True  # no data-dependent branch under torch.compile / torch.export
     # Every forward reads `config._attn_implementation`, so `set_attn_implementation` may switch backends at any
     # time; transformers would otherwise guess from this file's source that it cannot.
     _can_set_attn_implementation_cached_value = True
@@ -149,11 +158,14 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             self.alibi_slopes = slopes_from_config(self.config).to(self.alibi_slopes.device)
         return self
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -163,39 +175,50 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
     ) -> BaseModelOutputWithPast | tuple:
         r"""
         input_ids (`torch.LongTensor` of shape `(batch, length)`): token ids; with a `cache`, only the new ones.
-        cache (`transformers.Cache`, *optional*): keys and values of earlier tokens (`past_key_values` is accepted
-            as the deprecated name). ALiBi reads positions from the cache length; there are no `position_ids`.
+        cache (`transformers.Cache`, *optional*): keys and values of earlier tokens, dynamic or static
+            (`past_key_values` is the deprecated name and warns). Positions come from the cache length.
         attention_mask (`torch.Tensor` of shape `(batch, cached + length)`, *optional*): 1 for real tokens, 0 for
             padding (left or right). Padding is masked out of the keys; distances stay `i - j`.
+        token_type_ids (`torch.LongTensor` of shape `(batch, length)`, *optional*): segment ids, embedded with `wte`
+            and added to the token embeddings, as in GPT-2.
+        position_ids (`torch.LongTensor` of shape `(batch, length)`, *optional*): ALiBi takes distances from token
+            order, so positions matter only for packed rows: where they restart (transformers' padding-free
+            collators, TRL's `padding_free`), each document attends only to itself. Read without a cache and
+            without an `attention_mask`, as transformers' models do; `cu_seq_lens_q` (flash-attention style, one
+            flattened row) marks documents too.
         """
-        if cache is None:
-            cache = kwargs.pop("past_key_values", None)
-        if kwargs.pop("position_ids", None) is not None:
-            logger.warning_once("ALiBi models take positions from token order; `position_ids` is ignored.")
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds")
-        if inputs_embeds is None:
-            inputs_embeds = self.wte(input_ids)  # (B, q, C)
+        inputs_embeds = self._embed(input_ids, inputs_embeds, token_type_ids)  # (B, q, C)
+        batch, query_length = inputs_embeds.shape[:2]
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
 
-        query_length = inputs_embeds.shape[1]
-        past_length = cache.get_seq_length() if cache is not None else 0
+        past_length = cache.get_seq_length() if cache is not None else 0  # a 0-d tensor for static caches
+        if isinstance(past_length, torch.Tensor):
+            past_length = past_length.clone()  # the cache advances it in place during this forward
+        key_length = cache.get_mask_sizes(query_length, 0)[0] if cache is not None else query_length
+        _check_attention_mask(attention_mask, batch, past_length, query_length, key_length)
+        documents = None
+        if kwargs.get("cu_seq_lens_q") is not None:
+            if batch != 1 or not isinstance(past_length, int) or past_length != 0:
+                raise ValueError(f"cu_seq_lens_q describes one flattened row without a cache, got batch {batch}")
+            documents = documents_from_cu_seq_lens(kwargs["cu_seq_lens_q"], query_length)  # (1, q)
+        elif position_ids is not None and attention_mask is None and isinstance(past_length, int) and past_length == 0:
+            if position_ids.shape[-1] != query_length:
+                raise ValueError(
+                    f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens"
+                )
+            documents = packed_documents(position_ids, batch)  # (B, q) or None
         implementation = self.config._attn_implementation or "sdpa"
         if output_attentions and implementation in SUPPORTED_ATTENTION:
             implementation = "eager"  # weights come from the eager path in every layer: build its bias once, here
         alibi = prepare_alibi_attention(
-            implementation,
-            self.alibi_slopes,
-            attention_mask,
-            query_length,
-            past_length + query_length,
+            implementation, self.alibi_slopes, attention_mask, query_length, key_length, past_length, documents
         )
 
         hidden_states = self.drop(inputs_embeds)
@@ -221,6 +244,51 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         )
         return output if return_dict else output.to_tuple()
 
+    def _embed(self, input_ids, inputs_embeds, token_type_ids) -> torch.Tensor:
+        """Token (plus segment) embeddings, after checking the input shapes with errors that name them."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds")
+        if input_ids is not None:
+            if input_ids.dim() != 2:
+                raise ValueError(
+                    f"input_ids must be 2-D (batch, length), got shape {tuple(input_ids.shape)}; "
+                    "wrap a single sequence as input_ids[None]"
+                )
+            shape = tuple(input_ids.shape)
+        elif inputs_embeds.dim() != 3:
+            raise ValueError(f"inputs_embeds must be 3-D (batch, length, n_embd), got {tuple(inputs_embeds.shape)}")
+        else:
+            shape = tuple(inputs_embeds.shape[:2])
+        if shape[1] == 0:
+            raise ValueError(f"the input has no tokens (shape {shape}): pass at least one token per row")
+        if inputs_embeds is None:
+            inputs_embeds = self.wte(input_ids)  # (B, q, C)
+        if token_type_ids is not None:
+            if tuple(token_type_ids.shape) != shape:
+                raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}, the input {shape}")
+            inputs_embeds = inputs_embeds + self.wte(token_type_ids)  # (B, q, C), GPT-2's segment embedding
+        return inputs_embeds
+
+
+def _check_attention_mask(attention_mask, batch: int, past_length, query_length: int, key_length: int) -> None:
+    """A clear error for a 2-D mask that does not fit the input (instead of a shape error deep in attention)."""
+    if attention_mask is None:
+        return
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be 2-D (batch, keys) of 0/1, got shape {tuple(attention_mask.shape)}")
+    if attention_mask.shape[0] != batch:
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the input has batch {batch}")
+    # Cached plus new tokens; a static cache also takes a mask as long as its buffer (generate pads it so).
+    if isinstance(past_length, int) and attention_mask.shape[1] not in (past_length + query_length, key_length):
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}: it must cover the {past_length} cached and "
+            f"{query_length} new tokens ({past_length + query_length} positions)"
+        )
+
+
+# flash-attention style descriptions of packed rows (transformers' DataCollatorWithFlattening): for the model
+_PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
 
 class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
@@ -229,17 +297,28 @@ class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.transformer = AlibiGPT2Model(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # transformers guesses the loss from the class name and warns (a graph break under torch.compile) otherwise
+        self.loss_type = "ForCausalLM"
         self.post_init()
 
-    def create_masks_for_generate(self, attention_mask=None, **kwargs):
-        """ALiBi masks are built inside the model from the 2-D mask; keep it 2-D for compilable caches too."""
+    def create_masks_for_generate(self, attention_mask=None, cache=None, inputs_embeds=None, **kwargs):
+        """ALiBi builds its masks inside the model from the 2-D mask: keep it 2-D. For a static cache, pad it to the
+        cache's length, so every decoding step has the same shapes (one compiled graph)."""
+        if attention_mask is None or cache is None or inputs_embeds is None:
+            return attention_mask
+        key_length = cache.get_mask_sizes(inputs_embeds.shape[1], 0)[0]
+        if attention_mask.shape[-1] < key_length:  # later positions are hidden by causality, whatever they hold
+            attention_mask = F.pad(attention_mask, (0, key_length - attention_mask.shape[-1]), value=1)
         return attention_mask
 
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -253,18 +332,21 @@ class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
         labels (`torch.LongTensor` of shape `(batch, length)`, *optional*): targets for the language-modelling loss,
             shifted inside the model (so `labels = input_ids` works); -100 is ignored.
         logits_to_keep (`int` or `torch.Tensor`, *optional*): compute logits only for the last `n` positions (0: all).
+        Other arguments as in [`AlibiGPT2Model.forward`].
         """
+        packing = {name: kwargs.pop(name) for name in _PACKING_KWARGS if name in kwargs}
         outputs = self.transformer(
             input_ids,
             cache=cache,
             attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            past_key_values=kwargs.pop("past_key_values", None),
-            position_ids=kwargs.pop("position_ids", None),
+            **packing,
         )
         hidden_states = outputs.last_hidden_state  # (B, q, C)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

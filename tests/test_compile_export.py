@@ -1,0 +1,88 @@
+"""Static caches on every backend, torch.export with a mask and a dynamic length, and torch.compile(fullgraph=True)
+for a training forward and a static-cache decoding step (what transformers' compiled generation runs)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import StaticCache
+
+from conftest import PAD
+from test_generation import generate, left_padded
+
+
+@pytest.mark.parametrize("output_attentions", [False, True], ids=["plain", "output_attentions"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "flex_attention"])
+def test_static_cache_generates_the_dynamic_cache_tokens(backend, output_attentions, make_model, random_ids):
+    model = make_model(backend, initializer_range=0.3)  # peaked next-token distributions: no ties to flip
+    ids, mask = left_padded([random_ids(1, n)[0] for n in (9, 4)])
+    settings = dict(output_attentions=output_attentions, return_dict_in_generate=True)
+    dynamic = generate(model, ids, mask, **settings)
+    static = generate(model, ids, mask, cache_implementation="static", **settings)
+    assert torch.equal(static.sequences, dynamic.sequences), f"{static.sequences} vs {dynamic.sequences}"
+    if output_attentions:  # a static cache returns its whole buffer: weights cover it, and sum to one per row
+        weights = static.attentions[-1][0]  # last step, first layer: (B, H, 1, max_cache_len)
+        torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)))
+
+
+def test_static_cache_forward_gives_the_full_forward_logits_of_a_left_padded_batch(tiny_model, random_ids):
+    ids, mask = left_padded([random_ids(1, n)[0] for n in (14, 9)])
+    cache = StaticCache(config=tiny_model.config, max_cache_len=24)
+    with torch.no_grad():
+        full = tiny_model(ids, attention_mask=mask).logits
+        prefix = tiny_model(ids[:, :10], attention_mask=mask[:, :10], cache=cache).logits
+        rest = [tiny_model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=cache).logits for t in range(10, 14)]
+    real = mask.bool()
+    torch.testing.assert_close(torch.cat([prefix, *rest], dim=1)[real], full[real], atol=1e-5, rtol=0)
+
+
+def test_export_with_an_attention_mask_and_a_dynamic_length_matches_eager(make_model, random_ids):
+    model = make_model("sdpa", use_cache=False)
+    ids, mask = left_padded([random_ids(1, n)[0] for n in (9, 5)])
+    length = torch.export.Dim("length", min=2, max=4096)
+    program = torch.export.export(
+        model,
+        (),
+        kwargs=dict(input_ids=ids, attention_mask=mask),
+        dynamic_shapes=dict(input_ids={1: length}, attention_mask={1: length}),
+    )
+    for new_length in (3, 40, 300):  # 300 runs two 256-row SDPA chunks in eager mode
+        ids, mask = left_padded([random_ids(1, n)[0] for n in (new_length, new_length - 2)])
+        with torch.no_grad():
+            exported = program.module()(input_ids=ids, attention_mask=mask).logits
+            expected = model(ids, attention_mask=mask).logits
+        real = mask.bool()
+        torch.testing.assert_close(exported[real], expected[real], atol=1e-5, rtol=0)
+
+
+def test_model_declares_that_it_compiles_with_fullgraph(tiny_model):
+    assert tiny_model._can_compile_fullgraph
+
+
+def test_fullgraph_compiled_training_step_matches_eager(make_model, random_ids):
+    ids, mask = left_padded([random_ids(1, n)[0] for n in (20, 13)])
+    labels = ids.masked_fill(mask == 0, -100)
+    eager, compiled = make_model("sdpa").train(), make_model("sdpa").train()
+    expected = eager(ids, attention_mask=mask, labels=labels).loss
+    loss = torch.compile(compiled, fullgraph=True)(ids, attention_mask=mask, labels=labels).loss  # raises on a break
+    expected.backward()
+    loss.backward()
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=0)
+    for (name, a), (_, b) in zip(eager.named_parameters(), compiled.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=0, msg=f"gradient of {name}")
+
+
+def test_fullgraph_compiled_static_cache_decoding_is_one_graph_and_matches_generate(make_model, random_ids):
+    model = make_model("sdpa", initializer_range=0.3)
+    ids, mask = left_padded([random_ids(1, n)[0] for n in (9, 4)])
+    expected = generate(model, ids, mask, max_new_tokens=6, min_new_tokens=6)
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    step_mask = F.pad(mask, (0, 32 - mask.shape[1]), value=1)  # one shape for every step, as generate() pads it
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    step = torch.compile(model.forward, fullgraph=True)
+    with torch.no_grad():
+        tokens = [model(ids, attention_mask=step_mask, cache=cache).logits[:, -1:].argmax(-1)]
+        for _ in range(5):
+            tokens.append(step(tokens[-1], attention_mask=step_mask, cache=cache).logits[:, -1:].argmax(-1))
+    assert torch.equal(torch.cat([ids, *tokens], dim=1), expected)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1, "decoding steps recompiled"
