@@ -34,6 +34,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 import hf_alibi  # noqa: F401  (registers "alibi_gpt2" with the Auto classes before any checkpoint loads)
+from hf_alibi.experiments.launch import output_dir_lock
 from hf_alibi.experiments.length_eval import ModelEvaluation, evaluate_model
 from hf_alibi.experiments.results import format_summary, write_results
 
@@ -93,8 +94,9 @@ class EvaluateLengthArguments:
 def main(argv: list[str] | None = None) -> dict[str, ModelEvaluation]:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     (args,) = HfArgumentParser(EvaluateLengthArguments).parse_args_into_dataclasses(args=argv)
-    results, metadata = evaluate_checkpoints(args)
-    write_results(args.output_dir, results, metadata=metadata)
+    with output_dir_lock(args.output_dir):  # a second evaluation into the same folder refuses to start
+        results, metadata = evaluate_checkpoints(args)
+        write_results(args.output_dir, results, metadata=metadata)
     print(format_summary(results, args.output_dir))
     return results
 

@@ -14,9 +14,13 @@ The paper's setting (WikiText-103, L=512, GPUs; network needed for the data and 
 
     torchrun --nproc_per_node 8 -m recipes.train_short_test_long --config recipes/configs/wikitext103_512.yaml
 
-Any YAML key can be overridden on the command line (`--max_steps 100`). Two processes on CPU (gloo DDP):
+Any YAML key can be overridden on the command line (`--max_steps 100`). Two processes on CPU (gloo DDP; without
+`--use_cpu true` the launch is refused, since transformers would run two separate experiments):
 
-    torchrun --nproc_per_node 2 -m recipes.train_short_test_long --config recipes/configs/cpu_demo.yaml --smoke
+    torchrun --nproc_per_node 2 -m recipes.train_short_test_long --config recipes/configs/cpu_demo.yaml --smoke \
+        --use_cpu true
+
+A second run into an output folder that a live run is using refuses to start (`<output_dir>/.hf_alibi.lock`).
 """
 
 import logging

@@ -1,6 +1,7 @@
 """hf_alibi.experiments.model_card: the card's metadata carries the measured perplexities and survives ModelCard.load."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from huggingface_hub import ModelCard
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_alibi.experiments.length_eval import evaluate_model
+from hf_alibi.experiments import model_card
 from hf_alibi.experiments.model_card import find_template, render_card, save_card
 from hf_alibi.experiments.results import write_results
 
@@ -73,8 +75,8 @@ def test_saved_card_loads_back_with_its_plot_and_numbers(evaluations, tmp_path):
         assert math.isclose(metric_values(card)[f"nonoverlapping-{r.length}"], r.ppl_nonoverlapping, rel_tol=1e-12)
 
 
-def test_missing_template_fails_with_a_clear_error(evaluations, tmp_path):
-    assert find_template().name == "alibi_gpt2.md"
+def test_template_ships_in_the_package_and_a_missing_one_fails_with_a_clear_error(evaluations, tmp_path):
+    assert find_template() == Path(model_card.__file__).resolve().parent / "templates" / "alibi_gpt2.md"  # package data
     with pytest.raises(FileNotFoundError, match="model card template not found at .*template_path="):
         render_card(evaluations["alibi-tiny"], model_name="x", template_path=tmp_path / "missing.md")
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from transformers import TrainerCallback
 
-from hf_alibi.experiments.runner import ExperimentArguments, apply_smoke, run_experiment
 from hf_alibi.experiments.arguments import parse_args
+from hf_alibi.experiments.launch import LOCK_FILE
+from hf_alibi.experiments.runner import ExperimentArguments, apply_smoke, run_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE_YAML = REPO / "recipes" / "configs" / "smoke.yaml"
@@ -81,7 +82,7 @@ class _Interrupt(TrainerCallback):
             raise KeyboardInterrupt
 
 
-def test_interrupted_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted_one(tmp_path):
+def test_interrupted_run_resumes_past_its_stale_lock_and_ends_like_an_uninterrupted_one(tmp_path):
     straight_exp, straight_train = _args(tmp_path / "straight", "--models", "alibi")
     straight = run_experiment(straight_exp, straight_train)
 
@@ -90,6 +91,9 @@ def test_interrupted_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrup
         run_experiment(exp, train, callbacks=[_Interrupt(at=6)])
     model_dir = Path(train.output_dir) / "alibi"
     assert (model_dir / "checkpoint-4").is_dir() and not (model_dir / "final").exists()
+    lock = Path(train.output_dir) / LOCK_FILE
+    assert not lock.exists(), "the interrupted run must release its output folder"
+    lock.write_text(json.dumps({"pid": -1, "host": "killed-run"}))  # what a SIGKILLed run leaves: file, no flock
 
     exp, train = _args(tmp_path / "interrupted", "--models", "alibi", "--resume_from_checkpoint", "true")
     resumed = run_experiment(exp, train)

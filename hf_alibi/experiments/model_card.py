@@ -4,7 +4,7 @@
     save_card("runs/alibi/checkpoint", evaluation, plot_path="runs/eval/perplexity_vs_length.png", ...)
 
 The card is rendered with `huggingface_hub.ModelCard.from_template` from the jinja template
-`model_cards/alibi_gpt2.md` (found next to the package in a source checkout, or passed as `template_path`).
+`hf_alibi/experiments/templates/alibi_gpt2.md`, shipped as package data (or one passed as `template_path`).
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ from .length_eval import ModelEvaluation
 from .results import atomic_write_text, perplexity_table
 
 TEMPLATE_NAME = "alibi_gpt2.md"
-DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "model_cards" / TEMPLATE_NAME
+DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / TEMPLATE_NAME  # package data: in wheels too
 PLOT_FILE = "perplexity_vs_length.png"
 CARD_TAGS = ["alibi", "gpt2", "causal-lm", "length-extrapolation", "hf_alibi"]
 
 
 def find_template(template_path: str | os.PathLike | None = None) -> Path:
-    """The card template: `template_path` if given, else `model_cards/alibi_gpt2.md` at the repository root."""
+    """The card template: `template_path` if given, else the packaged `hf_alibi/experiments/templates/alibi_gpt2.md`."""
     path = Path(template_path) if template_path is not None else DEFAULT_TEMPLATE
     if not path.is_file():
         raise FileNotFoundError(
             f"model card template not found at {path}; pass template_path= pointing to a copy of "
-            f"model_cards/{TEMPLATE_NAME} from the hf_alibi repository"
+            f"hf_alibi/experiments/templates/{TEMPLATE_NAME} from the hf_alibi repository"
         )
     return path
 

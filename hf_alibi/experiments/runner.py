@@ -6,6 +6,7 @@ The recipe `recipes/train_short_test_long.py` is a thin `main()` over `run_exper
     <output_dir>/<model>/final/            the model + tokenizer (+ card for ALiBi): what push_to_hub uploads
     <output_dir>/<model>/evaluation.json   its length evaluation
     <output_dir>/results.{json,csv,md}, perplexity_vs_length.png, loss_by_position.png
+    <output_dir>/.hf_alibi.lock            held while a run is live (a second run into the folder refuses)
 """
 
 import json
@@ -26,6 +27,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from .baselines import BASELINES, build_model, max_supported_length
 from .data import STDLIB_CORPUS, corpus_fingerprint, heldout_token_ids, load_text_corpus, pack_documents
+from .launch import check_process_group, output_dir_lock
 from .length_eval import ModelEvaluation, evaluate_model
 from .model_card import save_card
 from .results import format_summary, write_results
@@ -248,10 +250,17 @@ def run_experiment(
 ) -> dict[str, ModelEvaluation]:
     """Train every requested model at `train_length`, evaluate each at `eval_lengths`, write results and cards.
 
-    `callbacks` are `transformers.TrainerCallback`s given to every model's `Trainer`.
+    `callbacks` are `transformers.TrainerCallback`s given to every model's `Trainer`. Refuses (before writing
+    anything) a launch whose processes did not form one process group, and an output folder another live run holds.
     """
     _ = training.device  # TrainingArguments sets up the process group (gloo DDP on CPU under torchrun) first
     state = PartialState()
+    check_process_group(state, use_cpu=training.use_cpu)
+    with output_dir_lock(training.output_dir, state):
+        return _run_locked(experiment, training, state, callbacks)
+
+
+def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvaluation]:
     check_output_dir(experiment, training)
     corpus, tokenizer, train_blocks, heldout = prepare_data(experiment, state)  # fails before writing anything
     output_dir = Path(training.output_dir)
