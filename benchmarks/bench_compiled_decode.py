@@ -1,0 +1,119 @@
+"""Compiled static-cache decoding: hf_alibi (SDPA) against GPT-2 (SDPA, learned positions), side by side.
+
+    python -m benchmarks.bench_compiled_decode                      # GPT-2 small width, 4 layers, CPU, ~10 min
+    python -m benchmarks.bench_compiled_decode --n-layer 1 --n-embd 96 --n-head 12 --vocab 512 --decode 8 --repeats 1
+
+What transformers runs when a model declares `_can_compile_fullgraph`: `generate(cache_implementation="static")`
+with a `CompileConfig(fullgraph=True)`, the decoding step compiled once and replayed (on CPU transformers compiles
+only when asked: `compile_config._compile_all_devices = True`). Both models live in this one process and are timed
+interleaved (A B A B ...); each repeat times generate(1 new token) and generate(`--decode` new tokens) and counts
+`batch * (decode - 1)` tokens over the difference, so the prefill and the compile cancel out. Batches > 1 are
+left-padded (prompts from `--prefill` down to half of it). Prints a markdown table with medians, spreads and the
+tokens/s ratio alibi / gpt2; `--out` writes the raw timings as JSON.
+"""
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel
+
+from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
+
+
+def build(name: str, args) -> torch.nn.Module:
+    shape = dict(n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head, vocab_size=args.vocab)
+    common = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    if name == "gpt2":
+        config = GPT2Config(n_positions=args.prefill + args.decode, **shape, **common)
+        return GPT2LMHeadModel._from_config(config, attn_implementation="sdpa").eval()
+    config = AlibiGPT2Config(n_positions=args.prefill, **shape, **common)
+    return AlibiGPT2LMHeadModel._from_config(config, attn_implementation="sdpa").eval()
+
+
+def prompts(batch: int, prefill: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = torch.linspace(prefill, prefill // 2, batch).round().long() if batch > 1 else torch.tensor([prefill])
+    ids = torch.randint(3, vocab, (batch, prefill), generator=torch.Generator().manual_seed(batch))
+    mask = (torch.arange(prefill)[None] >= prefill - lengths[:, None]).long()  # (B, prefill), left padding
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def generate(model, ids, mask, new_tokens: int, compile_config) -> float:
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+            cache_implementation="static", compile_config=compile_config, pad_token_id=0,
+        )  # fmt: skip
+    assert out.shape[1] == ids.shape[1] + new_tokens
+    return time.perf_counter() - start
+
+
+def measure(args) -> dict:
+    compile_config = CompileConfig(fullgraph=True, mode="default")
+    compile_config._compile_all_devices = True  # transformers compiles on CPU only when asked
+    models = {name: build(name, args) for name in ("gpt2", "alibi")}
+    results = {}
+    for batch in args.batches:
+        ids, mask = prompts(batch, args.prefill, args.vocab)
+        for name, model in models.items():  # warm-up: compiles the decoding step for this batch
+            generate(model, ids, mask, args.decode, compile_config)
+            if not hasattr(model, "_compiled_call"):  # transformers keeps its compiled step there (5.x)
+                raise RuntimeError(f"generate() did not compile {name}'s decoding step: the figures would be eager")
+        rates = {name: [] for name in models}
+        for _ in range(args.repeats):
+            for name, model in models.items():  # interleaved, so drifts in machine load hit both alike
+                one = generate(model, ids, mask, 1, compile_config)
+                many = generate(model, ids, mask, args.decode, compile_config)
+                rates[name].append(batch * (args.decode - 1) / (many - one))
+        results[batch] = rates
+    return results
+
+
+def table(results: dict, args) -> str:
+    lines = [
+        f"Compiled static-cache greedy decoding, prefill {args.prefill}, {args.decode} new tokens, d={args.n_embd}, "
+        f"{args.n_layer} layers, {args.n_head} heads, vocab {args.vocab}, fp32, {torch.get_num_threads()} threads, "
+        f"{args.repeats} interleaved repeats (median [min, max]).",
+        "",
+        "| batch | gpt2-sdpa tokens/s | alibi-sdpa tokens/s | alibi / gpt2 |",
+        "|---|---|---|---|",
+    ]
+    for batch, rates in results.items():
+        cells = [f"{statistics.median(r):.1f} [{min(r):.1f}, {max(r):.1f}]" for r in (rates["gpt2"], rates["alibi"])]
+        ratio = statistics.median(rates["alibi"]) / statistics.median(rates["gpt2"])
+        lines.append(f"| {batch} | {cells[0]} | {cells[1]} | {ratio:.3f}x |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n-embd", type=int, default=768)
+    parser.add_argument("--n-layer", type=int, default=4)
+    parser.add_argument("--n-head", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--prefill", type=int, default=512)
+    parser.add_argument("--decode", type=int, default=64)
+    parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, help="write the raw tokens/s per repeat here (JSON)")
+    args = parser.parse_args(argv)
+    if args.decode < 2 or args.repeats < 1 or args.prefill < 2:
+        parser.error(f"need --decode >= 2, --repeats >= 1, --prefill >= 2; got {args.decode}, {args.repeats}, {args.prefill}")
+    torch.set_num_threads(args.threads)
+    results = measure(args)
+    print(table(results, args))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "tokens_per_s": results}, indent=1))
+        tmp.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()
