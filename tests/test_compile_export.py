@@ -86,3 +86,16 @@ def test_fullgraph_compiled_static_cache_decoding_is_one_graph_and_matches_gener
             tokens.append(step(tokens[-1], attention_mask=step_mask, cache=cache).logits[:, -1:].argmax(-1))
     assert torch.equal(torch.cat([ids, *tokens], dim=1), expected)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1, "decoding steps recompiled"
+
+
+def test_transformers_executorch_recipe_exports_a_static_cache_decoder_that_matches_eager(tiny_model, random_ids):
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    tiny_model.generation_config.cache_implementation = "static"
+    exportable = TorchExportableModuleForDecoderOnlyLM(tiny_model, batch_size=1, max_cache_len=24)
+    ids = random_ids(1, 12)
+    program = exportable.export(input_ids=ids[:, :1], cache_position=torch.tensor([0])).module()
+    with torch.no_grad():  # one token per call, as ExecuTorch's runner decodes
+        decoded = torch.cat([program(input_ids=ids[:, t : t + 1], cache_position=torch.tensor([t])) for t in range(12)], 1)
+        expected = tiny_model(ids).logits
+    torch.testing.assert_close(decoded, expected, atol=1e-5, rtol=0)
