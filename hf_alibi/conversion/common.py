@@ -1,5 +1,10 @@
 """What every family's import and export share: fused-qkv permutations, refusals, and exact state-dict transfers."""
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -67,3 +72,36 @@ def build_alibi_model(config, state: dict[str, torch.Tensor], source: nn.Module)
 def linear_from_conv1d(weight: torch.Tensor) -> torch.Tensor:
     """Conv1D `(in, out)` -> nn.Linear `(out, in)`; a transpose, so exact (and its own inverse)."""
     return weight.t()
+
+
+def load_tokenizer(source):
+    """The tokenizer saved at `source` (folder or Hub id), or None when there is no real vocabulary there."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError):
+        return None
+    # transformers 5 builds an empty tokenizer from a bare config: only a real vocabulary is worth shipping
+    return tokenizer if len(tokenizer) > len(tokenizer.all_special_tokens) else None
+
+
+def write_folder_atomically(destination, write) -> Path:
+    """Call `write(staging_folder)`, then rename the folder to `destination` (absent or empty); nothing half-written.
+
+    The staging folder sits beside `destination`, so the rename stays on one file system.
+    """
+    destination = Path(destination)
+    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
+        raise ValueError(f"destination {str(destination)!r} exists and is not empty")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=destination.parent))
+    try:
+        write(staging)
+        if destination.exists():
+            destination.rmdir()
+        os.replace(staging, destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return destination
