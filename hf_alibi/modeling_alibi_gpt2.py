@@ -31,7 +31,7 @@ logger = logging.get_logger(__name__)
 
 
 class AlibiGPT2Conv1D(Conv1D):
-    """transformers' `Conv1D` (GPT-2's `(in, out)` weight layout) whose bias may be absent (`config.bias=False`, MPT)."""
+    """transformers' `Conv1D` (GPT-2's `(in, out)` weight layout) whose bias may be absent (`bias=False`, MPT)."""
 
     def __init__(self, nf: int, nx: int, bias: bool = True):
         super().__init__(nf, nx)

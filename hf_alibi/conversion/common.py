@@ -62,7 +62,7 @@ def load_exactly(model: nn.Module, state: dict[str, torch.Tensor], what: str) ->
 
 
 def build_alibi_model(config, state: dict[str, torch.Tensor], source: nn.Module) -> AlibiGPT2LMHeadModel:
-    """An `AlibiGPT2LMHeadModel` for `config` holding `state` exactly, in `source`'s dtype, with its generation config."""
+    """An `AlibiGPT2LMHeadModel` of `config` holding `state` exactly, in `source`'s dtype and generation config."""
     model = AlibiGPT2LMHeadModel(config).to(source.dtype)
     load_exactly(model, state, f"{source.config.model_type} -> alibi_gpt2")
     model.generation_config = source.generation_config

@@ -161,7 +161,8 @@ def gguf_tensors(model: AlibiGPT2LMHeadModel) -> dict[str, np.ndarray]:
     for i in range(model.config.n_layer):
         for ours, theirs in _LAYERS.items():
             weight = state[f"transformer.h.{i}.{ours}.weight"]
-            arrays[f"blk.{i}.{theirs}.weight"] = weight.t() if weight.ndim == 2 else weight  # Conv1D (in, out) -> (out, in)
+            # Conv1D (in, out) -> (out, in); LayerNorm weights are 1-D
+            arrays[f"blk.{i}.{theirs}.weight"] = weight.t() if weight.ndim == 2 else weight
             if f"transformer.h.{i}.{ours}.bias" in state:
                 arrays[f"blk.{i}.{theirs}.bias"] = state[f"transformer.h.{i}.{ours}.bias"]
     return {name: np.ascontiguousarray(tensor.numpy()) for name, tensor in arrays.items()}
