@@ -116,12 +116,15 @@ def test_zero_slopes_are_written_as_max_alibi_bias_zero(make_model, tokenizer, t
     assert read_fields(path)[0]["mpt.attention.max_alibi_bias"] == 0.0
 
 
-def test_llama_cpp_logits_and_greedy_tokens_match_ours(make_model, tokenizer, tmp_path):
+def test_llama_cpp_tokens_logits_and_greedy_decoding_match_ours(make_model, tokenizer, tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp")
     model = gguf_model(make_model, n_positions=256)
     path = export(model, "gguf", tmp_path / "model.gguf", tokenizer=tokenizer)
     ids = tokenizer("".join(TEXT) * 3)["input_ids"][:120]
     llm = llama_cpp.Llama(str(path), n_ctx=256, logits_all=True, verbose=False, n_threads=1, flash_attn=False)
+    text = "".join(TEXT) + "unseen words 12345!"
+    assert llm.tokenize(text.encode(), add_bos=False) == tokenizer(text)["input_ids"]  # text in ...
+    assert llm.detokenize(tokenizer(text)["input_ids"]).decode() == text  # ... and text out
     llm.eval(ids)
     theirs = torch.tensor(np.array(llm.scores[: len(ids)]))  # (L, V)
     with torch.no_grad():
