@@ -31,7 +31,8 @@ def tokenizer():
 
 
 def gguf_model(make_model, **overrides):
-    model = make_model(vocab_size=272, n_positions=64, bos_token_id=0, eos_token_id=0, pad_token_id=None, **overrides)
+    settings = dict(vocab_size=272, n_positions=64, bos_token_id=0, eos_token_id=0, pad_token_id=None) | overrides
+    model = make_model(**settings)
     torch.manual_seed(3)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -116,12 +117,39 @@ def test_zero_slopes_are_written_as_max_alibi_bias_zero(make_model, tokenizer, t
     assert read_fields(path)[0]["mpt.attention.max_alibi_bias"] == 0.0
 
 
+def llama_cpp_model(llama_cpp, path):
+    """llama.cpp on CPU with an F32 KV cache (its default F16 cache adds its own rounding) and no flash attention."""
+    f32 = llama_cpp.GGML_TYPE_F32
+    return llama_cpp.Llama(str(path), n_ctx=512, n_batch=512, n_ubatch=512, logits_all=True, verbose=False,
+                           n_threads=1, flash_attn=False, type_k=f32, type_v=f32)  # fmt: skip
+
+
+def test_llama_cpp_runs_attention_norms_and_head_exactly(make_model, tokenizer, tmp_path):
+    """With the MLP's output zeroed (ggml's GELU is the one approximate op), llama.cpp equals ours to fp32 rounding:
+    the slopes of 12 interleaved heads, the qkv layout, the biases and the tied head are all written right."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    model = gguf_model(make_model, n_positions=512)
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.mlp.c_proj.weight.zero_()
+            block.mlp.c_proj.bias.zero_()
+    path = export(model, "gguf", tmp_path / "model.gguf", tokenizer=tokenizer)
+    ids = tokenizer("".join(TEXT) * 30)["input_ids"][:500]
+    llm = llama_cpp_model(llama_cpp, path)
+    llm.eval(ids)
+    theirs = torch.tensor(np.array(llm.scores[: len(ids)]))  # (L, V)
+    with torch.no_grad():
+        ours = model(torch.tensor([ids])).logits[0]  # (L, V)
+    error = (theirs - ours).abs().max().item()
+    assert error < 1e-5, f"llama.cpp logits differ by {error:.2e}"
+
+
 def test_llama_cpp_tokens_logits_and_greedy_decoding_match_ours(make_model, tokenizer, tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp")
     model = gguf_model(make_model, n_positions=256)
     path = export(model, "gguf", tmp_path / "model.gguf", tokenizer=tokenizer)
     ids = tokenizer("".join(TEXT) * 3)["input_ids"][:120]
-    llm = llama_cpp.Llama(str(path), n_ctx=256, logits_all=True, verbose=False, n_threads=1, flash_attn=False)
+    llm = llama_cpp_model(llama_cpp, path)
     text = "".join(TEXT) + "unseen words 12345!"
     assert llm.tokenize(text.encode(), add_bos=False) == tokenizer(text)["input_ids"]  # text in ...
     assert llm.detokenize(tokenizer(text)["input_ids"]).decode() == text  # ... and text out
