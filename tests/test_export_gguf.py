@@ -112,6 +112,19 @@ def test_gguf_needs_a_tokenizer(make_model, tmp_path):
         export(make_model(), "gguf", tmp_path / "model.gguf")
 
 
+def test_cli_export_gguf_takes_the_folders_tokenizer(make_model, tokenizer, tmp_path):
+    from hf_alibi.cli import main
+
+    gguf_model(make_model).save_pretrained(tmp_path / "alibi")
+    tokenizer.save_pretrained(tmp_path / "alibi")
+    destination = str(tmp_path / "out" / "model.gguf")
+    main(["export", str(tmp_path / "alibi"), destination, "--to", "gguf", "--max-seq-len", "99"])
+    fields, tensors = read_fields(tmp_path / "out" / "model.gguf")
+    assert fields["general.architecture"] == "mpt" and fields["mpt.context_length"] == 99
+    assert len(fields["tokenizer.ggml.tokens"]) == 272 and "blk.1.ffn_down.weight" in tensors
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["model.gguf"]  # no temporary left behind
+
+
 def test_zero_slopes_are_written_as_max_alibi_bias_zero(make_model, tokenizer, tmp_path):
     path = export(gguf_model(make_model, alibi_slopes=[0.0] * 12), "gguf", tmp_path / "m.gguf", tokenizer=tokenizer)
     assert read_fields(path)[0]["mpt.attention.max_alibi_bias"] == 0.0
