@@ -74,5 +74,6 @@ def main(argv: list[str] | None = None) -> None:
         path = export_checkpoint(args.source, args.destination, args.to, args.max_seq_len)
         print(f"wrote {args.to} export to {path}")
 
+
 if __name__ == "__main__":
     main()
