@@ -4,6 +4,8 @@
     python -m benchmarks.bench_alibi --preset tiny --repeats 1                                  # smoke, ~1 min
     python -m benchmarks.bench_alibi --suite forward --lengths 4096,8192 --contestants gpt2-sdpa,bloom-eager,alibi-sdpa
     python -m benchmarks.bench_alibi --device cuda --dtype bf16 --out results-cuda.json
+    python -m benchmarks.bench_alibi --preset bloom-560m --suite forward,train --train-batch 1 \
+        --contestants bloom-eager,alibi-from-bloom --out bloom560m.json --markdown bloom560m.md    # issue 8
 
 Every contestant lives in its own worker process (`benchmarks.worker`) for the whole run, so its peak memory is
 its own and a crash, out-of-memory or timeout is recorded as that contestant's result. For each measurement cell
@@ -46,6 +48,9 @@ PRESETS = {
     # shape, then default lengths; explicit flags override either
     "small": dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, train_lengths=[512, 1024],
                   lengths=[2048, 4096, 8192, 16384], prefill=512, decode=256),
+    # issue 8: bloom-560m's width, heads and vocabulary (24 layers there; fewer on CPU via --n-layer, same for all)
+    "bloom-560m": dict(n_embd=1024, n_layer=4, n_head=16, vocab_size=250880, train_lengths=[2048],
+                       lengths=[2048, 4096, 8192, 16384, 32768], prefill=512, decode=64),
     "tiny": dict(n_embd=96, n_layer=2, n_head=12, vocab_size=512, train_lengths=[64, 128],
                  lengths=[128, 256], prefill=32, decode=8),
 }

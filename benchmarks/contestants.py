@@ -13,6 +13,10 @@ apply theirs differently, so every contestant gets 0 everywhere: the benchmark c
 | `alibi-flex`           | `AlibiGPT2LMHeadModel`                          | FlexAttention, analytic `score_mod`        |
 | `alibi-flex-compiled`  | `torch.compile` of `alibi-flex`, inference only | compiled FlexAttention (slow to compile)   |
 | `alibi-flash`          | `AlibiGPT2LMHeadModel`, CUDA + flash-attn only  | FlashAttention-2 `alibi_slopes`            |
+| `alibi-from-bloom`     | `bloom-eager`'s weights imported (`convert`)     | SDPA; logits checked equal to BLOOM's first|
+
+`alibi-from-bloom` is issue 8's contestant: the same random BLOOM as `bloom-eager` (same seed), imported exactly
+into hf_alibi, so the two time one function. Its worker refuses to start if the imported logits differ.
 """
 
 import importlib.util
@@ -27,6 +31,7 @@ CONTESTANTS = (
     "alibi-flex",
     "alibi-flex-compiled",
     "alibi-flash",
+    "alibi-from-bloom",
 )
 REFERENCE = "gpt2-sdpa"
 ALIBI_BACKENDS = {
@@ -35,6 +40,7 @@ ALIBI_BACKENDS = {
     "alibi-flex": "flex_attention",
     "alibi-flex-compiled": "flex_attention",
     "alibi-flash": "flash_attention_2",
+    "alibi-from-bloom": "sdpa",
 }
 SUITES = ("train", "forward", "generate")
 
@@ -100,12 +106,14 @@ def build_model(name: str, shape: Shape, max_length: int):
         # n_positions covers the longest length of the run (learned table; rows past training are just untrained).
         config = GPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, **ids)
         model = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
-    elif name == "bloom-eager":
+    elif name in ("bloom-eager", "alibi-from-bloom"):
         config = BloomConfig(
             vocab_size=shape.vocab_size, hidden_size=shape.n_embd, n_layer=shape.n_layer, n_head=shape.n_head,
             hidden_dropout=0.0, attention_dropout=0.0, **ids,
         )
         model = BloomForCausalLM._from_config(config, attn_implementation="eager")
+        if name == "alibi-from-bloom":
+            model = imported_bloom(model)
     elif name == "mpt-eager":
         # MPT builds its ALiBi tensor for `max_seq_len` keys and slices it, so it must cover the longest length.
         # `attn_pdrop` is typed `int` in MptAttentionConfig (strict validation rejects 0.0).
@@ -120,3 +128,19 @@ def build_model(name: str, shape: Shape, max_length: int):
         model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation=ALIBI_BACKENDS[name])
     forward = torch.compile(model) if name == "alibi-flex-compiled" else model
     return model, forward
+
+
+def imported_bloom(bloom, check_length: int = 64):
+    """`bloom` imported into hf_alibi (SDPA), after checking that both give the same logits on one input."""
+    import torch
+
+    from hf_alibi import convert
+
+    model = convert(bloom.eval())
+    model.set_attn_implementation("sdpa")
+    ids = torch.randint(3, bloom.config.vocab_size, (1, check_length), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        error = (model(ids).logits - bloom(ids).logits).abs().max().item()  # (1, L, V) each
+    if not error < 1e-4:
+        raise RuntimeError(f"imported BLOOM's logits differ from BloomForCausalLM's by {error:.2e}")
+    return model

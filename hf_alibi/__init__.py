@@ -10,7 +10,7 @@ from transformers import (
 )
 
 from .alibi import alibi_causal_bias, get_alibi_slopes
-from .conversion import convert_gpt2
+from .conversion import convert, convert_gpt2, export
 from .configuration_alibi_gpt2 import AlibiGPT2Config
 from .modeling_alibi_gpt2 import (
     AlibiGPT2ForQuestionAnswering,
@@ -44,6 +44,8 @@ __all__ = [
     "AlibiGPT2ForQuestionAnswering",
     "AlibiGPT2PreTrainedModel",
     "alibi_causal_bias",
+    "convert",
     "convert_gpt2",
+    "export",
     "get_alibi_slopes",
 ]

@@ -70,7 +70,17 @@ class AlibiGPT2Config(PretrainedConfig):
             positive and finite. Ignored when `alibi_slopes` is given.
         alibi_slopes (`list[float]`, *optional*):
             Explicit per-head slopes, one per head, each finite and >= 0, overriding the paper's rule. All zeros is
-            the "no position information" ablation (a causal transformer with no position signal).
+            the "no position information" ablation (a causal transformer with no position signal). Imports of MPT
+            and Falcon checkpoints write their exact slopes here (Falcon's divided by `sqrt(head_dim)`).
+        embedding_layernorm (`bool`, *optional*, defaults to `False`):
+            Apply a LayerNorm (`transformer.ln_embd`) to the token embeddings before the first block, as BLOOM does
+            (its `word_embeddings_layernorm`).
+        bias (`bool`, *optional*, defaults to `True`):
+            Give every linear layer and LayerNorm an additive bias. `False` is MPT's architecture: no bias anywhere
+            (the parameters are absent from the state dict, not zero).
+        clip_qkv (`float`, *optional*):
+            Clamp the fused query/key/value projection to `[-clip_qkv, clip_qkv]` before attention (MPT's
+            `clip_qkv`, e.g. 6 in mpt-30b-chat). `None` means no clamp. Must be positive and finite.
 
     Example:
 
@@ -111,6 +121,9 @@ class AlibiGPT2Config(PretrainedConfig):
     classifier_dropout: float = 0.1
     alibi_max_bias: float = 8.0
     alibi_slopes: list[float] | None = None
+    embedding_layernorm: bool = False
+    bias: bool = True
+    clip_qkv: float | None = None
 
     def __post_init__(self, **kwargs):
         if "max_position_embeddings" in kwargs:  # GPT-2-style name for the training length: not an attribute here
@@ -152,6 +165,14 @@ class AlibiGPT2Config(PretrainedConfig):
                 if not isinstance(slope, (int, float)) or not math.isfinite(slope) or slope < 0:
                     raise ValueError(f"alibi_slopes must be finite and >= 0, got {slope!r} in {slopes}")
             self.alibi_slopes = [float(s) for s in slopes]
+        for name in ("embedding_layernorm", "bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        clip = self.clip_qkv
+        if clip is not None and (
+            isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip <= 0
+        ):
+            raise ValueError(f"clip_qkv must be None or a positive finite number, got {clip!r}")
 
 
 __all__ = ["AUTO_MAP", "AlibiGPT2Config"]

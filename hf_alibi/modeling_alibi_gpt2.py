@@ -39,6 +39,18 @@ from .configuration_alibi_gpt2 import AlibiGPT2Config
 logger = logging.get_logger(__name__)
 
 
+class AlibiGPT2Conv1D(Conv1D):
+    """transformers' `Conv1D` (GPT-2's `(in, out)` weight layout) whose bias may be absent (`bias=False`, MPT)."""
+
+    def __init__(self, nf: int, nx: int, bias: bool = True):
+        super().__init__(nf, nx)
+        if not bias:
+            self.bias = None  # no parameter at all: the state dict has no `.bias` key
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) if self.bias is not None else x @ self.weight  # (..., nf)
+
+
 class AlibiGPT2Attention(nn.Module):
     def __init__(self, config: AlibiGPT2Config, layer_idx: int):
         super().__init__()
@@ -47,8 +59,10 @@ class AlibiGPT2Attention(nn.Module):
         self.head_dim = self.embed_dim // self.num_heads
         self.scaling = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
         self.layer_idx = layer_idx
-        self.c_attn = Conv1D(3 * self.embed_dim, self.embed_dim)
-        self.c_proj = Conv1D(self.embed_dim, self.embed_dim)
+        self.c_attn = AlibiGPT2Conv1D(3 * self.embed_dim, self.embed_dim, bias=config.bias)
+        self.c_proj = AlibiGPT2Conv1D(self.embed_dim, self.embed_dim, bias=config.bias)
+        # MPT's clip_qkv; Hardtanh(-c, c) is clamp(-c, c)
+        self.clip_qkv = nn.Hardtanh(-config.clip_qkv, config.clip_qkv) if config.clip_qkv is not None else nn.Identity()
         self.attn_pdrop = config.attn_pdrop
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
@@ -60,7 +74,7 @@ class AlibiGPT2Attention(nn.Module):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, length, _ = hidden_states.shape
-        query, key, value = self.c_attn(hidden_states).split(self.embed_dim, dim=2)  # 3 x (B, q, C)
+        query, key, value = self.clip_qkv(self.c_attn(hidden_states)).split(self.embed_dim, dim=2)  # 3 x (B, q, C)
         query, key, value = (
             t.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2) for t in (query, key, value)
         )  # 3 x (B, H, q, D)
@@ -75,8 +89,8 @@ class AlibiGPT2Attention(nn.Module):
 class AlibiGPT2MLP(nn.Module):
     def __init__(self, intermediate_size: int, config: AlibiGPT2Config):
         super().__init__()
-        self.c_fc = Conv1D(intermediate_size, config.n_embd)
-        self.c_proj = Conv1D(config.n_embd, intermediate_size)
+        self.c_fc = AlibiGPT2Conv1D(intermediate_size, config.n_embd, bias=config.bias)
+        self.c_proj = AlibiGPT2Conv1D(config.n_embd, intermediate_size, bias=config.bias)
         self.act = ACT2FN[config.activation_function]
         self.dropout = nn.Dropout(config.resid_pdrop)
 
@@ -88,9 +102,9 @@ class AlibiGPT2Block(GradientCheckpointingLayer):
     def __init__(self, config: AlibiGPT2Config, layer_idx: int):
         super().__init__()
         inner_dim = config.n_inner if config.n_inner is not None else 4 * config.n_embd
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         self.attn = AlibiGPT2Attention(config, layer_idx)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         self.mlp = AlibiGPT2MLP(inner_dim, config)
 
     def forward(self, hidden_states, alibi, cache=None, output_attentions=False):
@@ -125,7 +139,8 @@ class AlibiGPT2PreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
-            init.zeros_(module.bias)
+            if module.bias is not None:
+                init.zeros_(module.bias)
         if isinstance(module, (AlibiGPT2Attention, AlibiGPT2MLP)):
             # GPT-2: residual projections scaled by 1 / sqrt(2 * n_layer) (two residual paths per block)
             init.normal_(module.c_proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
@@ -137,9 +152,15 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
     def __init__(self, config: AlibiGPT2Config):
         super().__init__(config)
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        # BLOOM's word_embeddings_layernorm; Identity adds no state-dict keys, so older checkpoints load unchanged
+        self.ln_embd = (
+            nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+            if config.embedding_layernorm
+            else nn.Identity()
+        )
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList([AlibiGPT2Block(config, layer_idx=i) for i in range(config.n_layer)])
-        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         # Fixed, never trained: a non-persistent buffer (not in checkpoints, not seen by optimizers).
         self.register_buffer("alibi_slopes", slopes_from_config(config), persistent=False)  # (H,)
         self.gradient_checkpointing = False
@@ -193,8 +214,8 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         )
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        inputs_embeds = self._embed(input_ids, inputs_embeds, token_type_ids)  # (B, q, C)
-        batch, query_length = inputs_embeds.shape[:2]
+        inputs_embeds = self.ln_embd(self._embed(input_ids, inputs_embeds, token_type_ids))  # (B, q, C)
+        batch, query_length = inputs_embeds.shape[:2]  # BLOOM normalises passed-in embeddings too
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
 

@@ -50,9 +50,13 @@ def code_closure(folder: Path) -> set[str]:
 CODE_FILES = code_closure(PACKAGE)
 
 
-@pytest.fixture
-def saved(make_model, tmp_path):
-    model = make_model(alibi_max_bias=4.0)
+# The default family, and the switches an imported BLOOM/MPT checkpoint carries (they must ship in the remote code).
+SWITCHES = {"default": {}, "bloom_and_mpt_switches": dict(embedding_layernorm=True, bias=False, clip_qkv=0.5)}
+
+
+@pytest.fixture(params=list(SWITCHES))
+def saved(make_model, tmp_path, request):
+    model = make_model(alibi_max_bias=4.0, **SWITCHES[request.param])
     folder = tmp_path / "checkpoint"
     model.save_pretrained(folder)
     return model, folder

@@ -1,5 +1,28 @@
-"""Conversions into ALiBi GPT-2 (and, later, exports out of it). Not shipped with checkpoints."""
+"""Conversions into ALiBi GPT-2 (GPT-2, BLOOM, MPT, Falcon-RW) and exports out of it (BLOOM, MPT, GGUF).
 
+Not shipped with checkpoints. `convert` and `export` (in `dispatch`) pick the family module by `model_type`.
+"""
+
+from .bloom import convert_bloom, export_bloom
+from .dispatch import EXACT_FAMILIES, FAMILIES, LAYOUTS, convert, export, load_source
+from .falcon import convert_falcon
+from .gguf_export import write_gguf
 from .gpt2 import alibi_config_from_gpt2, convert_gpt2
+from .mpt import convert_mpt, export_mpt
 
-__all__ = ["alibi_config_from_gpt2", "convert_gpt2"]
+__all__ = [
+    "EXACT_FAMILIES",
+    "FAMILIES",
+    "LAYOUTS",
+    "alibi_config_from_gpt2",
+    "convert",
+    "convert_bloom",
+    "convert_falcon",
+    "convert_gpt2",
+    "convert_mpt",
+    "export",
+    "export_bloom",
+    "export_mpt",
+    "load_source",
+    "write_gguf",
+]

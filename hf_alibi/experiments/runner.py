@@ -77,10 +77,14 @@ class ExperimentArguments:
     n_layer: int = field(default=4, metadata={"help": "Model depth (all models)."})
     n_head: int = field(default=8, metadata={"help": "Attention heads (all models)."})
     dropout: float = field(default=0.0, metadata={"help": "Every dropout probability."})
-    init_from_gpt2: str | None = field(
+    init_from: str | None = field(
         default=None,
-        metadata={"help": "GPT-2 checkpoint (folder or Hub id) to convert to ALiBi and fine-tune ('alibi' only)."},
+        metadata={
+            "help": "Checkpoint (folder or Hub id) to fine-tune ('alibi' only), with its tokenizer: BLOOM, MPT or "
+            "Falcon-RW (imported exactly by hf_alibi.convert) or GPT-2 (converted: it must first learn ALiBi)."
+        },
     )
+    init_from_gpt2: str | None = field(default=None, metadata={"help": "Older name of init_from."})
     max_train_documents: int | None = field(
         default=None, metadata={"help": "Cap on training documents (tokenizer and blocks; smoke runs)."}
     )
@@ -101,8 +105,12 @@ class ExperimentArguments:
             )
         if self.eval_stride is not None and not 1 <= self.eval_stride <= self.train_length:
             raise ValueError(f"eval_stride must be in [1, train_length={self.train_length}], got {self.eval_stride}")
-        if self.init_from_gpt2 is not None and self.models != ["alibi"]:
-            raise ValueError(f"init_from_gpt2 fine-tunes one ALiBi model: set models to ['alibi'], got {self.models}")
+        if self.init_from_gpt2 is not None:
+            if self.init_from not in (None, self.init_from_gpt2):
+                raise ValueError(f"init_from={self.init_from!r} and init_from_gpt2={self.init_from_gpt2!r}: give one")
+            self.init_from = self.init_from_gpt2
+        if self.init_from is not None and self.models != ["alibi"]:
+            raise ValueError(f"init_from fine-tunes one ALiBi model: set models to ['alibi'], got {self.models}")
 
     @property
     def eval_lengths(self) -> list[int]:
@@ -151,8 +159,8 @@ def prepare_data(experiment: ExperimentArguments, state: PartialState):
     if experiment.max_train_documents is not None:
         corpus["train"] = corpus["train"].select(range(min(experiment.max_train_documents, len(corpus["train"]))))
     with state.main_process_first():  # one process trains and caches the tokenizer; the others load it
-        if experiment.init_from_gpt2 is not None:
-            tokenizer = AutoTokenizer.from_pretrained(experiment.tokenizer_name or experiment.init_from_gpt2)
+        if experiment.init_from is not None:
+            tokenizer = AutoTokenizer.from_pretrained(experiment.tokenizer_name or experiment.init_from)
         elif experiment.tokenizer_name is not None:
             tokenizer = AutoTokenizer.from_pretrained(experiment.tokenizer_name)
         else:
@@ -165,12 +173,10 @@ def prepare_data(experiment: ExperimentArguments, state: PartialState):
 
 
 def make_model(name: str, experiment: ExperimentArguments, tokenizer):
-    if experiment.init_from_gpt2 is not None:
-        from transformers import GPT2LMHeadModel
+    if experiment.init_from is not None:
+        from ..conversion import convert
 
-        from ..conversion import convert_gpt2
-
-        model = convert_gpt2(GPT2LMHeadModel.from_pretrained(experiment.init_from_gpt2))
+        model = convert(experiment.init_from)  # any importable family, found by its model_type
         model.config.n_positions = experiment.train_length
         return model
     return build_model(

@@ -1,0 +1,107 @@
+"""What every family's import and export share: fused-qkv permutations, refusals, and exact state-dict transfers."""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+
+TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # the same function (BLOOM's, GPT-2's, llama.cpp's), rounding apart
+
+
+def refuse(config, refusals: dict[str, object], family: str) -> None:
+    """Raise a `ValueError` naming the first field of `config` whose value is not the one hf_alibi can hold exactly.
+
+    `refusals` maps a (dotted) field name to the only value accepted.
+    """
+    for field, accepted in refusals.items():
+        value = config
+        for part in field.split("."):
+            value = value.get(part) if isinstance(value, dict) else getattr(value, part, accepted)
+        if value != accepted:
+            raise ValueError(
+                f"{family} config has {field}={value!r}; hf_alibi holds only {field}={accepted!r} exactly, "
+                "so this checkpoint cannot be imported"
+            )
+
+
+def interleaved_to_grouped(fused: torch.Tensor, n_head: int) -> torch.Tensor:
+    """BLOOM/Falcon fused qkv rows `[h, 3, d]` (per head: q, k, v) -> ours `[3, h, d]` (all q, all k, all v).
+
+    Works on a weight `(3C, C)` and a bias `(3C,)` alike: only the first dimension is permuted.
+    """
+    rest = fused.shape[1:]
+    return fused.reshape(n_head, 3, -1, *rest).transpose(0, 1).reshape(fused.shape)  # (3C, ...)
+
+
+def grouped_to_interleaved(fused: torch.Tensor, n_head: int) -> torch.Tensor:
+    """The inverse of `interleaved_to_grouped`: ours `[3, h, d]` -> BLOOM/Falcon `[h, 3, d]`."""
+    rest = fused.shape[1:]
+    return fused.reshape(3, n_head, -1, *rest).transpose(0, 1).reshape(fused.shape)  # (3C, ...)
+
+
+def load_exactly(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> nn.Module:
+    """Load `state` into `model` (every key, strict) and check tensor by tensor that it arrived bit for bit."""
+    target = model.state_dict()
+    missing, unexpected = sorted(set(target) - set(state)), sorted(set(state) - set(target))
+    if missing or unexpected:
+        raise ValueError(f"{what}: weights do not line up: missing {missing}, unexpected {unexpected}")
+    for key, tensor in state.items():
+        if tensor.shape != target[key].shape:
+            raise ValueError(f"{what}: shape mismatch for {key}: {tuple(tensor.shape)} vs {tuple(target[key].shape)}")
+    model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True)
+    loaded = model.state_dict()
+    differing = [key for key, tensor in state.items() if not torch.equal(loaded[key], tensor)]
+    if differing:
+        raise ValueError(f"{what}: weights did not copy over exactly: {differing}")
+    return model.eval()
+
+
+def build_alibi_model(config, state: dict[str, torch.Tensor], source: nn.Module) -> AlibiGPT2LMHeadModel:
+    """An `AlibiGPT2LMHeadModel` of `config` holding `state` exactly, in `source`'s dtype and generation config."""
+    model = AlibiGPT2LMHeadModel(config).to(source.dtype)
+    load_exactly(model, state, f"{source.config.model_type} -> alibi_gpt2")
+    model.generation_config = source.generation_config
+    return model
+
+
+def linear_from_conv1d(weight: torch.Tensor) -> torch.Tensor:
+    """Conv1D `(in, out)` -> nn.Linear `(out, in)`; a transpose, so exact (and its own inverse)."""
+    return weight.t()
+
+
+def load_tokenizer(source):
+    """The tokenizer saved at `source` (folder or Hub id), or None when there is no real vocabulary there."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError):
+        return None
+    # transformers 5 builds an empty tokenizer from a bare config: only a real vocabulary is worth shipping
+    return tokenizer if len(tokenizer) > len(tokenizer.all_special_tokens) else None
+
+
+def write_folder_atomically(destination, write) -> Path:
+    """Call `write(staging_folder)`, then rename the folder to `destination` (absent or empty); nothing half-written.
+
+    The staging folder sits beside `destination`, so the rename stays on one file system.
+    """
+    destination = Path(destination)
+    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
+        raise ValueError(f"destination {str(destination)!r} exists and is not empty")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=destination.parent))
+    try:
+        write(staging)
+        if destination.exists():
+            destination.rmdir()
+        os.replace(staging, destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return destination

@@ -1,0 +1,115 @@
+"""One entry point each way: `convert` (GPT-2, BLOOM, MPT, Falcon-RW -> ALiBi GPT-2) and `export` (-> BLOOM, MPT, GGUF).
+
+    import hf_alibi
+    model = hf_alibi.convert("bigscience/bloom-560m")      # object, folder or Hub id; family read from model_type
+    model.config._attn_implementation                      # "sdpa": any length, no eager-only cap
+    hf_alibi.export(model, "bloom", "bloom-again/")         # folder BloomForCausalLM loads
+    hf_alibi.export(model, "gguf", "model.gguf", tokenizer=tokenizer)  # needs a tanh-GELU model (not BLOOM's norm)
+
+The same from the shell: `hf-alibi convert SRC DST`, `hf-alibi export SRC DST --to {bloom,mpt,gguf}`.
+"""
+
+import os
+from pathlib import Path
+
+from transformers import BloomForCausalLM, FalconForCausalLM, GPT2LMHeadModel, MptForCausalLM, PreTrainedModel
+
+from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from .bloom import convert_bloom, export_bloom
+from .common import load_tokenizer, write_folder_atomically
+from .falcon import convert_falcon
+from .gguf_export import write_gguf
+from .gpt2 import convert_gpt2
+from .mpt import convert_mpt, export_mpt
+
+# model_type -> (transformers class that loads the checkpoint, import into ALiBi GPT-2)
+FAMILIES = {
+    "gpt2": (GPT2LMHeadModel, convert_gpt2),
+    "bloom": (BloomForCausalLM, convert_bloom),
+    "mpt": (MptForCausalLM, convert_mpt),
+    "falcon": (FalconForCausalLM, convert_falcon),
+}
+EXACT_FAMILIES = ("bloom", "mpt", "falcon")  # imported without any change of function: no fine-tuning needed
+LAYOUTS = ("bloom", "mpt", "gguf")
+
+
+def load_source(source: PreTrainedModel | str | os.PathLike) -> PreTrainedModel:
+    """`source` itself if it is a model, else the checkpoint at that folder or Hub id, in its saved dtype.
+
+    Refuses checkpoints with weights the transformers class would drop (e.g. MPT's learned position embeddings or
+    biases under `no_bias=False`, which transformers' MPT ignores) or would leave random: such a load is not exact.
+    """
+    if isinstance(source, PreTrainedModel):
+        return source
+    from transformers import AutoConfig
+
+    model_type = AutoConfig.from_pretrained(source).model_type
+    if model_type not in FAMILIES:
+        raise ValueError(f"cannot import model_type {model_type!r}: hf_alibi imports {sorted(FAMILIES)}")
+    model, info = FAMILIES[model_type][0].from_pretrained(source, dtype="auto", output_loading_info=True)
+    if info["unexpected_keys"] or info["missing_keys"]:
+        raise ValueError(
+            f"{source}: transformers' {model_type} class would drop weights {sorted(info['unexpected_keys'])} and "
+            f"leave {sorted(info['missing_keys'])} random (e.g. learned_pos_emb or no_bias=False in MPT): "
+            "the checkpoint cannot be imported exactly"
+        )
+    return model.eval()
+
+
+def convert(source: PreTrainedModel | str | os.PathLike, **gpt2_alibi_kwargs) -> AlibiGPT2LMHeadModel:
+    """Import a GPT-2, BLOOM, MPT or Falcon-RW model (object, folder or Hub id) into an `AlibiGPT2LMHeadModel`.
+
+    BLOOM, MPT and Falcon-RW imports are exact (same function; see each family's module). GPT-2 loses its position
+    embeddings: `gpt2_alibi_kwargs` (e.g. `alibi_max_bias`) choose its slopes, and it warns that it must be
+    fine-tuned. Raises `ValueError` naming any field of the source that ALiBi GPT-2 cannot hold exactly.
+    """
+    model = load_source(source)
+    model_type = model.config.model_type
+    if model_type not in FAMILIES:
+        raise ValueError(f"cannot import model_type {model_type!r}: hf_alibi imports {sorted(FAMILIES)}")
+    if model_type != "gpt2" and gpt2_alibi_kwargs:
+        raise ValueError(
+            f"{model_type} imports copy the checkpoint's own slopes; ALiBi settings {sorted(gpt2_alibi_kwargs)} apply "
+            "to GPT-2 only"
+        )
+    return FAMILIES[model_type][1](model, **gpt2_alibi_kwargs)
+
+
+def export(
+    model: AlibiGPT2LMHeadModel | str | os.PathLike,
+    layout: str,
+    destination: str | os.PathLike | None = None,
+    *,
+    tokenizer=None,
+    max_seq_len: int | None = None,
+):
+    """Export an ALiBi GPT-2 model to `layout`: "bloom", "mpt" (transformers/vLLM/TGI) or "gguf" (llama.cpp).
+
+    Without `destination`, returns the `BloomForCausalLM` / `MptForCausalLM`. With one, writes it atomically (a
+    folder with the tokenizer, or one `.gguf` file, which needs the tokenizer) and returns the path. `max_seq_len`:
+    MPT's serving length (its loaders refuse longer inputs) or the gguf's context length; default `n_positions`.
+    A layout that cannot hold the model exactly raises `ValueError` naming the config field; nothing is written.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if not isinstance(model, PreTrainedModel):
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
+        model = AlibiGPT2LMHeadModel.from_pretrained(model, dtype="auto").eval()
+    if model.config.model_type != "alibi_gpt2":
+        raise ValueError(f"export expects an ALiBi GPT-2 model, got model_type={model.config.model_type!r}")
+    if layout == "gguf":
+        if destination is None:
+            raise ValueError("a gguf export writes a file: pass destination='model.gguf'")
+        return write_gguf(model, destination, tokenizer, context_length=max_seq_len)
+    if layout == "bloom" and max_seq_len is not None:
+        raise ValueError("max_seq_len applies to the mpt and gguf layouts; BLOOM has no length cap")
+    exported = export_bloom(model) if layout == "bloom" else export_mpt(model, max_seq_len)
+    if destination is None:
+        return exported
+
+    def write(folder: Path) -> None:
+        exported.save_pretrained(folder)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+
+    return write_folder_atomically(destination, write)

@@ -1,0 +1,168 @@
+"""ALiBi GPT-2 -> one GGUF file that llama.cpp (and so Ollama, LM Studio) runs, as its `mpt` architecture.
+
+llama.cpp's `mpt` graph is pre-LN blocks, fused `[q | k | v]`, ALiBi slopes computed from `max_alibi_bias` by the
+paper's rule, the tanh GELU, optional biases, optional `clamp_kqv` and a tied output: the default family (gelu_new
+with biases) and imported BLOOM-free models with the tanh GELU are exact there. Weights are written as F32 (exact).
+The tokenizer (`tokenizer.json` of a byte-level BPE, as GPT-2, BLOOM and MPT use) goes in the same file.
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..alibi import get_alibi_slopes, slopes_from_config
+from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from .common import TANH_GELUS
+
+# The pre-tokenizers llama.cpp implements that byte-level BPE tokenizers of these families use (llama-vocab.cpp).
+_BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"
+_LAYERS = {
+    "ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
+    "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down",
+}  # fmt: skip
+
+
+def check_gguf_exportable(model: AlibiGPT2LMHeadModel) -> float:
+    """The `max_alibi_bias` llama.cpp needs to compute `model`'s slopes; `ValueError` naming what it cannot hold."""
+    config = model.config
+    if config.activation_function not in TANH_GELUS:
+        raise ValueError(
+            f"llama.cpp's mpt graph uses the tanh GELU; activation_function={config.activation_function!r} would run "
+            "approximately"
+        )
+    for field, value in {"embedding_layernorm": False, "scale_attn_weights": True}.items():
+        if getattr(config, field) != value:
+            raise ValueError(f"llama.cpp's mpt graph needs {field}={value!r}, the model has {getattr(config, field)!r}")
+    slopes = slopes_from_config(model.config)
+    if torch.all(slopes == 0):
+        return 0.0  # llama.cpp: max_alibi_bias 0 means no ALiBi at all
+    # llama.cpp derives every slope from max_alibi_bias and the head count; other slopes are not representable
+    if not torch.allclose(slopes, get_alibi_slopes(config.n_head, config.alibi_max_bias), rtol=1e-6, atol=0):
+        raise ValueError(
+            f"llama.cpp computes slopes from max_alibi_bias by the paper's rule; alibi_slopes={slopes.tolist()} are "
+            f"not that rule at alibi_max_bias={config.alibi_max_bias}"
+        )
+    return float(config.alibi_max_bias)
+
+
+def _pre_tokenizer_name(spec: dict) -> str:
+    """llama.cpp's name for the pre-tokenizer of a `tokenizer.json`, or `ValueError` naming it."""
+    if (spec.get("normalizer") or {}).get("type") not in (None, "NFC"):
+        raise ValueError(f"tokenizer normalizer {spec['normalizer']} has no llama.cpp counterpart")
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    kinds = [step.get("type") for step in steps]
+    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True) and not steps[0].get("add_prefix_space"):
+        return "gpt-2"  # GPT-2's regex; GPT-NeoX (MPT) and OLMo use the same one
+    if (
+        kinds == ["Split", "ByteLevel"]
+        and steps[0].get("pattern", {}).get("Regex") == _BLOOM_SPLIT
+        and not steps[1].get("use_regex", True)
+    ):
+        return "bloom"
+    raise ValueError(f"tokenizer pre_tokenizer {json.dumps(pre)} is not one llama.cpp implements (gpt-2, bloom)")
+
+
+def _add_tokenizer(writer, tokenizer, vocab_size: int) -> None:
+    """Tokens, token types, merges, special ids and the pre-tokenizer of a fast byte-level BPE `tokenizer`."""
+    import gguf
+
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    if spec["model"]["type"] != "BPE":
+        raise ValueError(f"only byte-level BPE tokenizers go into a gguf here, got {spec['model']['type']}")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(_pre_tokenizer_name(spec))
+    by_id = {index: token for token, index in spec["model"]["vocab"].items()}
+    added = {entry["id"]: entry for entry in spec.get("added_tokens", [])}
+    by_id.update({index: entry["content"] for index, entry in added.items()})
+    if by_id and max(by_id) >= vocab_size:
+        raise ValueError(f"tokenizer has token id {max(by_id)} but the model's vocab_size is {vocab_size}")
+    tokens, types = [], []
+    for index in range(vocab_size):  # llama.cpp needs exactly one entry per embedding row
+        if index not in by_id:
+            tokens.append(f"[PAD{index}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif index in added:
+            tokens.append(by_id[index])
+            types.append(gguf.TokenType.CONTROL if added[index].get("special") else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(by_id[index])
+            types.append(gguf.TokenType.NORMAL)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    with tempfile.TemporaryDirectory() as folder:  # gguf's own reader of merges and special tokens
+        tokenizer.save_pretrained(folder)
+        gguf.SpecialVocab(folder, load_merges=True, n_vocab=vocab_size).add_to_gguf(writer)
+    adds_bos = tokenizer.bos_token_id is not None and tokenizer.encode("a")[:1] == [tokenizer.bos_token_id]
+    writer.add_add_bos_token(adds_bos)
+
+
+def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, context_length: int | None = None):
+    """Write `model` and `tokenizer` (a fast tokenizer) to the GGUF file `path`, atomically; return the path.
+
+    `context_length` (default: the model's `n_positions`) is the `mpt.context_length` llama.cpp reads as the training
+    length; ALiBi itself runs past it (`llama-cli -c N`).
+    """
+    import gguf
+
+    if tokenizer is None:
+        raise ValueError("a gguf needs the model's tokenizer (llama.cpp reads text through it); pass tokenizer=")
+    max_alibi_bias = check_gguf_exportable(model)
+    config = model.config
+    path = Path(path)
+    if path.suffix != ".gguf":
+        raise ValueError(f"gguf destination should end in .gguf, got {str(path)!r}")
+    if path.exists():
+        raise ValueError(f"destination {str(path)!r} exists")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(prefix=".export-", suffix=".gguf", dir=path.parent)
+    os.close(handle)
+    try:
+        writer = gguf.GGUFWriter(staging, "mpt")
+        writer.add_name(getattr(config, "_name_or_path", "") or "alibi_gpt2")
+        writer.add_context_length(context_length or config.n_positions)
+        writer.add_embedding_length(config.n_embd)
+        writer.add_block_count(config.n_layer)
+        writer.add_feed_forward_length(config.n_inner or 4 * config.n_embd)
+        writer.add_head_count(config.n_head)
+        writer.add_head_count_kv(config.n_head)
+        writer.add_layer_norm_eps(config.layer_norm_epsilon)
+        writer.add_max_alibi_bias(max_alibi_bias)  # always: without it llama.cpp runs with no ALiBi at all
+        if config.clip_qkv is not None:
+            writer.add_clamp_kqv(config.clip_qkv)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+        _add_tokenizer(writer, tokenizer, config.vocab_size)
+        for name, tensor in gguf_tensors(model).items():
+            writer.add_tensor(name, tensor)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def gguf_tensors(model: AlibiGPT2LMHeadModel) -> dict[str, np.ndarray]:
+    """llama.cpp `mpt` tensor names -> fp32 arrays in its (out, in) row-major layout (Conv1D weights transposed)."""
+    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    arrays = {"token_embd.weight": state["transformer.wte.weight"]}  # (V, C)
+    for part in ("weight", "bias"):
+        if f"transformer.ln_f.{part}" in state:
+            arrays[f"output_norm.{part}"] = state[f"transformer.ln_f.{part}"]
+    if not model.config.tie_word_embeddings:
+        arrays["output.weight"] = state["lm_head.weight"]  # (V, C)
+    for i in range(model.config.n_layer):
+        for ours, theirs in _LAYERS.items():
+            weight = state[f"transformer.h.{i}.{ours}.weight"]
+            # Conv1D (in, out) -> (out, in); LayerNorm weights are 1-D
+            arrays[f"blk.{i}.{theirs}.weight"] = weight.t() if weight.ndim == 2 else weight
+            if f"transformer.h.{i}.{ours}.bias" in state:
+                arrays[f"blk.{i}.{theirs}.bias"] = state[f"transformer.h.{i}.{ours}.bias"]
+    return {name: np.ascontiguousarray(tensor.numpy()) for name, tensor in arrays.items()}

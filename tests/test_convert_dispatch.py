@@ -1,0 +1,107 @@
+"""`hf_alibi.convert` / `hf-alibi convert` pick the family by model_type; `hf-alibi export` writes loadable layouts."""
+
+import json
+import warnings
+
+import pytest
+import torch
+from family_checks import VOCAB, perturb
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    BloomConfig,
+    BloomForCausalLM,
+    FalconConfig,
+    FalconForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MptConfig,
+    MptForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+from hf_alibi import AlibiGPT2LMHeadModel, convert
+from hf_alibi.cli import main
+
+SOURCES = {
+    "bloom": lambda: BloomForCausalLM(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)),
+    "mpt": lambda: MptForCausalLM(MptConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, max_seq_len=16)),
+    "falcon": lambda: FalconForCausalLM._from_config(
+        FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True,
+                     bias=True, parallel_attn=False, multi_query=False),
+        attn_implementation="sdpa",
+    ),
+}  # fmt: skip
+
+
+def save_with_tokenizer(model, folder):
+    model.generation_config = GenerationConfig(max_new_tokens=7, do_sample=False)
+    model.save_pretrained(folder)
+    backend = Tokenizer(models.WordLevel({"<eos>": 0, "hello": 5, "world": 6}, unk_token="<eos>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>").save_pretrained(folder)
+
+
+@pytest.mark.parametrize("family", sorted(SOURCES))
+def test_cli_convert_imports_each_family_exactly_with_tokenizer_and_generation_config(family, tmp_path, capsys):
+    source = perturb(SOURCES[family]())
+    save_with_tokenizer(source, tmp_path / "source")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no fine-tune warning: the import is exact
+        main(["convert", str(tmp_path / "source"), str(tmp_path / "alibi")])
+    assert f"exact import of the {family} model" in capsys.readouterr().out
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "alibi").eval()
+    assert type(loaded) is AlibiGPT2LMHeadModel
+    assert AutoTokenizer.from_pretrained(tmp_path / "alibi")("hello world")["input_ids"] == [5, 6]
+    assert loaded.generation_config.max_new_tokens == 7
+    ids = torch.randint(3, VOCAB, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, source(ids).logits, atol=2e-5, rtol=0)
+
+
+def test_convert_accepts_objects_and_folders_alike(tmp_path):
+    source = perturb(SOURCES["bloom"]())
+    source.save_pretrained(tmp_path)
+    from_object, from_folder = convert(source), convert(str(tmp_path))
+    for key, tensor in from_object.state_dict().items():
+        assert torch.equal(from_folder.state_dict()[key], tensor), key
+
+
+def test_convert_refuses_an_unknown_family_by_model_type(tmp_path):
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
+                                         num_attention_heads=4, intermediate_size=64))  # fmt: skip
+    with pytest.raises(ValueError, match="llama"):
+        convert(llama)
+    llama.save_pretrained(tmp_path / "llama")
+    with pytest.raises(ValueError, match="llama"):
+        convert(str(tmp_path / "llama"))
+
+
+def test_alibi_settings_are_refused_for_exact_imports():
+    with pytest.raises(ValueError, match="alibi_max_bias"):
+        convert(SOURCES["mpt"](), alibi_max_bias=4.0)
+
+
+def test_cli_export_to_mpt_writes_a_folder_mpt_loads_with_tokenizer(tmp_path):
+    mpt = perturb(SOURCES["mpt"]())
+    save_with_tokenizer(mpt, tmp_path / "source")
+    main(["convert", str(tmp_path / "source"), str(tmp_path / "alibi")])
+    main(["export", str(tmp_path / "alibi"), str(tmp_path / "mpt"), "--to", "mpt", "--max-seq-len", "4096"])
+    assert json.loads((tmp_path / "mpt" / "config.json").read_text())["max_seq_len"] == 4096
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "mpt").eval()
+    assert type(loaded) is MptForCausalLM
+    assert AutoTokenizer.from_pretrained(tmp_path / "mpt")("hello")["input_ids"] == [5]
+    for key, tensor in mpt.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], tensor), key
+
+
+def test_cli_export_refusal_names_the_switch_and_writes_nothing(tmp_path):
+    save_with_tokenizer(perturb(SOURCES["mpt"]()), tmp_path / "source")
+    main(["convert", str(tmp_path / "source"), str(tmp_path / "alibi")])
+    with pytest.raises(ValueError, match="embedding_layernorm"):
+        main(["export", str(tmp_path / "alibi"), str(tmp_path / "bloom"), "--to", "bloom"])
+    with pytest.raises(ValueError, match="activation_function"):
+        main(["export", str(tmp_path / "alibi"), str(tmp_path / "model.gguf"), "--to", "gguf"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alibi", "source"]

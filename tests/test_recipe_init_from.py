@@ -1,0 +1,57 @@
+"""The recipe fine-tunes any checkpoint `hf_alibi.convert` imports (here a BLOOM), not only GPT-2."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import ByteLevelBPETokenizer
+from transformers import AutoModelForCausalLM, BloomConfig, BloomForCausalLM, PreTrainedTokenizerFast
+
+from hf_alibi import AlibiGPT2LMHeadModel, convert
+from hf_alibi.experiments.arguments import parse_args
+from hf_alibi.experiments.runner import ExperimentArguments, apply_smoke, run_experiment
+
+SMOKE_YAML = Path(__file__).resolve().parents[1] / "recipes" / "configs" / "smoke.yaml"
+
+
+@pytest.fixture
+def bloom_folder(tmp_path):
+    """A tiny BLOOM checkpoint with a real byte-level BPE tokenizer, as a Hub BLOOM folder has."""
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["def f(x):\n    return x + 1\n", "import os, sys\n"] * 30, vocab_size=300,
+                            special_tokens=["<pad>", "<s>", "</s>"], show_progress=False)  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<s>",
+                                        eos_token="</s>")  # fmt: skip
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=320, hidden_size=32, n_layer=2, n_head=4, pad_token_id=0,
+                                         bos_token_id=1, eos_token_id=2))  # fmt: skip
+    folder = tmp_path / "bloom"
+    bloom.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_recipe_fine_tunes_an_imported_bloom_with_its_own_tokenizer(bloom_folder, tmp_path):
+    experiment, training = parse_args(
+        ["--config", str(SMOKE_YAML), "--output_dir", str(tmp_path / "run"), "--models", "alibi",
+         "--init_from", str(bloom_folder)],
+        ExperimentArguments,
+    )  # fmt: skip
+    apply_smoke(experiment, training)
+    evaluations = run_experiment(experiment, training)
+    assert set(evaluations) == {"alibi"}
+    tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "alibi" / "final")
+    start = convert(str(bloom_folder))
+    assert type(tuned) is AlibiGPT2LMHeadModel and tuned.config.embedding_layernorm  # BLOOM's architecture kept
+    torch.testing.assert_close(tuned.transformer.alibi_slopes, start.transformer.alibi_slopes, atol=0, rtol=0)
+    assert not torch.equal(tuned.transformer.wte.weight, start.transformer.wte.weight)  # it was trained
+    assert (tmp_path / "run" / "alibi" / "final" / "tokenizer.json").exists()
+
+
+def test_old_init_from_gpt2_name_still_works_and_conflicts_are_refused(tmp_path):
+    experiment, _ = parse_args(["--output_dir", str(tmp_path), "--models", "alibi", "--init_from_gpt2", "gpt2"],
+                               ExperimentArguments)  # fmt: skip
+    assert experiment.init_from == "gpt2"
+    with pytest.raises(ValueError, match="init_from"):
+        ExperimentArguments(models=["alibi"], init_from="a", init_from_gpt2="b")
+    with pytest.raises(ValueError, match="init_from"):
+        ExperimentArguments(models=["alibi", "learned"], init_from="a")
