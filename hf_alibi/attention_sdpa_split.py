@@ -34,9 +34,11 @@ import torch.nn.functional as F
 from .alibi import alibi_causal_bias
 
 # Rows per query chunk on the split path, coarse to fine (see `_SplitPlan`). Measured on one call (B=1, H=8, D=64,
-# fp32, 1 thread, CPU time; `python -m benchmarks.bench_attention_call`): against SDPA is_causal, (1024, 256, 64)
-# gave ~1.0x at 1k-2k and 16k, 1.04x at 4k; one level of 256 rows 1.13x at 4k; today's bank path 1.21x.
-SPLIT_CHUNKS = (1024, 256, 64)
+# fp32; `python -m benchmarks.bench_attention_call`, a shared machine, noisy): against SDPA is_causal, 1 thread, CPU
+# time: (1024, 256) 1.07x at 4k, (1024, 256, 64) 1.04x at 4k and ~1.0x at 1k, 2k, 16k, today's bank 1.21x. With 2
+# threads each kernel call is a parallel region, and the 3-level plan's 4x more calls lost under load (16k, H=12:
+# fastest of 3, 0.88x for (1024, 256), 1.80x for (1024, 256, 64)), so two levels until a quiet machine says more.
+SPLIT_CHUNKS = (1024, 256)
 # Rows per query chunk on the public fallback, whose mask is (B|1, H, chunk, kv) floats.
 MASKED_CHUNK = 256
 

@@ -102,7 +102,7 @@ def test_split_close_to_reference_in_bf16_under_autocast(scenario):
 
 
 def test_default_chunks_past_one_first_level_chunk_match_reference():
-    """1100 tokens: two 1024-row chunks (the second partial), each cut into 256 and 64-row blocks."""
+    """1100 tokens: two 1024-row chunks (the second partial), each cut into 256-row blocks."""
     query, key, value = (torch.randn(1, 2, 1100, 16).requires_grad_() for _ in range(3))
     slopes = get_alibi_slopes(2)
     output = sdpa_alibi_split(query, key, value, slopes, 0, None, 0.25)
