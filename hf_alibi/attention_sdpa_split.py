@@ -1,0 +1,274 @@
+"""Causal ALiBi attention through SDPA kernels with no (q, kv) bias: per query chunk, one call over the keys left of
+the chunk with a per-key bias, one over the chunk's diagonal block, merged exactly with their log-sum-exps.
+
+Why it is exact. Row i's logit for a visible key j <= i is q_i . k_j * scale - m * (i - j). For the rows of a chunk
+starting at absolute position p (row a sits at i = p + a), split -m * (i - j) = m * (j - p) - m * a. The last term
+is a per-row constant, which softmax ignores; so over the keys j < p every row of the chunk shares the bias
+m * (j - p): a (B|1, H, 1, p) mask that the fused kernel broadcasts over rows. The chunk's own diagonal block is
+split the same way with smaller chunks (`SPLIT_CHUNKS`), down to small blocks with a per-row causal Toeplitz mask
+-m * (a - b), built once per call. Each call returns its partial softmax output o_c and log-sum-exp l_c (l_c - m * a
+in the true logits' frame for a per-key call); rows merge them as o = sum_c e^(l_c - l) o_c, l = logsumexp_c l_c,
+which is the full softmax output. Both biases are smallest on the keys nearest the rows, so fp32 stays precise where
+the probability mass is (unlike the +m * j shortcut); large values only ever scale exponentially small terms.
+
+Why the backward is exact (the trick ring attention uses): flash attention's backward over any block of keys needs
+only the row's final output and log-sum-exp (P = exp(S - l), dS = P * (dP - rowsum(dO * o))), so each call is
+differentiated with the merged o and l, and the gradients are summed. The kernel's log-sum-exp output has no
+autograd, hence the `autograd.Function`.
+
+The kernels are PyTorch's private CPU flash ops (`aten::_scaled_dot_product_flash_attention_for_cpu` and its
+backward), probed once against a float64 formula. Off CPU, with attention dropout, when the probe fails (an op
+renamed or changed) and under torch.compile / torch.export tracing, `sdpa_alibi_split` takes the public fallback:
+F.scaled_dot_product_attention over query chunks with their full float mask (exact; its dropout acts on the exact
+row probabilities, as eager attention's does). A single query row (decoding) needs no split: one public call with a
+(B|1, H, 1, kv) per-key bias.
+
+Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/test_attention_sdpa_split.py`
+"""
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .alibi import alibi_causal_bias
+
+# Rows per query chunk on the split path, coarse to fine (see `_SplitPlan`). Measured on one call (B=1, H=8, D=64,
+# fp32; `python -m benchmarks.bench_attention_call`, a shared machine, noisy): against SDPA is_causal, 1 thread, CPU
+# time: (1024, 256) 1.07x at 4k, (1024, 256, 64) 1.04x at 4k and ~1.0x at 1k, 2k, 16k, today's bank 1.21x. With 2
+# threads each kernel call is a parallel region, and the 3-level plan's 4x more calls lost under load (16k, H=12:
+# fastest of 3, 0.88x for (1024, 256), 1.80x for (1024, 256, 64)), so two levels until a quiet machine says more.
+SPLIT_CHUNKS = (1024, 256)
+# Rows per query chunk on the public fallback, whose mask is (B|1, H, chunk, kv) floats.
+MASKED_CHUNK = 256
+
+
+def sdpa_alibi_split(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slopes: torch.Tensor,
+    offset: int,
+    key_padding: torch.Tensor | None = None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    chunks: tuple[int, ...] = SPLIT_CHUNKS,
+) -> torch.Tensor:
+    """Causal ALiBi attention of `query` (B, H, q, D) over `key`/`value` (B, H, kv, D); returns (B, H, q, D).
+
+    Query row r sits at absolute position `offset + r` (`offset` = cached tokens) and sees keys j <= offset + r with
+    bias -slopes[h] * (offset + r - j); keys from offset + q on are never read (a static cache may be longer).
+    `key_padding` (B, kv) bool is True for real tokens. Rows with no visible key get a finite, meaningless output.
+    `scaling` defaults to D ** -0.5. `dropout` is the attention-probability dropout of training (0 at inference).
+    """
+    batch, heads, q_len, dim = query.shape
+    if key.shape != value.shape or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
+        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} do not fit query {tuple(query.shape)}")
+    if not 0 <= offset <= key.shape[2] - q_len:
+        raise ValueError(f"offset={offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
+    if slopes.shape != (heads,):
+        raise ValueError(f"slopes must have shape ({heads},), got {tuple(slopes.shape)}")
+    if key_padding is not None and key_padding.shape != (batch, key.shape[2]):
+        raise ValueError(f"key_padding must have shape ({batch}, {key.shape[2]}), got {tuple(key_padding.shape)}")
+    if not chunks or any(c < 1 for c in chunks) or any(a <= b for a, b in zip(chunks, chunks[1:])):
+        raise ValueError(f"chunks must be decreasing positive row counts, coarse to fine, got {chunks!r}")
+    scaling = dim**-0.5 if scaling is None else scaling
+    # Biases, log-sum-exps and merges in fp32 (fp64 for fp64 inputs), whatever the inputs' dtype
+    slopes = slopes.to(device=query.device, dtype=torch.promote_types(query.dtype, torch.float32))
+    if q_len == 0:
+        return torch.empty_like(query)
+    if q_len == 1:
+        return _single_row(query, key, value, slopes, offset, key_padding, scaling, dropout)
+    # Traced (torch.compile, torch.export): the public path, so no private op enters a compiled or exported graph
+    if dropout > 0 or query.device.type != "cpu" or torch.compiler.is_compiling() or not split_kernels_work():
+        return masked_chunks(query, key, value, slopes, offset, key_padding, scaling, dropout)
+    return _SplitAttention.apply(query, key, value, slopes, offset, key_padding, scaling, tuple(chunks))
+
+
+def _key_bias(slopes: torch.Tensor, visible: int, key_padding: torch.Tensor | None) -> torch.Tensor:
+    """-m * (visible - 1 - j) for keys j < visible: ALiBi relative to the last of them, (B|1, H, 1, visible)."""
+    distance = torch.arange(visible - 1, -1, -1, device=slopes.device, dtype=slopes.dtype)  # (visible,)
+    bias = (-slopes[:, None] * distance)[None, :, None, :]  # (1, H, 1, visible)
+    if key_padding is not None:
+        bias = bias.masked_fill(~key_padding[:, None, None, :visible], torch.finfo(slopes.dtype).min)  # (B, H, 1, .)
+    return bias
+
+
+def _diagonal_bias(slopes: torch.Tensor, n: int) -> torch.Tensor:
+    """-m * (a - b) for b <= a, the dtype's minimum above: a chunk's own block, (1, H, n, n) causal Toeplitz."""
+    positions = torch.arange(n, device=slopes.device, dtype=slopes.dtype)  # (n,)
+    distance = positions[:, None] - positions[None, :]  # (n, n)
+    bias = -slopes[:, None, None] * distance  # (H, n, n), the one H * n * n allocation: filled in place
+    return bias.masked_fill_(distance < 0, torch.finfo(slopes.dtype).min)[None]  # (1, H, n, n)
+
+
+def _in_dtype(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # Clamp first: fp32's minimum rounds to -inf in bf16 and fp16, and a row of -inf is NaN.
+    return mask.clamp(min=torch.finfo(dtype).min).to(dtype) if dtype.itemsize < 4 else mask.to(dtype)
+
+
+def _single_row(query, key, value, slopes, offset, key_padding, scaling, dropout):
+    """One query row (decoding): its bias is per key, so one public SDPA call with a (B|1, H, 1, kv) mask."""
+    visible = offset + 1
+    bias = _in_dtype(_key_bias(slopes, visible, key_padding), query.dtype)  # (B|1, H, 1, visible)
+    return F.scaled_dot_product_attention(
+        query, key[:, :, :visible], value[:, :, :visible], attn_mask=bias, dropout_p=dropout, scale=scaling
+    )  # (B, H, 1, D)
+
+
+def masked_chunks(query, key, value, slopes, offset, key_padding, scaling, dropout=0.0, chunk=MASKED_CHUNK):
+    """The public fallback: SDPA per query chunk with the chunk's full causal ALiBi mask (B|1, H, n, visible)."""
+    outputs = []
+    for start in range(0, query.shape[2], chunk):
+        end = min(start + chunk, query.shape[2])
+        visible = offset + end  # the chunk's rows are the last end - start of these positions
+        mask = alibi_causal_bias(slopes, end - start, visible)[None]  # (1, H, n, visible) fp32
+        if key_padding is not None:
+            mask = mask.masked_fill(~key_padding[:, None, None, :visible], torch.finfo(mask.dtype).min)
+        mask = _in_dtype(mask, query.dtype)  # (B|1, H, n, visible)
+        outputs.append(
+            F.scaled_dot_product_attention(
+                query[:, :, start:end], key[:, :, :visible], value[:, :, :visible],
+                attn_mask=mask, dropout_p=dropout, scale=scaling,
+            )  # (B, H, n, D)
+        )
+    return torch.cat(outputs, dim=2)  # (B, H, q, D)
+
+
+@functools.cache
+def split_kernels_work() -> bool:
+    """Whether the private CPU flash ops exist and still mean what the split relies on (checked once, on CPU).
+
+    The forward must return the natural-log log-sum-exp of the masked scores, and the backward must accept a given
+    output and log-sum-exp: both are compared with a float64 formula on a tiny problem.
+    """
+    try:  # grad on and autocast off, whatever the first caller's context (inference mode, bf16 autocast)
+        with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
+            return _probe_split_kernels()
+    except Exception:  # any failure of a private op (missing, renamed, new signature) selects the public path
+        return False
+
+
+def _probe_split_kernels() -> bool:
+    forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    generator = torch.Generator().manual_seed(0)  # device="cpu" everywhere: a default-device context may be meta
+    query, key, value, grad = torch.randn(4, 1, 2, 5, 8, generator=generator, device="cpu")  # (B, H, L, D) each
+    mask = torch.randn(1, 2, 1, 5, generator=generator, device="cpu")  # (1, H, 1, kv), broadcast over rows
+    for causal in (False, True):  # the prefix call, and the diagonal call (its causal flag and mask together)
+        exact = [t.double().requires_grad_() for t in (query, key, value)]
+        scores = exact[0] @ exact[1].transpose(-1, -2) * 0.5 + mask.double()  # (B, H, q, kv)
+        if causal:
+            scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool, device="cpu").triu(1), -torch.inf)
+        expected = torch.softmax(scores, -1) @ exact[2]  # (B, H, q, D)
+        expected.backward(grad.double())
+        output, lse = forward(query, key, value, is_causal=causal, attn_mask=mask, scale=0.5)
+        grads = backward(grad, query, key, value, output, lse, 0.0, causal, attn_mask=mask, scale=0.5)
+        pairs = [(output, expected), (lse, torch.logsumexp(scores, -1))] + list(zip(grads, (t.grad for t in exact)))
+        if not all(torch.allclose(got.double(), want, atol=1e-5) for got, want in pairs):
+            return False
+    return True
+
+
+def _flash(query, key, value, mask, scaling, causal=False):
+    """(B, H, n, D) output and (B, H, n) fp32 log-sum-exp of one masked attention call on the CPU flash kernel."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, is_causal=causal, attn_mask=mask, scale=scaling
+    )
+
+
+def _flash_backward(grad, query, key, value, output, lse, mask, scaling, causal=False):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, query, key, value, output, lse, 0.0, causal, attn_mask=mask, scale=scaling
+    )
+
+
+class _SplitPlan:
+    """Every kernel call of the split, with its mask, from one (H, visible) key ramp and one Toeplitz block.
+
+    Rows are cut into `chunks[0]`-row chunks. A chunk sees the keys left of it in one call (per-key bias) and its
+    own square diagonal block, which is cut the same way by the next chunk size, down to blocks of at most
+    `chunks[-1]` rows that get the causal Toeplitz mask. Large first-level calls keep the kernel on its big row
+    tiles (it is ~10% faster per score from 768 rows up); small last-level blocks keep the diagonal blocks' wasted
+    upper halves, and the Toeplitz mask, small.
+    """
+
+    def __init__(self, slopes, offset, q_len, key_padding, chunks):
+        self.offset, self.key_padding, self.calls = offset, key_padding, []
+        self._cover(0, q_len, 0, chunks, 0)
+        self.visible = offset + q_len
+        self.ramp = _key_bias(slopes, self.visible, None)[0, :, 0]  # (H, visible): -m * (visible - 1 - j)
+        self.diagonal = _diagonal_bias(slopes, min(chunks[-1], q_len))  # (1, H, n, n)
+        longest = max(end - start for start, end, *_ in self.calls)
+        self.row_shift = slopes[:, None] * torch.arange(longest, device=slopes.device)  # (H, rows): m * a
+
+    def _cover(self, first, last, key_start, chunks, level):
+        """Calls for rows [first, last) over keys [key_start, offset + last): (rows, keys, diagonal block?)."""
+        offset = self.offset
+        if last - first <= chunks[-1]:
+            if offset + first > key_start:
+                self.calls.append((first, last, key_start, offset + first, False))
+            self.calls.append((first, last, offset + first, offset + last, True))
+            return
+        for start in range(first, last, chunks[level]):
+            end = min(start + chunks[level], last)
+            if offset + start > key_start:
+                self.calls.append((start, end, key_start, offset + start, False))
+            self._cover(start, end, offset + start, chunks, level + 1)
+
+    def mask(self, start, end, key_start, key_end, diagonal):
+        """The call's mask, and the (H, n) shift from its logits' frame to the true ones (None: no shift)."""
+        n, min_value = end - start, torch.finfo(self.ramp.dtype).min
+        if diagonal:
+            mask, shift = self.diagonal[:, :, :n, :n], None  # (1, H, n, n): -m * (a - b), min above the diagonal
+        else:  # m * (j - p) for keys j < p = key_end; ramp entry visible - 1 - p + j holds -m * (p - j)
+            first = self.visible - 1 - key_end
+            mask = self.ramp[None, :, None, first + key_start : first + key_end]  # (1, H, 1, keys)
+            shift = self.row_shift[:, :n]  # (H, n): true logit = chunk-frame logit - m * a
+        if self.key_padding is not None:
+            keep = self.key_padding[:, None, None, key_start:key_end]  # (B, 1, 1, keys)
+            mask = mask.masked_fill(~keep, min_value)  # (B, H, n|1, keys)
+        return mask, shift
+
+
+class _SplitAttention(torch.autograd.Function):
+    """The split on the CPU flash kernels, forward and backward; see the module docstring for the math."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, slopes, offset, key_padding, scaling, chunks):
+        plan = _SplitPlan(slopes, offset, query.shape[2], key_padding, chunks)
+        # Running (output, log-sum-exp) of each row over the calls so far, in fp32 (fp64 for fp64 inputs)
+        output = torch.zeros(query.shape, dtype=slopes.dtype, device=query.device)  # (B, H, q, D)
+        lse = torch.full(query.shape[:3], -torch.inf, dtype=slopes.dtype, device=query.device)  # (B, H, q)
+        for start, end, key_start, key_end, diagonal in plan.calls:
+            mask, shift = plan.mask(start, end, key_start, key_end, diagonal)
+            out, lse_call = _flash(query[:, :, start:end], key[:, :, key_start:key_end],
+                                   value[:, :, key_start:key_end], mask, scaling, causal=diagonal)  # (B, H, n, D)
+            lse_call = lse_call if shift is None else lse_call - shift  # (B, H, n), true logits' frame
+            running_out, running_lse = output[:, :, start:end], lse[:, :, start:end]
+            share = torch.sigmoid(lse_call - running_lse)[..., None]  # (B, H, n, 1): this call's part of the mass
+            running_out.lerp_(out.to(output.dtype), share)  # o += share * (o_call - o), in place; o_call at first
+            torch.logaddexp(running_lse, lse_call, out=running_lse)
+        output = output.to(query.dtype)
+        ctx.save_for_backward(query, key, value, slopes, output, lse)
+        ctx.offset, ctx.key_padding, ctx.scaling, ctx.chunks = offset, key_padding, scaling, chunks
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        query, key, value, slopes, output, lse = ctx.saved_tensors
+        plan = _SplitPlan(slopes, ctx.offset, query.shape[2], ctx.key_padding, ctx.chunks)
+        grad_output = grad_output.to(query.dtype)
+        grads = [torch.zeros(t.shape, dtype=lse.dtype, device=t.device) for t in (query, key, value)]  # summed
+        for start, end, key_start, key_end, diagonal in plan.calls:
+            mask, shift = plan.mask(start, end, key_start, key_end, diagonal)
+            rows, keys = slice(start, end), slice(key_start, key_end)
+            lse_call = lse[:, :, rows] if shift is None else lse[:, :, rows] + shift  # (B, H, n), the call's frame
+            dq, dk, dv = _flash_backward(grad_output[:, :, rows], query[:, :, rows], key[:, :, keys],
+                                         value[:, :, keys], output[:, :, rows], lse_call, mask, ctx.scaling,
+                                         causal=diagonal)
+            grads[0][:, :, rows] += dq
+            grads[1][:, :, keys] += dk
+            grads[2][:, :, keys] += dv
+        grad_query, grad_key, grad_value = (g.to(t.dtype) for g, t in zip(grads, (query, key, value)))
+        return grad_query, grad_key, grad_value, None, None, None, None, None

@@ -1,0 +1,220 @@
+"""`sdpa_alibi_split` (the split SDPA path) against the ALiBi formula in float64: outputs and q/k/v gradients.
+
+Reference (as in test_attention.py): softmax(q . k * scale - m_h * (i - j)) @ v over keys j <= i that are not
+padding, query row r at absolute position offset + r. Rows with no visible key have no defined output: they are
+left out of comparisons (their loss weight is 0, as for padding in a model) but must stay finite.
+"""
+
+import pytest
+import torch
+
+from hf_alibi import attention_sdpa_split, get_alibi_slopes
+from hf_alibi.attention_sdpa_split import SPLIT_CHUNKS, _SplitPlan, sdpa_alibi_split, split_kernels_work
+
+HEADS, DIM = 12, 8
+SCALE = DIM**-0.5
+SLOPES = get_alibi_slopes(HEADS)
+
+
+def reference(query, key, value, offset, key_padding=None):
+    """(B, H, q, D) x (B, H, kv, D) -> output (B, H, q, D), rows with a visible key (B|1, 1, q, 1); float64."""
+    query, key, value = query.double(), key.double(), value.double()
+    i = torch.arange(offset, offset + query.shape[2])[:, None]  # (q, 1) absolute query positions
+    j = torch.arange(key.shape[2])[None, :]  # (1, kv)
+    scores = query @ key.transpose(-1, -2) * SCALE - SLOPES.double()[:, None, None] * (i - j)  # (B, H, q, kv)
+    allowed = (j <= i)[None, None]  # (1, 1, q, kv); keys from offset + q on (a static cache's tail) are never seen
+    if key_padding is not None:
+        allowed = allowed & key_padding[:, None, None, :]  # (B, 1, q, kv)
+    weights = torch.softmax(scores.masked_fill(~allowed, -torch.inf), dim=-1).nan_to_num(0.0)  # (B, H, q, kv)
+    return weights @ value, allowed.any(-1, keepdim=True)
+
+
+def real(lengths, total, side):
+    """(B, total) bool, True = real token: `lengths[b]` real tokens on the right (left padding) or on the left."""
+    positions, lengths = torch.arange(total)[None], torch.tensor(lengths)[:, None]
+    return positions >= total - lengths if side == "left" else positions < lengths
+
+
+# (query length, key length, offset, key padding); lengths are not multiples of the test chunks
+SCENARIOS = {
+    "self": (37, 37, 0, None),
+    "cache_offset": (5, 29, 24, None),
+    "one_token_decode": (1, 20, 19, None),
+    "left_padding": (37, 37, 0, real([37, 20, 3], 37, "left")),
+    "right_padding": (37, 37, 0, real([37, 20, 3], 37, "right")),
+    "left_padding_with_cache": (19, 40, 21, real([40, 33, 25], 40, "left")),
+    "fully_padded_sequence": (21, 21, 0, real([21, 0, 5], 21, "left")),
+    "static_cache_longer_than_keys": (6, 30, 17, None),  # keys 23..29 are unwritten cache slots
+    "decode_with_padding": (1, 20, 19, real([20, 7, 1], 20, "left")),
+}
+CHUNKINGS = {"three_levels": (16, 8, 3), "one_level": (8,), "default": SPLIT_CHUNKS}
+
+
+def qkv(batch, q_len, kv_len, dtype=torch.float32, model_layout=False):
+    """(B, H, L, D) query, key, value; with `model_layout`, views of (B, L, H, D) tensors, as the model passes them."""
+    if not model_layout:
+        return [torch.randn(batch, HEADS, n, DIM, dtype=dtype).requires_grad_() for n in (q_len, kv_len, kv_len)]
+    bases = [torch.randn(batch, n, HEADS, DIM, dtype=dtype).requires_grad_() for n in (q_len, kv_len, kv_len)]
+    return [base.transpose(1, 2) for base in bases]  # (B, H, L, D), strided
+
+
+def compare(scenario, chunks, dtype, atol, grad_atol, model_layout=False):
+    """Outputs and gradients of the split against the float64 reference."""
+    q_len, kv_len, offset, key_padding = SCENARIOS[scenario]
+    batch = 2 if key_padding is None else key_padding.shape[0]
+    query, key, value = qkv(batch, q_len, kv_len, dtype, model_layout)
+    output = sdpa_alibi_split(query, key, value, SLOPES, offset, key_padding, SCALE, chunks=chunks)
+    expected, has_keys = reference(query, key, value, offset, key_padding)
+    assert output.shape == query.shape and output.dtype == dtype
+    assert torch.isfinite(output).all(), "NaN or inf in the output (rows without keys must stay finite)"
+    difference = (output.double() - expected).abs().masked_fill(~has_keys, 0).max().item()
+    assert difference <= atol, f"largest output difference from the reference {difference:.3g} > {atol}"
+
+    upstream = torch.randn(expected.shape, dtype=torch.float64).masked_fill(~has_keys, 0)  # (B, H, q, D)
+    got = torch.autograd.grad((output.double() * upstream).sum(), (query, key, value))
+    want = torch.autograd.grad((expected * upstream).sum(), (query, key, value))
+    for name, g, w in zip("qkv", got, want):
+        assert torch.isfinite(g).all(), f"NaN or inf in the gradient of {name}"
+        difference = (g.double() - w).abs().max().item()
+        assert difference <= grad_atol, f"d{name}: largest difference from the reference {difference:.3g}"
+
+
+@pytest.mark.parametrize("chunks", CHUNKINGS.values(), ids=CHUNKINGS.keys())
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_split_matches_reference_formula_and_gradients_fp32(scenario, chunks, monkeypatch):
+    runs = []
+    split = attention_sdpa_split._SplitAttention.apply
+    monkeypatch.setattr(attention_sdpa_split._SplitAttention, "apply", lambda *args: runs.append(1) or split(*args))
+    compare(scenario, chunks, torch.float32, atol=1e-5, grad_atol=1e-5, model_layout=True)
+    # one query row is one public SDPA call with a per-key bias; more rows take the split on the CPU kernels
+    assert len(runs) == (SCENARIOS[scenario][0] > 1), "the split kernels did not run (or ran for one row)"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_split_is_exact_algebra_in_fp64(scenario):
+    compare(scenario, CHUNKINGS["three_levels"], torch.float64, atol=1e-12, grad_atol=1e-12)
+
+
+@pytest.mark.parametrize("scenario", ["self", "left_padding_with_cache", "fully_padded_sequence"])
+def test_split_close_to_reference_in_bf16_under_autocast(scenario):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compare(scenario, CHUNKINGS["three_levels"], torch.bfloat16, atol=2e-2, grad_atol=5e-2)
+
+
+def test_default_chunks_past_one_first_level_chunk_match_reference():
+    """1100 tokens: two 1024-row chunks (the second partial), each cut into 256-row blocks."""
+    query, key, value = (torch.randn(1, 2, 1100, 16).requires_grad_() for _ in range(3))
+    slopes = get_alibi_slopes(2)
+    output = sdpa_alibi_split(query, key, value, slopes, 0, None, 0.25)
+    positions = torch.arange(1100)
+    bias = -slopes.double()[:, None, None] * (positions[:, None] - positions[None, :])  # (H, q, kv)
+    scores = query.double() @ key.double().transpose(-1, -2) * 0.25 + bias.masked_fill(bias > 0, -torch.inf)
+    expected = torch.softmax(scores, -1) @ value.double()  # (1, H, q, D)
+    assert (output.double() - expected).abs().max().item() <= 1e-5
+    upstream = torch.randn(expected.shape, dtype=torch.float64)
+    got = torch.autograd.grad((output.double() * upstream).sum(), (query, key, value))
+    want = torch.autograd.grad((expected * upstream).sum(), (query, key, value))
+    assert max((g.double() - w).abs().max().item() for g, w in zip(got, want)) <= 1e-5
+
+
+@pytest.mark.parametrize("q_len, offset, chunks", [(37, 0, (16, 8, 3)), (19, 21, (8, 3)), (1100, 5, SPLIT_CHUNKS)])
+def test_split_plan_covers_every_visible_key_exactly_once(q_len, offset, chunks):
+    plan = _SplitPlan(SLOPES, offset, q_len, None, chunks)
+    count = torch.zeros(q_len, offset + q_len, dtype=torch.int64)
+    for start, end, key_start, key_end, diagonal in plan.calls:
+        block = torch.ones(end - start, key_end - key_start, dtype=torch.int64)
+        count[start:end, key_start:key_end] += block.tril() if diagonal else block
+    causal = torch.ones(q_len, offset + q_len, dtype=torch.int64).tril(offset)
+    assert torch.equal(count, causal)
+
+
+@pytest.mark.parametrize("scenario", ["self", "left_padding_with_cache", "fully_padded_sequence"])
+def test_public_fallback_matches_reference_when_kernels_are_unavailable(scenario, monkeypatch):
+    monkeypatch.setattr(attention_sdpa_split, "split_kernels_work", lambda: False)
+    monkeypatch.setattr(attention_sdpa_split._SplitAttention, "apply", _must_not_run)
+    compare(scenario, CHUNKINGS["three_levels"], torch.float32, atol=1e-5, grad_atol=1e-5)
+
+
+def _must_not_run(*args):
+    raise AssertionError("the private-kernel split ran where the public path was expected")
+
+
+def test_probe_accepts_todays_kernels_even_from_inference_mode():
+    split_kernels_work.cache_clear()
+    try:
+        with torch.inference_mode():
+            assert split_kernels_work()
+    finally:
+        split_kernels_work.cache_clear()
+
+
+def test_probe_rejects_a_kernel_whose_log_sum_exp_changed_meaning(monkeypatch):
+    real_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+    def base_two_lse(*args, **kwargs):  # e.g. a future kernel returning log2 of the normaliser
+        output, lse = real_op(*args, **kwargs)
+        return output, lse * 1.4426950408889634
+
+    split_kernels_work.cache_clear()
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", base_two_lse)
+    try:
+        assert not split_kernels_work()
+    finally:
+        split_kernels_work.cache_clear()
+
+
+def test_dropout_takes_the_public_path_and_is_unbiased(monkeypatch):
+    """Attention dropout is F.scaled_dot_product_attention's own (on the exact probabilities): its mean over many
+    draws is the dropout-free output, and each draw differs from it."""
+    monkeypatch.setattr(attention_sdpa_split._SplitAttention, "apply", _must_not_run)
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(1, HEADS, 9, DIM) for _ in range(3))
+    expected, _ = reference(query, key, value, 0)
+    draws = torch.stack([sdpa_alibi_split(query, key, value, SLOPES, 0, None, SCALE, dropout=0.1) for _ in range(3000)])
+    assert (draws[0].double() - expected).abs().max() > 1e-3, "dropout was not applied"
+    mean_error = (draws.double().mean(0) - expected).abs().max().item()
+    assert mean_error <= 0.05, f"the mean over draws is {mean_error:.3g} from the dropout-free output"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(offset=30), "offset=30"),
+        (dict(offset=-1), "offset=-1"),
+        (dict(slopes=torch.ones(3)), "slopes must have shape"),
+        (dict(key_padding=torch.ones(2, 5, dtype=torch.bool)), "key_padding must have shape"),
+        (dict(chunks=(8, 16)), "chunks must be decreasing"),
+        (dict(chunks=()), "chunks must be decreasing"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_them(change, message):
+    query, key, value = qkv(2, 5, 29)
+    arguments = dict(slopes=SLOPES, offset=24, key_padding=None, scaling=SCALE, chunks=(8, 3)) | change
+    with pytest.raises(ValueError, match=message):
+        sdpa_alibi_split(query, key, value, **arguments)
+
+
+def test_no_query_rows_give_an_empty_output():
+    query, key, value = qkv(2, 0, 7)
+    assert sdpa_alibi_split(query, key, value, SLOPES, 7, None, SCALE).shape == (2, HEADS, 0, DIM)
+
+
+def test_rows_without_keys_keep_gradients_finite_even_when_the_loss_reads_them():
+    q_len, kv_len, offset, key_padding = SCENARIOS["fully_padded_sequence"]
+    query, key, value = qkv(key_padding.shape[0], q_len, kv_len)
+    output = sdpa_alibi_split(query, key, value, SLOPES, offset, key_padding, SCALE, chunks=(8, 3))
+    for name, grad in zip("qkv", torch.autograd.grad(output.sum(), (query, key, value))):
+        assert torch.isfinite(grad).all(), f"NaN or inf in the gradient of {name}"
+
+
+def test_exported_program_uses_public_ops_and_matches_eager():
+    class Attention(torch.nn.Module):
+        def forward(self, query, key, value):
+            return sdpa_alibi_split(query, key, value, SLOPES, 0, None, SCALE, chunks=(8, 3))
+
+    query, key, value = (torch.randn(1, HEADS, 19, DIM) for _ in range(3))
+    program = torch.export.export(Attention(), (query, key, value))
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert not any("flash_attention_for_cpu" in target for target in targets), sorted(targets)
+    eager = sdpa_alibi_split(query, key, value, SLOPES, 0, None, SCALE, chunks=(8, 3))
+    assert (program.module()(query, key, value) - eager).abs().max().item() <= 1e-5
