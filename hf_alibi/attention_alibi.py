@@ -14,11 +14,16 @@ import torch
 import torch.nn.functional as F
 
 from .alibi import alibi_causal_bias
+from .attention_sdpa_split import sdpa_alibi_split
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 
-# SDPA processes queries in chunks of this many rows: each chunk's float mask is a view into one (H, chunk, kv)
-# bias bank, so the bias never costs H * L * L memory and keys right of a chunk (fully masked) are never computed.
+# SDPA's default path on CPU (`attention_sdpa_split`): no bias tensor at all, per-key biases for the keys left of
+# each query chunk plus small causal blocks on the diagonal, merged exactly by their log-sum-exps. It serves
+# unpacked, dropout-free calls of more than one query row outside compilation; everything else takes the bank.
+SDPA_SPLIT = True
+# The bank path processes queries in chunks of this many rows: each chunk's float mask is a view into one
+# (H, chunk, kv) bias bank, so the bias never costs H * L * L memory and keys right of a chunk are never computed.
 SDPA_QUERY_CHUNK = 256
 
 
@@ -34,7 +39,7 @@ class AlibiAttentionInputs:
     key_padding: torch.Tensor | None = None  # (B, kv) bool, True = real token; None = no padding
     documents: torch.Tensor | None = None  # (B, kv) int document index of each token of packed rows; None = one each
     bias: torch.Tensor | None = None  # eager and sdpa: (B|1, H, q, kv); chunked sdpa: bank (B|1, H, chunk, kv)
-    chunked: bool = False  # sdpa: `bias` is a bank of the last `chunk` rows, sliced per query chunk
+    chunked: bool = False  # sdpa, queries ending at the last key: the split, or a bank sliced per query chunk
     padding_in_bias: bool = False  # chunked sdpa: the bank already hides padded keys (one chunk)
     block_mask: object | None = None  # flex_attention only
 
@@ -137,15 +142,7 @@ def prepare_alibi_attention(
             bias = bias.masked_fill(~keep, _masked_min(torch.float32))  # (B, H, q, kv)
         inputs.bias = bias
     elif implementation == "sdpa":
-        chunk = min(query_length, SDPA_QUERY_CHUNK)
-        # The bias of the last `chunk` queries against all keys; every other chunk's mask is a slice of it.
-        bank = alibi_causal_bias(inputs.slopes, chunk, key_length)[None]  # (1, H, chunk, kv) fp32
-        if chunk == query_length:  # one chunk (decoding, short inputs): fold padding and documents in once
-            keep = visible_keys(inputs)
-            if keep is not None:
-                bank = bank.masked_fill(~keep, _masked_min(torch.float32))  # (B, H, q, kv)
-            inputs.padding_in_bias = True
-        inputs.bias, inputs.chunked = bank, True
+        inputs.chunked = True  # the split needs no bias; the bank is built on first use (`_sdpa_bank`)
     elif implementation == "flex_attention":
         inputs.block_mask = _flex_block_mask(inputs, slopes.device)
     return inputs
@@ -189,8 +186,33 @@ def eager_alibi_attention(query, key, value, alibi, scaling, dropout=0.0, bias=N
     return output.transpose(1, 2), weights  # (B, q, H, D)
 
 
+def _sdpa_bank(alibi: AlibiAttentionInputs, dtype: torch.dtype) -> torch.Tensor:
+    """The bias of the last `chunk` queries against all keys, built once per forward; chunks' masks slice it."""
+    if alibi.bias is None:
+        chunk = min(alibi.query_length, SDPA_QUERY_CHUNK)
+        bank = alibi_causal_bias(alibi.slopes, chunk, alibi.key_length)[None]  # (1, H, chunk, kv) fp32
+        if chunk == alibi.query_length:  # one chunk (decoding, short inputs): fold padding and documents in once
+            keep = visible_keys(alibi)
+            if keep is not None:
+                bank = bank.masked_fill(~keep, _masked_min(torch.float32))  # (B, H, q, kv)
+            alibi.padding_in_bias = True
+        alibi.bias = bank
+    return alibi.bias_as(dtype)
+
+
+def _use_split(alibi: AlibiAttentionInputs, query: torch.Tensor, dropout: float) -> bool:
+    return (
+        SDPA_SPLIT
+        and alibi.documents is None
+        and alibi.query_length > 1  # decoding: one row, whose once-per-forward bank row is already a per-key bias
+        and dropout == 0.0  # the CPU flash kernel has no dropout
+        and query.device.type == "cpu"
+        and not torch.compiler.is_compiling()  # compiled and exported graphs keep to public ops
+    )
+
+
 def sdpa_alibi_attention(query, key, value, alibi, scaling, dropout=0.0):
-    """SDPA with the ALiBi bias as its float mask: one mask, or query chunks whose masks are views into a bank.
+    """SDPA for ALiBi: the split (no bias tensor), one float mask, or query chunks whose masks view a bias bank.
 
     Chunked: rows [s, e) sit at absolute positions offset + s .. offset + e - 1 and see keys [0, offset + e). With
     E = offset + e and n = e - s, the bank row a' = a + chunk - n and column c = j + kv - E hold exactly
@@ -201,7 +223,10 @@ def sdpa_alibi_attention(query, key, value, alibi, scaling, dropout=0.0):
             query, key, value, attn_mask=alibi.bias_as(query.dtype), dropout_p=dropout, scale=scaling
         )  # (B, H, q, D)
         return output.transpose(1, 2)  # (B, q, H, D)
-    bank = alibi.bias_as(query.dtype)  # (B|1, H, chunk, kv)
+    if _use_split(alibi, query, dropout):
+        output = sdpa_alibi_split(query, key, value, alibi.slopes, alibi.query_offset, alibi.key_padding, scaling)
+        return output.transpose(1, 2)  # (B, q, H, D)
+    bank = _sdpa_bank(alibi, query.dtype)  # (B|1, H, chunk, kv)
     chunk, kv = bank.shape[2], alibi.key_length
     q_len, offset = alibi.query_length, alibi.query_offset
     outputs = []

@@ -51,7 +51,8 @@ BACKENDS = ["eager", "sdpa", "sdpa_chunked", "flex_attention"]
 
 
 def run_backend(backend, query, key, value, slopes, mask, monkeypatch):
-    if backend == "sdpa_chunked":
+    if backend == "sdpa_chunked":  # the bias-bank path (packed rows, dropout, compilation, other devices)
+        monkeypatch.setattr(attention_alibi, "SDPA_SPLIT", False)
         monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)  # several chunks, the last one partial
         backend = "sdpa"
     inputs = prepare_alibi_attention(backend, slopes, mask, query.shape[2], key.shape[2])
@@ -122,9 +123,12 @@ def test_returned_attention_weights_match_reference_softmax(implementation):
     assert difference <= 1e-6, f"largest weight difference {difference:.3g}"
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa", "flex_attention"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "sdpa_bank", "flex_attention"])
 def test_whole_model_logits_agree_across_backends_beyond_n_positions(backend, make_model, random_ids, monkeypatch):
     monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)
+    if backend == "sdpa_bank":
+        monkeypatch.setattr(attention_alibi, "SDPA_SPLIT", False)
+        backend = "sdpa"
     ids = random_ids(3, 70)  # n_positions is 16
     mask = padding_mask([70, 41, 9], 70, "left")
     with torch.no_grad():
@@ -134,8 +138,10 @@ def test_whole_model_logits_agree_across_backends_beyond_n_positions(backend, ma
     torch.testing.assert_close(logits[real], expected[real], atol=1e-5, rtol=0)
 
 
-def test_sdpa_backward_gradients_match_eager(make_model, random_ids, monkeypatch):
+@pytest.mark.parametrize("split", [True, False], ids=["split", "bank"])
+def test_sdpa_backward_gradients_match_eager(split, make_model, random_ids, monkeypatch):
     monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)
+    monkeypatch.setattr(attention_alibi, "SDPA_SPLIT", split)
     ids = random_ids(2, 40)
     # Right padding, as in training batches. (With left padding the last pad's logits predict the first real token
     # from a fully masked row, whose output is arbitrary and backend-dependent.)

@@ -17,8 +17,9 @@ BACKENDS = ["eager", "sdpa", "sdpa_chunked", "flex_attention"]
 
 
 def build(make_model, backend, monkeypatch):
-    if backend == "sdpa_chunked":
-        monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)  # several chunks, documents across them
+    if backend == "sdpa_chunked":  # the bias bank over several chunks, documents across them
+        monkeypatch.setattr(attention_alibi, "SDPA_SPLIT", False)
+        monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)
         backend = "sdpa"
     return make_model(backend)
 

@@ -20,7 +20,8 @@ ATOL = 1e-5
 
 @st.composite
 def models(draw, backends=("eager", "sdpa", "flex_attention")):
-    """A tiny random model, its backend, and an SDPA query chunk (small ones exercise the chunked bank)."""
+    """A tiny random model, its backend, and an SDPA query chunk (small ones exercise the chunked bank; the split
+    path serves SDPA's multi-row calls, the bank its decoding rows)."""
     heads = draw(st.integers(1, 6))
     config = AlibiGPT2Config(
         vocab_size=64,
