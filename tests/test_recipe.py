@@ -24,7 +24,7 @@ def _args(tmp_path, *extra):
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    """One smoke run of the default three models, shared by the result checks below."""
+    """One smoke run of smoke.yaml's models (one at twice the training length), shared by the checks below."""
     tmp_path = tmp_path_factory.mktemp("smoke")
     experiment, training = _args(tmp_path)
     evaluations = run_experiment(experiment, training)
@@ -33,8 +33,9 @@ def smoke_run(tmp_path_factory):
 
 def test_smoke_run_writes_every_result_file_and_no_temporaries(smoke_run):
     output_dir, evaluations, experiment = smoke_run
-    assert set(evaluations) == {"alibi", "learned", "sinusoidal"}
-    for name in ("results.json", "results.csv", "results.md", "perplexity_vs_length.png", "loss_by_position.png"):
+    assert set(evaluations) == {"alibi", "learned", "sinusoidal", "rotary", "learned@64"}
+    for name in ("results.json", "results.csv", "results.md", "perplexity_vs_length.png", "loss_by_position.png",
+                 "effective_window.json", "effective_window.png"):  # fmt: skip
         assert (output_dir / name).stat().st_size > 0, name
     assert not list(output_dir.rglob("*.tmp")), "a temporary file was left behind"
     payload = json.loads((output_dir / "results.json").read_text())
@@ -55,9 +56,25 @@ def test_smoke_run_saves_loadable_models_with_a_card_for_alibi(smoke_run):
     assert "model-index" in card and "perplexity_vs_length.png" in card
     assert (final / "perplexity_vs_length.png").exists()
     assert (final / "modeling_alibi_gpt2.py").exists() and (final / "tokenizer.json").exists()
+    assert (final / "alibi_bias.png").exists() and "alibi_bias.png" in card
+    assert (final / "effective_window.png").exists() and "Effective attention window, measured" in card
     for name in evaluations:
         model = AutoModelForCausalLM.from_pretrained(output_dir / name / "final")
-        assert model.config.train_length == 32, name
+        assert model.config.train_length == (64 if name == "learned@64" else 32), name
+
+
+def test_models_at_twice_the_length_see_the_same_tokens_and_report_their_cost(smoke_run):
+    output_dir, evaluations, experiment = smoke_run
+    facts = {name: json.loads((output_dir / name / "evaluation.json").read_text())["training"] for name in evaluations}
+    assert facts["learned@64"]["per_device_train_batch_size"] * 2 == facts["learned"]["per_device_train_batch_size"]
+    assert len({f["train_tokens"] for f in facts.values()}) == 1, facts
+    for name, f in facts.items():
+        assert f["train_tokens_per_second"] > 0 and f["peak_memory_mib"] is not None, (name, f)
+    assert evaluations["learned@64"].train_length == 64
+    markdown = (output_dir / "results.md").read_text()
+    assert "## Training cost" in markdown and "| learned@64 | 64 | 4 |" in markdown
+    window = json.loads((output_dir / "effective_window.json").read_text())["alibi"]
+    assert window["length"] == experiment.window_length and len(window["measured"]) == experiment.n_layer
 
 
 def test_finished_run_is_not_overwritten_without_resume(smoke_run):
@@ -105,6 +122,8 @@ def test_interrupted_run_resumes_from_its_checkpoint_and_ends_like_an_uninterrup
     "override, message",
     [
         (["--models", "alibi", "transformer-xl"], "transformer-xl"),
+        (["--models", "learned@0"], "learned@0"),
+        (["--models", "learned@48"], "48"),  # 48 does not divide a batch of 8 x 32 tokens
         (["--train_length", "0"], "train_length"),
         (["--eval_factors", "1", "0"], "eval_factors"),
         (["--data_files", "/nonexistent/corpus.txt"], "/nonexistent/corpus.txt"),
