@@ -69,12 +69,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="a recipes/configs/*.yaml file")
     parser.add_argument("--steps", type=int, default=3, help="timed training steps per model (after a warm-up)")
     parser.add_argument("--anchor", type=float, default=1690.4, help="quiet-machine ALiBi training tokens/s, 16 x 256")
-    parser.add_argument("--eval_anchor", type=float, default=1.66, help="quiet-machine seconds of its 32 x 256 eval batch")
+    parser.add_argument("--eval_anchor", type=float, default=1.66, help="quiet seconds of its 32 x 256 eval batch")
     parser.add_argument("--skip_eval", action="store_true", help="time training steps only")
     args = parser.parse_args(argv)
     experiment, training = parse_args(["--config", args.config], ExperimentArguments)
-    corpus = load_text_corpus(experiment.dataset_name, experiment.dataset_config, data_files=experiment.data_files,
-                              text_column=experiment.text_column, heldout_fraction=experiment.heldout_fraction)  # fmt: skip
+    corpus = load_text_corpus(
+        experiment.dataset_name,
+        experiment.dataset_config,
+        data_files=experiment.data_files,
+        text_column=experiment.text_column,
+        heldout_fraction=experiment.heldout_fraction,
+    )
     tokenizer = load_or_train_tokenizer(corpus["train"], experiment.vocab_size)
     heldout = heldout_token_ids(corpus["validation"], tokenizer, max(experiment.eval_lengths) + 1)
     docs, _ = select_documents(heldout, experiment.eval_lengths, experiment.eval_max_documents)
@@ -123,8 +128,9 @@ def main(argv: list[str] | None = None) -> None:
             window = min(8, chunks) * forward
         seconds = train + evaluate + window
         total += seconds
-        print(f"{name:>20}: batch {batch:3d} x {length:5d}, {batch * length / step:6.0f} tokens/s; train {train:5.0f} s, "
-              f"evaluate {evaluate:4.0f} s, window {window:3.0f} s; {seconds / 60:5.1f} min", flush=True)  # fmt: skip
+        print(f"{name:>20}: batch {batch:3d} x {length:5d}, {batch * length / step:6.0f} tokens/s; "
+              f"train {train:5.0f} s, evaluate {evaluate:4.0f} s, window {window:3.0f} s; {seconds / 60:5.1f} min",
+              flush=True)  # fmt: skip
         del model, optimizer
     print(f"total on a quiet machine: {total / 60:.1f} min, plus about a minute of data preparation and overhead")
 

@@ -51,7 +51,9 @@ def plot_bias(args: argparse.Namespace) -> Path:
     from .experiments.plots import plot_alibi_bias
 
     if (args.model is None) == (args.n_head is None):
-        raise ValueError(f"give a model/config path or --n-head, not both or neither (got {args.model!r}, {args.n_head})")
+        raise ValueError(
+            f"give a model/config path or --n-head, not both or neither (got {args.model!r}, {args.n_head})"
+        )
     if args.model is not None:
         from transformers import AutoConfig
 

@@ -30,8 +30,8 @@ def pure_bias_model(slopes=SLOPES, n_layer=2) -> AlibiGPT2LMHeadModel:
     """An ALiBi model whose q and k are zero (weights and biases): attention = softmax of the bias alone."""
     torch.manual_seed(0)
     config = AlibiGPT2Config(
-        vocab_size=64, n_embd=8 * len(slopes), n_layer=n_layer, n_head=len(slopes), n_positions=16, alibi_slopes=list(slopes),
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        vocab_size=64, n_embd=8 * len(slopes), n_layer=n_layer, n_head=len(slopes), n_positions=16,
+        alibi_slopes=list(slopes), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )  # fmt: skip
     model = AlibiGPT2LMHeadModel(config).eval()
     with torch.no_grad():

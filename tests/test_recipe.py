@@ -199,3 +199,28 @@ def test_two_process_ddp_training_runs_two_ranks(tmp_path):
     metadata = json.loads((output_dir / "results.json").read_text())["metadata"]
     assert metadata["world_size"] == 2
     assert (output_dir / "alibi" / "final" / "model.safetensors").exists()
+
+
+def test_headline_config_under_smoke_keeps_each_model_s_length_ratio_and_token_budget():
+    from hf_alibi.experiments.arguments import batch_size_at
+
+    experiment, training = parse_args(["--config", str(REPO / "recipes/configs/headline.yaml")], ExperimentArguments)
+    assert experiment.model_specs()["learned@512"] == ("learned", 4 * experiment.train_length)
+    tokens = {batch_size_at(experiment, training, length) * length for length in experiment.train_lengths()}
+    assert tokens == {training.per_device_train_batch_size * experiment.train_length}  # same tokens at every length
+    apply_smoke(experiment, training)
+    assert {"alibi", "learned@64", "learned@128", "rotary@128"} <= set(experiment.models)
+    assert experiment.train_lengths() == [32, 64, 128]
+
+
+def test_peak_memory_sees_a_64_mib_tensor_allocated_and_freed_inside_the_block():
+    import torch
+
+    from hf_alibi.experiments.peak_memory import PeakMemory
+
+    with PeakMemory("cpu") as peak:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB of float32, touched
+        del block
+    if peak.peak_mib is None:
+        pytest.skip(peak.source)
+    assert 60 <= peak.peak_mib <= 80, peak.result()

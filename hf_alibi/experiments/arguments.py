@@ -34,7 +34,7 @@ class ExperimentArguments:
         metadata={"help": f"Models to train: a position encoding from {list(BASELINES)}, trained at train_length, or "
                           "ENCODING@LENGTH (e.g. learned@512) for another training length (same training tokens)."},
     )
-    all_models: bool = field(default=False, metadata={"help": "Train all five position encodings."})
+    all_models: bool = field(default=False, metadata={"help": "Train every position encoding in BASELINES."})
     train_length: int = field(default=256, metadata={"help": "Training sequence length (tokens per block)."})
     eval_factors: list[int] = field(
         default_factory=lambda: [1, 2, 4, 8, 16],
@@ -49,7 +49,7 @@ class ExperimentArguments:
         default=True, metadata={"help": "Also evaluate sliding windows (about 2x the evaluation time)."}
     )
     window_eps: float = field(
-        default=0.01, metadata={"help": "ALiBi effective window: attention mass allowed beyond it (theory ln(1/eps)/m)."}
+        default=0.01, metadata={"help": "Attention mass beyond ALiBi's effective window (theory: ln(1/eps) / m)."}
     )
     window_length: int = field(
         default=2048, metadata={"help": "Input length of the effective-window measurement (windows up to half of it)."}
@@ -128,7 +128,21 @@ SMOKE_OVERRIDES = {
 
 
 def apply_smoke(experiment: ExperimentArguments, training: TrainingArguments) -> None:
-    """Shrink a run to the tiny smoke budget in place (the pipeline stays whole)."""
+    """Shrink a run to the tiny smoke budget in place (the pipeline stays whole).
+
+    Models trained at other lengths keep their ratio to `train_length`: `learned@256` of a run at 128 becomes
+    `learned@64` at the smoke length 32.
+    """
+    old, new = experiment.train_length, SMOKE_OVERRIDES["experiment"]["train_length"]
+    models = []
+    for spec, (encoding, length) in experiment.model_specs().items():
+        if "@" not in spec:
+            models.append(spec)
+        elif length * new % old:
+            raise ValueError(f"model {spec!r}: its length ratio to train_length {old} has no smoke length at {new}")
+        else:
+            models.append(f"{encoding}@{length * new // old}")
+    experiment.models = models
     for key, value in SMOKE_OVERRIDES["experiment"].items():
         setattr(experiment, key, value)
     for key, value in SMOKE_OVERRIDES["training"].items():

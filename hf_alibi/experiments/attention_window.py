@@ -143,7 +143,8 @@ def plot_effective_window(windows: Mapping[str, EffectiveWindow | Mapping], path
 
     from .results import _atomic_savefig
 
-    windows = {name: w if isinstance(w, EffectiveWindow) else EffectiveWindow.from_dict(w) for name, w in windows.items()}
+    windows = {name: w if isinstance(w, EffectiveWindow) else EffectiveWindow.from_dict(w)
+               for name, w in windows.items()}  # fmt: skip
     if not windows:
         raise ValueError("windows is empty: nothing to plot")
     figure = Figure(figsize=(11, 4.5), layout="constrained")

@@ -6,7 +6,7 @@ model sees the same number of training tokens: at `k x train_length` the batch h
 steps, same tokens per step, same schedule). Layout of a run:
 
     <output_dir>/<model>/checkpoint-*      Trainer checkpoints (resume from these)
-    <output_dir>/<model>/final/            the model + tokenizer (+ card and bias figure for ALiBi): what push_to_hub uploads
+    <output_dir>/<model>/final/            model + tokenizer (+ card, figures for ALiBi): what push_to_hub uploads
     <output_dir>/<model>/evaluation.json   its length evaluation and training facts (tokens/s, peak memory)
     <output_dir>/results.{json,csv,md}, perplexity_vs_length.png, loss_by_position.png
     <output_dir>/effective_window.{json,png}   ALiBi models: measured attention window per head vs ln(1/eps) / m_h
@@ -42,6 +42,7 @@ from .tokenization import load_or_train_tokenizer
 logger = logging.getLogger(__name__)
 
 __all__ = ["ExperimentArguments", "apply_smoke", "run_experiment", "train_one", "write_cards", "push_alibi_model"]
+
 
 def _final_dir(output_dir: Path, name: str) -> Path:
     return output_dir / name / "final"
