@@ -9,7 +9,9 @@
   writing `5` to `/proc/self/clear_refs`, minus the resident set at entry. Freed heap is returned to the system
   first (`malloc_trim`), so memory cached from an earlier model is not mistaken for this one's. The figure is the
   growth of the whole process while the block ran: weights, gradients, optimizer state, activations, and anything
-  else the block allocated (data loader buffers); comparable between models run the same way.
+  else the block allocated (data loader buffers); comparable between models run the same way. The first block
+  in a process also carries one-time growth (lazily imported modules, thread pools: ~16 MiB in the smoke run, where
+  the first model's figure was 26 MiB against 9-10 MiB for the others); small against a real model's activations.
 - Elsewhere: no figure (`peak_memory_mib` None, `memory_source` says why).
 """
 

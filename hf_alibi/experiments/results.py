@@ -198,8 +198,11 @@ def plot_perplexity_vs_length(results: Mapping[str, ModelEvaluation], path: str 
         figure.suptitle("Perplexity vs evaluation length, by position encoding and training length (circled)")
     elif train_length:
         figure.suptitle(f"Perplexity vs evaluation length (trained on {train_length}-token sequences)")
-    axes = figure.subplots(1, 2, sharey=True)
-    for ax, key, title in zip(axes, ("ppl_nonoverlapping", "ppl_sliding"), ("Nonoverlapping", "Sliding window")):
+    panels = [("ppl_nonoverlapping", "Nonoverlapping")]
+    if any(r.ppl_sliding is not None for ev in results.values() for r in ev.lengths):  # else one panel
+        panels.append(("ppl_sliding", "Sliding window"))
+    axes = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, (key, title) in zip(axes, panels):
         for index, (name, evaluation) in enumerate(results.items()):
             by_length = evaluation.by_length()
             xs = [length for length in lengths if length in by_length]
@@ -228,7 +231,10 @@ def plot_perplexity_vs_length(results: Mapping[str, ModelEvaluation], path: str 
         ax.set_title(f"{title} ({'solid' if key == 'ppl_nonoverlapping' else 'dashed'})")
         ax.grid(True, which="major", alpha=0.3)
     axes[0].set_ylabel("perplexity (log scale)")
-    axes[0].legend(fontsize="small")
+    if mixed:  # one line per model and training length: the legend goes beside the plot
+        axes[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    else:
+        axes[0].legend(fontsize="small")
     _atomic_savefig(figure, Path(path))
 
 
