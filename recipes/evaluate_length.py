@@ -35,6 +35,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, HfArgu
 
 import hf_alibi  # noqa: F401  (registers "alibi_gpt2" with the Auto classes before any checkpoint loads)
 from hf_alibi.experiments.launch import output_dir_lock
+from hf_alibi.experiments.baselines import restore_position_encoding
 from hf_alibi.experiments.length_eval import ModelEvaluation, evaluate_model
 from hf_alibi.experiments.results import format_summary, write_results
 
@@ -117,6 +118,7 @@ def evaluate_checkpoints(args: EvaluateLengthArguments) -> tuple[dict[str, Model
         docs, fingerprints[name] = documents[tokenizer_path]
         tokenizers[name], steps[name] = tokenizer_path, _global_step(path)
         model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=args.trust_remote_code).to(device)
+        restore_position_encoding(model)  # e.g. the embedding multiplier of a "sinusoidal_paper" baseline
         logger.info("evaluating %s (%s) at lengths %s on %d documents", name, path, lengths, len(docs))
         results[name] = evaluate_model(
             model,

@@ -11,6 +11,7 @@ from hf_alibi.experiments.baselines import (
     build_model,
     freeze_sinusoidal_table,
     max_supported_length,
+    restore_position_encoding,
     sinusoidal_table,
 )
 from hf_alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
@@ -29,7 +30,7 @@ def tokens(length: int, batch: int = 2, seed: int = 0) -> torch.Tensor:
     return torch.randint(1, TINY["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("name", BASELINES)
+@pytest.mark.parametrize("name", [name for name in BASELINES if name != "sinusoidal_paper"])  # fairseq init: below
 def test_every_baseline_builds_and_gives_a_finite_loss_near_uniform(name):
     model = tiny(name)
     x = tokens(TRAIN)
@@ -150,3 +151,34 @@ def test_sinusoidal_checkpoint_loads_as_plain_gpt2_with_identical_logits(tmp_pat
     freeze_sinusoidal_table(loaded)  # loading turns requires_grad back on
     assert not loaded.transformer.wpe.weight.requires_grad
     assert torch.equal(loaded.transformer.wpe.weight, model.transformer.wpe.weight)
+
+
+def test_sinusoidal_paper_adds_the_unscaled_table_to_sqrt_d_scaled_token_embeddings():
+    model = tiny("sinusoidal_paper")
+    d = TINY["n_embd"]
+    wte, wpe = model.transformer.wte, model.transformer.wpe
+    assert torch.equal(wpe.weight, sinusoidal_table(MAX, d)) and not wpe.weight.requires_grad
+    x = tokens(TRAIN)
+    diff = (wte(x) - math.sqrt(d) * wte.weight[x]).abs().max()  # the input embedding is scaled...
+    assert diff < 1e-6, f"largest difference {diff}"
+    assert model.lm_head.weight is wte.weight  # ...the tied output layer reads the unscaled weight
+    std = wte.weight.std().item()  # fairseq's init: std d ** -0.5, so sqrt(d) * embedding has unit variance
+    assert abs(std * math.sqrt(d) - 1) < 0.1, std
+    loss = model(input_ids=x, labels=x).loss
+    assert torch.isfinite(loss)
+
+
+def test_sinusoidal_paper_checkpoint_needs_restore_to_give_identical_logits(tmp_path):
+    model = tiny("sinusoidal_paper")
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    x = tokens(MAX)
+    with torch.no_grad():
+        expected = model(x).logits
+        unscaled = loaded(x).logits  # a plain GPT-2 load has no embedding multiplier
+        restore_position_encoding(loaded)
+        restore_position_encoding(loaded)  # idempotent: the scale is applied once
+        diff = (loaded(x).logits - expected).abs().max()
+    assert (unscaled - expected).abs().max() > 1e-2, "the multiplier should matter"
+    assert diff == 0, f"largest logit difference {diff}"
+    assert loaded.config.embedding_scale == math.sqrt(TINY["n_embd"])

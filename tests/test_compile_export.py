@@ -60,6 +60,7 @@ def test_model_declares_that_it_compiles_with_fullgraph(tiny_model):
 
 def test_fullgraph_compiled_training_step_matches_eager(make_model, random_ids):
     ids, mask = left_padded([random_ids(1, n)[0] for n in (20, 13)])
+    ids, mask = ids.flip(1), mask.flip(1)  # right padding, as in training (a left pad's row has no keys to see)
     labels = ids.masked_fill(mask == 0, -100)
     eager, compiled = make_model("sdpa").train(), make_model("sdpa").train()
     expected = eager(ids, attention_mask=mask, labels=labels).loss

@@ -25,7 +25,7 @@ def _args(tmp_path, *extra):
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    """One smoke run of the default three models, shared by the result checks below."""
+    """One smoke run of smoke.yaml's models (one at twice the training length), shared by the checks below."""
     tmp_path = tmp_path_factory.mktemp("smoke")
     experiment, training = _args(tmp_path)
     evaluations = run_experiment(experiment, training)
@@ -34,8 +34,9 @@ def smoke_run(tmp_path_factory):
 
 def test_smoke_run_writes_every_result_file_and_no_temporaries(smoke_run):
     output_dir, evaluations, experiment = smoke_run
-    assert set(evaluations) == {"alibi", "learned", "sinusoidal"}
-    for name in ("results.json", "results.csv", "results.md", "perplexity_vs_length.png", "loss_by_position.png"):
+    assert set(evaluations) == {"alibi", "learned", "sinusoidal", "rotary", "learned@64"}
+    for name in ("results.json", "results.csv", "results.md", "perplexity_vs_length.png", "loss_by_position.png",
+                 "effective_window.json", "effective_window.png"):  # fmt: skip
         assert (output_dir / name).stat().st_size > 0, name
     assert not list(output_dir.rglob("*.tmp")), "a temporary file was left behind"
     payload = json.loads((output_dir / "results.json").read_text())
@@ -56,9 +57,25 @@ def test_smoke_run_saves_loadable_models_with_a_card_for_alibi(smoke_run):
     assert "model-index" in card and "perplexity_vs_length.png" in card
     assert (final / "perplexity_vs_length.png").exists()
     assert (final / "modeling_alibi_gpt2.py").exists() and (final / "tokenizer.json").exists()
+    assert (final / "alibi_bias.png").exists() and "alibi_bias.png" in card
+    assert (final / "effective_window.png").exists() and "Effective attention window, measured" in card
     for name in evaluations:
         model = AutoModelForCausalLM.from_pretrained(output_dir / name / "final")
-        assert model.config.train_length == 32, name
+        assert model.config.train_length == (64 if name == "learned@64" else 32), name
+
+
+def test_models_at_twice_the_length_see_the_same_tokens_and_report_their_cost(smoke_run):
+    output_dir, evaluations, experiment = smoke_run
+    facts = {name: json.loads((output_dir / name / "evaluation.json").read_text())["training"] for name in evaluations}
+    assert facts["learned@64"]["per_device_train_batch_size"] * 2 == facts["learned"]["per_device_train_batch_size"]
+    assert len({f["train_tokens"] for f in facts.values()}) == 1, facts
+    for name, f in facts.items():
+        assert f["train_tokens_per_second"] > 0 and f["peak_memory_mib"] is not None, (name, f)
+    assert evaluations["learned@64"].train_length == 64
+    markdown = (output_dir / "results.md").read_text()
+    assert "## Training cost" in markdown and "| learned@64 | 64 | 4 |" in markdown
+    window = json.loads((output_dir / "effective_window.json").read_text())["alibi"]
+    assert window["length"] == experiment.window_length and len(window["measured"]) == experiment.n_layer
 
 
 def test_finished_run_is_not_overwritten_without_resume(smoke_run):
@@ -109,6 +126,8 @@ def test_interrupted_run_resumes_past_its_stale_lock_and_ends_like_an_uninterrup
     "override, message",
     [
         (["--models", "alibi", "transformer-xl"], "transformer-xl"),
+        (["--models", "learned@0"], "learned@0"),
+        (["--models", "learned@48"], "48"),  # 48 does not divide a batch of 8 x 32 tokens
         (["--train_length", "0"], "train_length"),
         (["--eval_factors", "1", "0"], "eval_factors"),
         (["--data_files", "/nonexistent/corpus.txt"], "/nonexistent/corpus.txt"),
@@ -184,3 +203,28 @@ def test_two_process_ddp_training_runs_two_ranks(tmp_path):
     metadata = json.loads((output_dir / "results.json").read_text())["metadata"]
     assert metadata["world_size"] == 2
     assert (output_dir / "alibi" / "final" / "model.safetensors").exists()
+
+
+def test_headline_config_under_smoke_keeps_each_model_s_length_ratio_and_token_budget():
+    from hf_alibi.experiments.arguments import batch_size_at
+
+    experiment, training = parse_args(["--config", str(REPO / "recipes/configs/headline.yaml")], ExperimentArguments)
+    assert experiment.model_specs()["learned@512"] == ("learned", 4 * experiment.train_length)
+    tokens = {batch_size_at(experiment, training, length) * length for length in experiment.train_lengths()}
+    assert tokens == {training.per_device_train_batch_size * experiment.train_length}  # same tokens at every length
+    apply_smoke(experiment, training)
+    assert {"alibi", "learned@64", "learned@128", "rotary@128"} <= set(experiment.models)
+    assert experiment.train_lengths() == [32, 64, 128]
+
+
+def test_peak_memory_sees_a_64_mib_tensor_allocated_and_freed_inside_the_block():
+    import torch
+
+    from hf_alibi.experiments.peak_memory import PeakMemory
+
+    with PeakMemory("cpu") as peak:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB of float32, touched
+        del block
+    if peak.peak_mib is None:
+        pytest.skip(peak.source)
+    assert 60 <= peak.peak_mib <= 80, peak.result()

@@ -156,3 +156,23 @@ def test_evaluate_length_recipe_writes_results_for_a_saved_checkpoint(tmp_path, 
     assert metadata["lengths"] == [8, 16, 32] and metadata["corpus_fingerprint"]["tiny"]
     assert (out / "perplexity_vs_length.png").is_file() and not list(out.glob("*.tmp"))
     assert "results written to" in capsys.readouterr().out
+
+
+def test_models_trained_at_several_lengths_keep_their_own_length_in_every_file(tmp_path):
+    torch.manual_seed(1)
+    docs = [torch.randint(0, 50, (n,)) for n in (70, 101)]
+    mixed = {"long@8": evaluate_model(tiny_gpt2(64), docs, LENGTHS, name="long@8", train_length=8),
+             "long@16": evaluate_model(tiny_gpt2(64), docs, LENGTHS, name="long@16", train_length=16)}  # fmt: skip
+    facts = {"train_length": 16, "per_device_train_batch_size": 2, "train_tokens": 96, "train_tokens_per_second": 1e3,
+             "peak_memory_mib": 12.0, "train_seconds": 0.1}  # fmt: skip
+    paths = write_results(tmp_path, mixed, metadata={"long@16_training": facts})
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert {(row["model"], row["train_length"]) for row in rows} == {("long@8", "8"), ("long@16", "16")}
+    factors = {(row["model"], row["length"]): float(row["factor"]) for row in rows}
+    assert factors[("long@16", "32")] == 2.0 and factors[("long@8", "32")] == 4.0  # relative to each own length
+    markdown = paths["markdown"].read_text()
+    assert "long@8 at 8, long@16 at 16" in markdown and "(1x, train)" not in markdown  # no single "train" column
+    assert "| long@16 | 16 | 2 | 96 | 1,000 | 12 | 0.1 |" in markdown  # the cost row of the model with facts
+    loaded, _ = load_results(tmp_path)
+    assert {name: ev.train_length for name, ev in loaded.items()} == {"long@8": 8, "long@16": 16}
+    assert paths["plot"].read_bytes().startswith(PNG_MAGIC)

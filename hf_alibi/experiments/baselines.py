@@ -3,16 +3,25 @@
     model = build_model("sinusoidal", vocab_size=8192, n_embd=256, n_layer=4, n_head=8, train_length=256,
                         max_length=16 * 256)
 
-| name           | model                                | position information                      | runs up to |
-|----------------|--------------------------------------|-------------------------------------------|------------|
-| `"alibi"`      | `AlibiGPT2LMHeadModel`               | linear bias on attention logits           | any length |
-| `"nope"`       | `AlibiGPT2LMHeadModel`, slopes all 0 | none (causal masking only)                | any length |
-| `"learned"`    | `GPT2LMHeadModel`                    | learned table, trained up to train_length | max_length |
-| `"sinusoidal"` | `GPT2LMHeadModel`, `wpe` frozen      | fixed sin/cos table (Vaswani et al.)      | max_length |
-| `"rotary"`     | `GPTNeoXForCausalLM`, GPT-2-shaped   | rotary q/k (Su et al.), every dimension   | any length |
+| name                 | model                                | position information                      | runs up to |
+|----------------------|--------------------------------------|-------------------------------------------|------------|
+| `"alibi"`            | `AlibiGPT2LMHeadModel`               | linear bias on attention logits           | any length |
+| `"nope"`             | `AlibiGPT2LMHeadModel`, slopes all 0 | none (causal masking only)                | any length |
+| `"learned"`          | `GPT2LMHeadModel`                    | learned table, trained up to train_length | max_length |
+| `"sinusoidal"`       | `GPT2LMHeadModel`, `wpe` frozen      | sin/cos table scaled to GPT-2's init      | max_length |
+| `"sinusoidal_paper"` | `GPT2LMHeadModel`, `wpe` frozen      | the paper's: tokens x sqrt(d) + sin/cos   | max_length |
+| `"rotary"`           | `GPTNeoXForCausalLM`, GPT-2-shaped   | rotary q/k (Su et al.), every dimension   | any length |
 
 Every checkpoint loads with plain `AutoModelForCausalLM.from_pretrained` (ALiBi/NoPE through `hf_alibi`). Each
-config records `position_encoding` and `train_length`.
+config records `position_encoding` and `train_length`. A `"sinusoidal_paper"` checkpoint is a plain GPT-2 whose
+token-embedding multiplier lives in a forward hook, not in the weights: call `restore_position_encoding(model)`
+after loading it (`recipes/evaluate_length.py` does).
+
+The two sinusoidal variants differ only in the scale of the embedding sum. `"sinusoidal"` (the default in every
+config) keeps GPT-2's std-0.02 token embeddings and scales the table by 0.02 (same token:position ratio as the
+original Transformer, residual stream at GPT-2's scale); `"sinusoidal_paper"` is what the paper's fairseq baseline
+does: token embeddings drawn with std `d ** -0.5`, multiplied by `sqrt(d)` on input (unit variance; the tied output
+layer uses them unscaled), plus the unscaled table.
 """
 
 import math
@@ -23,7 +32,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForC
 from ..configuration_alibi_gpt2 import AlibiGPT2Config
 from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 
-BASELINES = ("alibi", "nope", "learned", "sinusoidal", "rotary")
+BASELINES = ("alibi", "nope", "learned", "sinusoidal", "sinusoidal_paper", "rotary")
 INITIALIZER_RANGE = 0.02  # GPT-2's std for every weight matrix and embedding
 
 
@@ -86,11 +95,16 @@ def build_model(
             initializer_range=INITIALIZER_RANGE,
         )
         model = AlibiGPT2LMHeadModel(config)
-    elif name in ("learned", "sinusoidal"):
+    elif name in ("learned", "sinusoidal", "sinusoidal_paper"):
         config = GPT2Config(**shape, **dropouts, **ids, n_positions=max_length, initializer_range=INITIALIZER_RANGE)
         model = GPT2LMHeadModel(config)
         if name == "sinusoidal":
             freeze_sinusoidal_table(model)
+        elif name == "sinusoidal_paper":
+            with torch.no_grad():  # fairseq's Embedding init: std d ** -0.5, so sqrt(d) * embedding has unit variance
+                model.transformer.wte.weight.normal_(0.0, n_embd**-0.5)
+            freeze_sinusoidal_table(model, scale=1.0)
+            scale_token_embeddings(model, math.sqrt(n_embd))
     else:
         model = _gpt2_shaped_neox(**shape, dropout=dropout, ids=ids, train_length=train_length)
     for key, value in recorded.items():
@@ -98,8 +112,8 @@ def build_model(
     return model
 
 
-def freeze_sinusoidal_table(model: GPT2LMHeadModel) -> None:
-    """Fill GPT-2's `wpe` with a sinusoidal table scaled by the token-embedding std, and stop it from training.
+def freeze_sinusoidal_table(model: GPT2LMHeadModel, scale: float | None = None) -> None:
+    """Fill GPT-2's `wpe` with a sinusoidal table times `scale` (default: the init std), and stop it from training.
 
     The original Transformer adds sin/cos (amplitude 1, per-dim RMS 1/sqrt(2)) to token embeddings initialised with
     std `d ** -0.5` and multiplied by `sqrt(d)`, i.e. unit variance. GPT-2 initialises token embeddings with std
@@ -108,12 +122,47 @@ def freeze_sinusoidal_table(model: GPT2LMHeadModel) -> None:
     AdamW steps on the stdlib at length 128: training loss 6.21 scaled, 6.68 unscaled, 6.03 learned), and keeps the
     model a plain GPT-2 (no custom forward) that loads with `AutoModelForCausalLM.from_pretrained`.
     `requires_grad=False` keeps the table out of `Trainer`'s optimizer. A reloaded checkpoint has `requires_grad`
-    back on: call this again before training it further.
+    back on: call this again before training it further. `scale=1.0` is the paper's unscaled table (it goes with
+    `scale_token_embeddings`, see the module docstring).
     """
     wpe = model.transformer.wpe.weight
+    scale = model.config.initializer_range if scale is None else scale
     with torch.no_grad():
-        wpe.copy_(sinusoidal_table(wpe.shape[0], wpe.shape[1], scale=model.config.initializer_range))
+        wpe.copy_(sinusoidal_table(wpe.shape[0], wpe.shape[1], scale=scale))
     wpe.requires_grad_(False)
+
+
+def scale_token_embeddings(model: GPT2LMHeadModel, scale: float) -> None:
+    """Multiply GPT-2's token embeddings by `scale` on input only (fairseq's `embed_scale`), recorded in the config.
+
+    A forward hook on `wte`: the tied output layer reads `wte.weight` directly, so it stays unscaled, and the weights
+    and state-dict names stay GPT-2's. Hooks are not saved: `restore_position_encoding` re-attaches it after loading.
+    Calling it again replaces the earlier hook (never scales twice).
+    """
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"embedding scale must be positive and finite, got {scale!r}")
+    wte = model.transformer.wte
+    previous = getattr(wte, "_hf_alibi_scale_hook", None)
+    if previous is not None:
+        previous.remove()
+    wte._hf_alibi_scale_hook = wte.register_forward_hook(lambda module, args, output: output * scale)
+    model.config.embedding_scale = scale
+
+
+def restore_position_encoding(model: PreTrainedModel) -> PreTrainedModel:
+    """After `from_pretrained`: re-freeze a sinusoidal table and re-attach `"sinusoidal_paper"`'s embedding scale.
+
+    A no-op for every other model (their position encoding is entirely in their weights or code). Returns `model`.
+    """
+    encoding = getattr(model.config, "position_encoding", None)
+    if encoding in ("sinusoidal", "sinusoidal_paper"):
+        model.transformer.wpe.weight.requires_grad_(False)
+    if encoding == "sinusoidal_paper":
+        scale = getattr(model.config, "embedding_scale", None)
+        if scale is None:
+            raise ValueError(f"a sinusoidal_paper checkpoint must record embedding_scale in its config, got {scale}")
+        scale_token_embeddings(model, scale)
+    return model
 
 
 def _gpt2_shaped_neox(
@@ -161,4 +210,12 @@ def max_supported_length(model: PreTrainedModel) -> int | None:
     return wpe.num_embeddings if isinstance(wpe, torch.nn.Embedding) else None
 
 
-__all__ = ["BASELINES", "build_model", "freeze_sinusoidal_table", "max_supported_length", "sinusoidal_table"]
+__all__ = [
+    "BASELINES",
+    "build_model",
+    "freeze_sinusoidal_table",
+    "max_supported_length",
+    "restore_position_encoding",
+    "scale_token_embeddings",
+    "sinusoidal_table",
+]

@@ -79,6 +79,9 @@ def render_card(
     training: Mapping[str, Any] | None = None,
     compare_with: Mapping[str, ModelEvaluation | dict] | None = None,
     plot_file: str | None = PLOT_FILE,
+    bias_plot_file: str | None = None,
+    window_plot_file: str | None = None,
+    window_table: str = "",
     license: str = "apache-2.0",
     template_path: str | os.PathLike | None = None,
 ) -> ModelCard:
@@ -95,6 +98,9 @@ def render_card(
         architecture, training: facts listed under "Training" (sizes; steps, batch, learning rate, seed, ...).
         compare_with: other models (e.g. the sinusoidal baseline) added as rows of the card's tables only.
         plot_file: the plot's file name, relative to the card (`save_card` copies it into the folder); None: none.
+        bias_plot_file: the bias/slope figure (`hf_alibi.experiments.plots.plot_alibi_bias`), relative to the card.
+        window_plot_file, window_table: the measured effective window per head (`attention_window`): its figure
+            and markdown table; empty: the card has no such section.
         template_path: the jinja template; see `find_template`.
     """
     if not isinstance(evaluation, ModelEvaluation):
@@ -137,6 +143,9 @@ def render_card(
         table_sliding=perplexity_table(rows, "ppl_sliding") if has_sliding else "",
         strides=strides,
         plot_file=plot_file,
+        bias_plot_file=bias_plot_file,
+        window_plot_file=window_plot_file,
+        window_table=window_table,
         architecture=dict(architecture or {}),
         training=dict(training or {}),
     )
@@ -147,30 +156,42 @@ def save_card(
     evaluation: ModelEvaluation | dict,
     *,
     plot_path: str | os.PathLike | None = None,
+    bias_plot_path: str | os.PathLike | None = None,
+    window_plot_path: str | os.PathLike | None = None,
     **card_kwargs: Any,
 ) -> Path:
-    """Render the card into `folder/README.md` (atomically); copy `plot_path` beside it. Returns the README path.
+    """Render the card into `folder/README.md` (atomically); copy the plots beside it. Returns the README path.
 
-    `card_kwargs` go to `render_card` (`model_name` is required). The card links the plot by its file name.
+    `card_kwargs` go to `render_card` (`model_name` is required). The card links each plot by its file name.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
-    plot_file = None
-    if plot_path is not None:
-        plot_path = Path(plot_path)
-        if not plot_path.is_file():
-            raise FileNotFoundError(f"plot {plot_path} does not exist")
-        plot_file = plot_path.name
-        target = folder / plot_file
-        if plot_path.resolve() != target.resolve():
-            tmp = target.with_name(target.name + ".tmp")
-            shutil.copyfile(plot_path, tmp)
-            os.replace(tmp, target)
-    card = render_card(evaluation, plot_file=plot_file, **card_kwargs)
+    card = render_card(
+        evaluation,
+        plot_file=_copy_beside(plot_path, folder),
+        bias_plot_file=_copy_beside(bias_plot_path, folder),
+        window_plot_file=_copy_beside(window_plot_path, folder),
+        **card_kwargs,
+    )
     readme = folder / "README.md"
     atomic_write_text(readme, str(card))
     return readme
+
+
+def _copy_beside(path: str | os.PathLike | None, folder: Path) -> str | None:
+    """Copy `path` into `folder` (atomically, unless it is already there); its file name, or None without a path."""
+    if path is None:
+        return None
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"plot {path} does not exist")
+    target = folder / path.name
+    if path.resolve() != target.resolve():
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, target)
+    return path.name
 
 
 __all__ = ["CARD_TAGS", "card_eval_results", "find_template", "render_card", "save_card"]

@@ -7,6 +7,8 @@
 - `results.csv`: one row per (model, length);
 - `results.md`: perplexity tables, models as rows and lengths as columns, "n/a" where a model cannot run;
 - `perplexity_vs_length.png`: nonoverlapping and sliding perplexity against length (log2), training length marked;
+  with several training lengths (models named `encoding@length`), the paper's Figure 1: one colour per encoding, one
+  marker per training length, each line's training length circled;
 - `loss_by_position.png`: mean NLL against context length, one panel per model, one line per evaluation length.
 """
 
@@ -25,6 +27,7 @@ from .length_eval import LengthResult, ModelEvaluation
 
 CSV_COLUMNS = [
     "model",
+    "train_length",
     "length",
     "factor",
     "unsupported",
@@ -86,7 +89,7 @@ def results_csv(results: Mapping[str, ModelEvaluation]) -> str:
     for name, evaluation in results.items():
         for r in evaluation.lengths:
             row = {key: getattr(r, key) for key in CSV_COLUMNS if hasattr(r, key)}
-            row.update(model=name, documents=evaluation.selection.documents)
+            row.update(model=name, train_length=evaluation.train_length, documents=evaluation.selection.documents)
             writer.writerow({key: "" if value is None else value for key, value in row.items()})
     return buffer.getvalue()
 
@@ -95,7 +98,11 @@ def results_markdown(results: Mapping[str, ModelEvaluation], *, metadata: Mappin
     """Markdown tables (nonoverlapping, then sliding) of perplexity: models as rows, lengths as columns."""
     train_length = _train_length(results)
     lines = ["# Perplexity vs evaluation length", ""]
-    if train_length:
+    if _mixed_train_lengths(results):
+        trained = ", ".join(f"{name} at {ev.train_length}" for name, ev in results.items())
+        lines.append(f"Models trained on sequences of different lengths ({trained}); columns are evaluation lengths, "
+                     f"factors relative to {train_length}.")  # fmt: skip
+    elif train_length:
         lines.append(f"Models trained on {train_length}-token sequences; columns are evaluation lengths.")
     lines.extend(_selection_lines(results))
     lines.append("")
@@ -111,6 +118,9 @@ def results_markdown(results: Mapping[str, ModelEvaluation], *, metadata: Mappin
     )
     if unsupported:
         lines += [f"{NOT_AVAILABLE}: not run at that length ({'; '.join(unsupported)}).", ""]
+    costs = training_cost_table(results, metadata or {})
+    if costs:
+        lines += ["## Training cost", "", costs, ""]
     if metadata:
         lines += ["## Setup", ""] + [f"- {key}: {value}" for key, value in metadata.items()] + [""]
     return "\n".join(lines)
@@ -120,13 +130,35 @@ def perplexity_table(results: Mapping[str, ModelEvaluation], key: str = "ppl_non
     """One markdown table of `key` (`ppl_nonoverlapping` or `ppl_sliding`), like the paper's Table 1 layout."""
     lengths = _all_lengths(results)
     train_length = _train_length(results)
-    header = ["Model"] + [_length_label(length, train_length) for length in lengths]
+    mixed = _mixed_train_lengths(results)
+    header = ["Model"] + [_length_label(length, train_length, not mixed) for length in lengths]
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * len(lengths) + "|"]
     for name, evaluation in results.items():
         by_length = evaluation.by_length()
         cells = [_cell(by_length.get(length), key) for length in lengths]
         lines.append("| " + " | ".join([name] + cells) + " |")
     return "\n".join(lines)
+
+
+def training_cost_table(results: Mapping[str, ModelEvaluation], metadata: Mapping[str, Any]) -> str:
+    """Markdown: per model, its training length, tokens, tokens/s and peak memory (from `metadata["<model>_training"]`,
+    as the experiment runner records them); "" when no model has such facts."""
+    rows = []
+    for name in results:
+        facts = metadata.get(f"{name}_training")
+        if not isinstance(facts, Mapping) or "train_tokens_per_second" not in facts:
+            continue
+        length = facts.get("train_length", results[name].train_length)
+        tokens = facts.get("train_tokens")
+        peak = facts.get("peak_memory_mib")
+        rows.append(f"| {name} | {length} | {facts.get('per_device_train_batch_size', '-')} | "
+                    f"{'-' if tokens is None else f'{tokens:,}'} | {facts['train_tokens_per_second']:,.0f} | "
+                    f"{'-' if peak is None else f'{peak:,.0f}'} | {facts.get('train_seconds', '-')} |")  # fmt: skip
+    if not rows:
+        return ""
+    header = ("| Model | train length | batch | training tokens | tokens/s | peak memory (MiB) | train seconds |\n"
+              "|---|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+    return "\n".join([header, *rows])
 
 
 def format_summary(results: Mapping[str, ModelEvaluation | dict], output_dir: str | os.PathLike | None = None) -> str:
@@ -139,7 +171,7 @@ def format_summary(results: Mapping[str, ModelEvaluation | dict], output_dir: st
         by_length = evaluation.by_length()
         rows.append([f"{_cell(by_length.get(n), 'ppl_nonoverlapping')} / {_cell(by_length.get(n), 'ppl_sliding')}"
                      for n in lengths])
-    labels = [_length_label(length, train_length) for length in lengths]
+    labels = [_length_label(length, train_length, not _mixed_train_lengths(results)) for length in lengths]
     cell = max(len(text) for text in labels + [c for row in rows for c in row]) + 2
     width = max(len(name) for name in results)
     lines = ["perplexity (nonoverlapping / sliding) by evaluation length"]
@@ -158,19 +190,35 @@ def plot_perplexity_vs_length(results: Mapping[str, ModelEvaluation], path: str 
 
     train_length = _train_length(results)
     lengths = _all_lengths(results)
+    mixed = _mixed_train_lengths(results)
+    encodings = list(dict.fromkeys(name.partition("@")[0] for name in results))
+    train_lengths = sorted({ev.train_length for ev in results.values() if ev.train_length})
     figure = Figure(figsize=(11, 4.5), layout="constrained")
-    if train_length:
+    if mixed:
+        figure.suptitle("Perplexity vs evaluation length, by position encoding and training length (circled)")
+    elif train_length:
         figure.suptitle(f"Perplexity vs evaluation length (trained on {train_length}-token sequences)")
-    axes = figure.subplots(1, 2, sharey=True)
-    for ax, key, title in zip(axes, ("ppl_nonoverlapping", "ppl_sliding"), ("Nonoverlapping", "Sliding window")):
+    panels = [("ppl_nonoverlapping", "Nonoverlapping")]
+    if any(r.ppl_sliding is not None for ev in results.values() for r in ev.lengths):  # else one panel
+        panels.append(("ppl_sliding", "Sliding window"))
+    axes = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, (key, title) in zip(axes, panels):
         for index, (name, evaluation) in enumerate(results.items()):
             by_length = evaluation.by_length()
             xs = [length for length in lengths if length in by_length]
             ys = [_value(by_length[length], key) for length in xs]
             label = name if evaluation.max_length is None else f"{name} (positions <= {evaluation.max_length})"
             style = "-" if key == "ppl_nonoverlapping" else "--"
-            ax.plot(xs, ys, style, marker="o", color=f"C{index}", label=label)
-        if train_length:
+            if not mixed:
+                ax.plot(xs, ys, style, marker="o", color=f"C{index}", label=label)
+                continue
+            colour = f"C{encodings.index(name.partition('@')[0]) % 10}"
+            marker = "osD^v"[train_lengths.index(evaluation.train_length) % 5] if evaluation.train_length else "x"
+            ax.plot(xs, ys, style, marker=marker, color=colour, label=label)
+            if evaluation.train_length in by_length:  # circle the point at the model's own training length
+                own = _value(by_length[evaluation.train_length], key)
+                ax.plot([evaluation.train_length], [own], "o", markersize=13, fillstyle="none", color=colour)
+        if train_length and not mixed:
             ax.axvline(train_length, color="0.4", linestyle=":", linewidth=1.5, label=f"train length {train_length}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -183,7 +231,10 @@ def plot_perplexity_vs_length(results: Mapping[str, ModelEvaluation], path: str 
         ax.set_title(f"{title} ({'solid' if key == 'ppl_nonoverlapping' else 'dashed'})")
         ax.grid(True, which="major", alpha=0.3)
     axes[0].set_ylabel("perplexity (log scale)")
-    axes[0].legend(fontsize="small")
+    if mixed:  # one line per model and training length: the legend goes beside the plot
+        axes[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    else:
+        axes[0].legend(fontsize="small")
     _atomic_savefig(figure, Path(path))
 
 
@@ -232,15 +283,20 @@ def _all_lengths(results: Mapping[str, ModelEvaluation]) -> list[int]:
 
 
 def _train_length(results: Mapping[str, ModelEvaluation]) -> int | None:
-    return next((ev.train_length for ev in results.values() if ev.train_length), None)
+    """The training length the columns are labelled against: the shortest one."""
+    return min((ev.train_length for ev in results.values() if ev.train_length), default=None)
 
 
-def _length_label(length: int, train_length: int | None) -> str:
+def _mixed_train_lengths(results: Mapping[str, ModelEvaluation]) -> bool:
+    return len({ev.train_length for ev in results.values() if ev.train_length}) > 1
+
+
+def _length_label(length: int, train_length: int | None, mark_train: bool = True) -> str:
     if not train_length:
         return str(length)
     factor = length / train_length
     factor_text = f"{factor:g}x"
-    return f"{length} ({factor_text}, train)" if length == train_length else f"{length} ({factor_text})"
+    return f"{length} ({factor_text}, train)" if length == train_length and mark_train else f"{length} ({factor_text})"
 
 
 def _value(r: LengthResult, key: str) -> float:
@@ -297,5 +353,6 @@ __all__ = [
     "plot_perplexity_vs_length",
     "results_csv",
     "results_markdown",
+    "training_cost_table",
     "write_results",
 ]

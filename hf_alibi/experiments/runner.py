@@ -1,12 +1,16 @@
 """Train short, test long: train each position encoding with `transformers.Trainer` at one length, evaluate at many.
 
-The recipe `recipes/train_short_test_long.py` is a thin `main()` over `run_experiment`. Layout of a run:
+The recipe `recipes/train_short_test_long.py` is a thin `main()` over `run_experiment`. A model is named by its
+position encoding (`learned`: trained at `train_length`) or by encoding and training length (`learned@512`). Every
+model sees the same number of training tokens: at `k x train_length` the batch holds `1/k` as many sequences (same
+steps, same tokens per step, same schedule). Layout of a run:
 
     <output_dir>/<model>/checkpoint-*      Trainer checkpoints (resume from these)
-    <output_dir>/<model>/final/            the model + tokenizer (+ card for ALiBi): what push_to_hub uploads
-    <output_dir>/<model>/evaluation.json   its length evaluation
+    <output_dir>/<model>/final/            model + tokenizer (+ card, figures for ALiBi): what push_to_hub uploads
+    <output_dir>/<model>/evaluation.json   its length evaluation and training facts (tokens/s, peak memory)
     <output_dir>/results.{json,csv,md}, perplexity_vs_length.png, loss_by_position.png
     <output_dir>/.hf_alibi.lock            held while a run is live (a second run into the folder refuses)
+    <output_dir>/effective_window.{json,png}   ALiBi models: measured attention window per head vs ln(1/eps) / m_h
 """
 
 import json
@@ -16,120 +20,30 @@ import platform
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import transformers
 from accelerate import PartialState
-from transformers import AutoTokenizer, Trainer, TrainingArguments, default_data_collator, set_seed
+from transformers import AutoConfig, AutoTokenizer, Trainer, TrainingArguments, default_data_collator, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 
-from .baselines import BASELINES, build_model, max_supported_length
+from .attention_window import measure_effective_window, plot_effective_window, window_table
+from .arguments import ExperimentArguments, apply_smoke, batch_size_at, parse_model_spec
+from .baselines import build_model, max_supported_length
 from .data import STDLIB_CORPUS, corpus_fingerprint, heldout_token_ids, load_text_corpus, pack_documents
 from .launch import check_process_group, output_dir_lock
 from .length_eval import ModelEvaluation, evaluate_model
 from .model_card import save_card
+from .peak_memory import PeakMemory
+from .plots import plot_alibi_bias
 from .results import format_summary, write_results
 from .tokenization import load_or_train_tokenizer
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODELS = ["alibi", "learned", "sinusoidal"]
-
-
-@dataclass
-class ExperimentArguments:
-    """What a train-short/test-long experiment varies. `TrainingArguments` carry everything about optimisation."""
-
-    models: list[str] = field(
-        default_factory=lambda: list(DEFAULT_MODELS),
-        metadata={"help": f"Position encodings to train, from {list(BASELINES)}."},
-    )
-    all_models: bool = field(default=False, metadata={"help": "Train all five position encodings."})
-    train_length: int = field(default=256, metadata={"help": "Training sequence length (tokens per block)."})
-    eval_factors: list[int] = field(
-        default_factory=lambda: [1, 2, 4, 8, 16],
-        metadata={"help": "Evaluate at train_length times each factor (every factor >= 1)."},
-    )
-    eval_stride: int | None = field(
-        default=None, metadata={"help": "Sliding-window stride; default half of each evaluation length."}
-    )
-    eval_max_documents: int | None = field(default=None, metadata={"help": "Cap on held-out documents evaluated."})
-    eval_batch_tokens: int = field(default=8192, metadata={"help": "Input tokens per evaluation forward."})
-    dataset_name: str | None = field(
-        default=None, metadata={"help": f"None/'{STDLIB_CORPUS}' (offline default), a Hub dataset, or a builder."}
-    )
-    dataset_config: str | None = field(
-        default=None, metadata={"help": "Hub dataset configuration, e.g. wikitext-103-raw-v1."}
-    )
-    data_files: list[str] | None = field(default=None, metadata={"help": "Local data files or globs."})
-    text_column: str = field(default="text", metadata={"help": "Column holding each document's text."})
-    heldout_fraction: float = field(
-        default=0.1, metadata={"help": "Documents held out when the data has no validation split."}
-    )
-    tokenizer_name: str | None = field(
-        default=None,
-        metadata={"help": "Tokenizer folder or Hub id; default: a byte-level BPE trained on the train split."},
-    )
-    vocab_size: int = field(default=8192, metadata={"help": "Vocabulary of the locally trained tokenizer."})
-    n_embd: int = field(default=256, metadata={"help": "Model width (all models)."})
-    n_layer: int = field(default=4, metadata={"help": "Model depth (all models)."})
-    n_head: int = field(default=8, metadata={"help": "Attention heads (all models)."})
-    dropout: float = field(default=0.0, metadata={"help": "Every dropout probability."})
-    init_from: str | None = field(
-        default=None,
-        metadata={
-            "help": "Checkpoint (folder or Hub id) to fine-tune ('alibi' only), with its tokenizer: BLOOM, MPT or "
-            "Falcon-RW (imported exactly by hf_alibi.convert) or GPT-2 (converted: it must first learn ALiBi)."
-        },
-    )
-    init_from_gpt2: str | None = field(default=None, metadata={"help": "Older name of init_from."})
-    max_train_documents: int | None = field(
-        default=None, metadata={"help": "Cap on training documents (tokenizer and blocks; smoke runs)."}
-    )
-    max_train_blocks: int | None = field(default=None, metadata={"help": "Cap on training blocks (smoke runs)."})
-    smoke: bool = field(default=False, metadata={"help": "Whole pipeline on a tiny model and budget (< 1 minute)."})
-
-    def __post_init__(self):
-        if self.all_models:
-            self.models = list(BASELINES)
-        unknown = [name for name in self.models if name not in BASELINES]
-        if unknown or not self.models:
-            raise ValueError(f"unknown model name(s) {unknown or self.models}; choose from {list(BASELINES)}")
-        if self.train_length <= 0:
-            raise ValueError(f"train_length must be positive, got {self.train_length}")
-        if not self.eval_factors or any(f < 1 for f in self.eval_factors):
-            raise ValueError(
-                f"eval_factors must all be >= 1 (no evaluation below the training length), got {self.eval_factors}"
-            )
-        if self.eval_stride is not None and not 1 <= self.eval_stride <= self.train_length:
-            raise ValueError(f"eval_stride must be in [1, train_length={self.train_length}], got {self.eval_stride}")
-        if self.init_from_gpt2 is not None:
-            if self.init_from not in (None, self.init_from_gpt2):
-                raise ValueError(f"init_from={self.init_from!r} and init_from_gpt2={self.init_from_gpt2!r}: give one")
-            self.init_from = self.init_from_gpt2
-        if self.init_from is not None and self.models != ["alibi"]:
-            raise ValueError(f"init_from fine-tunes one ALiBi model: set models to ['alibi'], got {self.models}")
-
-    @property
-    def eval_lengths(self) -> list[int]:
-        return sorted({self.train_length * f for f in self.eval_factors})
-
-
-SMOKE_OVERRIDES = {
-    "experiment": dict(train_length=32, eval_factors=[1, 2, 4], n_embd=64, n_layer=2, n_head=4, vocab_size=512,
-                       eval_max_documents=4, max_train_documents=60, max_train_blocks=256),
-    "training": dict(max_steps=8, per_device_train_batch_size=8, logging_steps=4, save_steps=4, warmup_steps=0),
-}  # fmt: skip
-
-
-def apply_smoke(experiment: ExperimentArguments, training: TrainingArguments) -> None:
-    """Shrink a run to the tiny smoke budget in place (the pipeline stays whole)."""
-    for key, value in SMOKE_OVERRIDES["experiment"].items():
-        setattr(experiment, key, value)
-    for key, value in SMOKE_OVERRIDES["training"].items():
-        setattr(training, key, value)
+__all__ = ["ExperimentArguments", "apply_smoke", "run_experiment", "train_one", "write_cards", "push_alibi_model"]
 
 
 def _final_dir(output_dir: Path, name: str) -> Path:
@@ -138,6 +52,8 @@ def _final_dir(output_dir: Path, name: str) -> Path:
 
 def check_output_dir(experiment: ExperimentArguments, training: TrainingArguments) -> None:
     """Refuse to train over finished models unless resuming: nothing is overwritten silently."""
+    for length in experiment.train_lengths():
+        batch_size_at(experiment, training, length)  # a bad combination fails before anything is written
     output_dir = Path(training.output_dir)
     finished = [name for name in experiment.models if (output_dir / name / "evaluation.json").exists()]
     if finished and not training.resume_from_checkpoint:
@@ -148,7 +64,12 @@ def check_output_dir(experiment: ExperimentArguments, training: TrainingArgument
 
 
 def prepare_data(experiment: ExperimentArguments, state: PartialState):
-    """Load the corpus, get the tokenizer, pack training blocks, and tokenize held-out documents."""
+    """Load the corpus, get the tokenizer, pack training blocks per training length, tokenize held-out documents.
+
+    Returns `(corpus, tokenizer, {training length: blocks}, held-out token ids)`. Blocks of every length come from
+    the same training documents; `max_train_blocks` caps the blocks of `train_length` and the others to the same
+    number of tokens.
+    """
     corpus = load_text_corpus(
         experiment.dataset_name,
         experiment.dataset_config,
@@ -165,19 +86,24 @@ def prepare_data(experiment: ExperimentArguments, state: PartialState):
             tokenizer = AutoTokenizer.from_pretrained(experiment.tokenizer_name)
         else:
             tokenizer = load_or_train_tokenizer(corpus["train"], experiment.vocab_size)
-        train_blocks = pack_documents(corpus["train"], tokenizer, experiment.train_length)
+        train_blocks = {length: pack_documents(corpus["train"], tokenizer, length)
+                        for length in experiment.train_lengths()}  # fmt: skip
     if experiment.max_train_blocks is not None:
-        train_blocks = train_blocks.select(range(min(experiment.max_train_blocks, len(train_blocks))))
+        tokens = experiment.max_train_blocks * experiment.train_length
+        for length, blocks in train_blocks.items():
+            train_blocks[length] = blocks.select(range(min(max(1, tokens // length), len(blocks))))
     heldout = heldout_token_ids(corpus["validation"], tokenizer, max(experiment.eval_lengths) + 1)
     return corpus, tokenizer, train_blocks, heldout
 
 
-def make_model(name: str, experiment: ExperimentArguments, tokenizer):
+def make_model(name: str, experiment: ExperimentArguments, tokenizer, train_length: int | None = None):
+    """A fresh model of position encoding `name` to be trained at `train_length` (default `experiment.train_length`)."""
+    train_length = train_length or experiment.train_length
     if experiment.init_from is not None:
         from ..conversion import convert
 
         model = convert(experiment.init_from)  # any importable family, found by its model_type
-        model.config.n_positions = experiment.train_length
+        model.config.n_positions = train_length
         return model
     return build_model(
         name,
@@ -185,8 +111,8 @@ def make_model(name: str, experiment: ExperimentArguments, tokenizer):
         n_embd=experiment.n_embd,
         n_layer=experiment.n_layer,
         n_head=experiment.n_head,
-        train_length=experiment.train_length,
-        max_length=max(experiment.eval_lengths),
+        train_length=train_length,
+        max_length=max(*experiment.eval_lengths, train_length),
         dropout=experiment.dropout,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -206,22 +132,30 @@ def _resume_point(model_dir: Path, resume) -> str | None:
 def train_one(
     name, experiment, training, tokenizer, train_blocks, state, callbacks=None
 ) -> tuple[torch.nn.Module, dict]:
-    """Train (or resume) one model; save it atomically to `<output_dir>/<name>/final`. Returns (model, facts)."""
+    """Train (or resume) model `name` (`encoding[@length]`); save it atomically to `<output_dir>/<name>/final`.
+
+    `train_blocks` maps each training length to its packed blocks. Returns `(model, facts)`; the facts carry the
+    training length, batch, tokens, tokens/s and peak memory (`PeakMemory`) of this model.
+    """
+    encoding, length = parse_model_spec(name, experiment.train_length)
     model_dir = Path(training.output_dir) / name
-    args = TrainingArguments(**{**training.to_dict(), "output_dir": str(model_dir), "push_to_hub": False})
+    batch = batch_size_at(experiment, training, length)
+    overrides = {"output_dir": str(model_dir), "push_to_hub": False, "per_device_train_batch_size": batch}
+    args = TrainingArguments(**{**training.to_dict(), **overrides})
     set_seed(args.seed)
-    model = make_model(name, experiment, tokenizer)
+    model = make_model(encoding, experiment, tokenizer, length)
     trainer = Trainer(
         model=model,
         args=args,
-        train_dataset=train_blocks,
+        train_dataset=train_blocks[length],
         data_collator=default_data_collator,
         processing_class=tokenizer,
         callbacks=callbacks,
     )
-    start = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=_resume_point(model_dir, training.resume_from_checkpoint))
-    seconds = time.perf_counter() - start
+    with PeakMemory(args.device) as peak:
+        start = time.perf_counter()
+        result = trainer.train(resume_from_checkpoint=_resume_point(model_dir, training.resume_from_checkpoint))
+        seconds = time.perf_counter() - start
     final = _final_dir(Path(training.output_dir), name)
     staging = model_dir / ".final.tmp"
     if state.is_main_process:
@@ -233,13 +167,17 @@ def train_one(
         os.replace(staging, final)
     state.wait_for_everyone()
     facts = {
+        "train_length": length,
+        "per_device_train_batch_size": batch,
+        "train_tokens": result.global_step * batch * length * args.gradient_accumulation_steps * state.num_processes,
         "steps": result.global_step,
         "train_loss": result.training_loss,
         "final_logged_loss": next((log["loss"] for log in reversed(trainer.state.log_history) if "loss" in log), None),
         "train_seconds": round(seconds, 1),
         "train_tokens_per_second": round(
-            result.metrics.get("train_samples_per_second", 0) * experiment.train_length, 1
+            result.metrics.get("train_samples_per_second", 0) * length, 1
         ),
+        **peak.result(),
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     return trainer.model, facts
@@ -254,7 +192,9 @@ def _atomic_json(path: Path, payload: dict) -> None:
 def run_experiment(
     experiment: ExperimentArguments, training: TrainingArguments, callbacks=None
 ) -> dict[str, ModelEvaluation]:
-    """Train every requested model at `train_length`, evaluate each at `eval_lengths`, write results and cards.
+    """Train every requested model at its training length, evaluate each at `eval_lengths`, write results and cards.
+
+    ALiBi models also get their effective attention window measured (`attention_window`) at `window_length` tokens.
 
     `callbacks` are `transformers.TrainerCallback`s given to every model's `Trainer`. Refuses (before writing
     anything) a launch whose processes did not form one process group, and an output folder another live run holds.
@@ -277,7 +217,7 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvalua
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "train_length": experiment.train_length,
-        "train_blocks": len(train_blocks),
+        "train_blocks": {length: len(blocks) for length, blocks in train_blocks.items()},
         "heldout_documents": len(heldout),
         "experiment": asdict(experiment),
         "training": {k: training.to_dict()[k] for k in ("max_steps", "per_device_train_batch_size",
@@ -287,7 +227,8 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvalua
         "command": " ".join(sys.argv),
     }  # fmt: skip
     evaluations: dict[str, ModelEvaluation] = {}
-    for name in experiment.models:
+    windows: dict[str, dict] = {}
+    for name, (encoding, length) in experiment.model_specs().items():
         record = output_dir / name / "evaluation.json"
         if record.exists():  # finished in an earlier, interrupted run
             saved = json.loads(record.read_text())
@@ -295,6 +236,8 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvalua
                 ModelEvaluation.from_dict(saved["evaluation"]),
                 saved["training"],
             )
+            if saved.get("window") is not None:
+                windows[name] = saved["window"]
             continue
         model, facts = train_one(name, experiment, training, tokenizer, train_blocks, state, callbacks)
         if state.is_main_process:
@@ -304,20 +247,30 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvalua
                 heldout,
                 experiment.eval_lengths,
                 name=name,
-                train_length=experiment.train_length,
+                train_length=length,
                 stride=experiment.eval_stride,
                 batch_tokens=experiment.eval_batch_tokens,
                 max_length=max_supported_length(model),
                 max_documents=experiment.eval_max_documents,
+                sliding=experiment.eval_sliding,
             )
-            _atomic_json(record, {"evaluation": evaluation.to_dict(), "training": facts})
+            window = None
+            if encoding == "alibi":
+                window = measure_effective_window(
+                    model, heldout, length=experiment.window_length, eps=experiment.window_eps
+                ).to_dict()
+                windows[name] = window
+            _atomic_json(record, {"evaluation": evaluation.to_dict(), "training": facts, "window": window})
             evaluations[name], metadata[f"{name}_training"] = evaluation, facts
             logger.info("%s: %s", name, facts)
         state.wait_for_everyone()
         del model
     if state.is_main_process:
         write_results(output_dir, evaluations, metadata=metadata)
-        write_cards(experiment, training, evaluations, metadata)
+        if windows:
+            _atomic_json(output_dir / "effective_window.json", windows)
+            plot_effective_window(windows, output_dir / "effective_window.png")
+        write_cards(experiment, training, evaluations, metadata, windows)
         print(format_summary(evaluations, output_dir))
         if training.push_to_hub:
             push_alibi_model(experiment, training)
@@ -325,18 +278,29 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvalua
     return evaluations
 
 
-def write_cards(experiment, training, evaluations, metadata) -> None:
-    """A model card (with the extrapolation table and plot) in the final folder of the ALiBi model."""
+def write_cards(experiment, training, evaluations, metadata, windows=None) -> None:
+    """A model card in the final folder of every ALiBi model: extrapolation table and plot, the bias figure
+    (`alibi_bias.png`) and, when measured, the effective window per head (`effective_window.png`)."""
     output_dir = Path(training.output_dir)
-    for name in ("alibi",):  # the template describes ALiBi slopes; NoPE (zero slopes) gets none
-        if name not in evaluations:
+    windows = windows or {}
+    for name, (encoding, length) in experiment.model_specs().items():
+        if encoding != "alibi" or name not in evaluations:  # the template describes ALiBi slopes; NoPE gets none
             continue
+        final = _final_dir(output_dir, name)
+        config = AutoConfig.from_pretrained(final)
+        bias_plot = plot_alibi_bias(config, final / "alibi_bias.png", eps=experiment.window_eps)
+        window_plot = None
+        if name in windows:
+            window_plot = plot_effective_window({name: windows[name]}, final / "effective_window.png")
         others = {other: ev for other, ev in evaluations.items() if other != name}
         save_card(
-            _final_dir(output_dir, name),
+            final,
             evaluations[name],
             plot_path=output_dir / "perplexity_vs_length.png",
-            model_name=training.hub_model_id or f"alibi-gpt2-{name}-{experiment.train_length}",
+            bias_plot_path=bias_plot,
+            window_plot_path=window_plot,
+            window_table=window_table(windows[name]) if name in windows else "",
+            model_name=training.hub_model_id or f"alibi-gpt2-{encoding}-{length}",
             repo_id=training.hub_model_id,
             architecture={k: getattr(experiment, k) for k in ("n_embd", "n_layer", "n_head", "vocab_size")},
             training={**metadata["training"], **metadata.get(f"{name}_training", {}),
@@ -351,7 +315,10 @@ def push_alibi_model(experiment, training) -> str:
 
     if not training.hub_model_id:
         raise ValueError("push_to_hub needs --hub_model_id")
-    folder = _final_dir(Path(training.output_dir), "alibi")
+    alibi = [name for name, (encoding, _) in experiment.model_specs().items() if encoding == "alibi"]
+    if not alibi:
+        raise ValueError(f"push_to_hub uploads the ALiBi model, but models {experiment.models} has none")
+    folder = _final_dir(Path(training.output_dir), alibi[0])
     api = HfApi(token=training.hub_token)
     api.create_repo(training.hub_model_id, private=training.hub_private_repo, exist_ok=True)
     api.upload_folder(
