@@ -6,9 +6,10 @@
 What transformers runs when a model declares `_can_compile_fullgraph`: `generate(cache_implementation="static")`
 with a `CompileConfig(fullgraph=True)`, the decoding step compiled once and replayed (on CPU transformers compiles
 only when asked: `compile_config._compile_all_devices = True`). Both models live in this one process and are timed
-interleaved (A B A B ...); each repeat times generate(1 new token) and generate(`--decode` new tokens) and counts
-`batch * (decode - 1)` tokens over the difference, so the prefill and the compile cancel out. Batches > 1 are
-left-padded (prompts from `--prefill` down to half of it). Prints a markdown table with medians, spreads and the
+interleaved (A B A B ...). Each repeat is one generate(`--decode` new tokens) call whose stopping criterion stamps
+the clock after every token: decode tokens/s = `batch * (decode - 1)` over the time from the first token (the
+prefill's) to the last, so neither the prefill nor its noise enters the figure. Batches > 1 are left-padded
+(prompts from `--prefill` down to half of it). Prints a markdown table with medians, spreads and the
 tokens/s ratio alibi / gpt2; `--out` writes the raw timings as JSON.
 """
 
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel
+from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel, StoppingCriteria, StoppingCriteriaList
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
@@ -42,15 +43,28 @@ def prompts(batch: int, prefill: int, vocab: int) -> tuple[torch.Tensor, torch.T
     return ids.masked_fill(mask == 0, 0), mask
 
 
+class StepClock(StoppingCriteria):
+    """Never stops generation; records the time after each generated token."""
+
+    def __init__(self):
+        self.times = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 def generate(model, ids, mask, new_tokens: int, compile_config) -> float:
-    start = time.perf_counter()
+    """Decoding tokens/s of one generate call: the steps after the first token, from the first token to the last."""
+    clock = StepClock()
     with torch.no_grad():
         out = model.generate(
             ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
             cache_implementation="static", compile_config=compile_config, pad_token_id=0,
+            stopping_criteria=StoppingCriteriaList([clock]),
         )  # fmt: skip
-    assert out.shape[1] == ids.shape[1] + new_tokens
-    return time.perf_counter() - start
+    assert out.shape[1] == ids.shape[1] + new_tokens and len(clock.times) == new_tokens
+    return ids.shape[0] * (new_tokens - 1) / (clock.times[-1] - clock.times[0])
 
 
 def measure(args) -> dict:
@@ -67,9 +81,7 @@ def measure(args) -> dict:
         rates = {name: [] for name in models}
         for _ in range(args.repeats):
             for name, model in models.items():  # interleaved, so drifts in machine load hit both alike
-                one = generate(model, ids, mask, 1, compile_config)
-                many = generate(model, ids, mask, args.decode, compile_config)
-                rates[name].append(batch * (args.decode - 1) / (many - one))
+                rates[name].append(generate(model, ids, mask, args.decode, compile_config))
         results[batch] = rates
     return results
 

@@ -178,7 +178,7 @@ def plot_effective_window(windows: Mapping[str, EffectiveWindow | Mapping], path
     right.axhline(w.eps, color="k", linestyle=":", label=f"eps = {w.eps:g}")
     right.set_xscale("log", base=2)
     right.set_yscale("log")
-    right.set_ylim(bottom=1e-6)
+    right.set_ylim(1e-6, 2.0)  # mass is at most 1
     right.set_xlabel("key distance d")
     right.set_ylabel("attention mass at distance >= d")
     right.set_title(f"{name}, last layer (dashed: bias alone)")
