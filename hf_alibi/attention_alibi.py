@@ -43,10 +43,6 @@ class AlibiAttentionInputs:
     padding_in_bias: bool = False  # chunked sdpa: the bank already hides padded keys (one chunk)
     block_mask: object | None = None  # flex_attention only
 
-    @property
-    def offset(self) -> int | torch.Tensor:
-        return self.query_offset
-
     def bias_as(self, dtype: torch.dtype) -> torch.Tensor:
         """The prebuilt bias in the layers' compute dtype (autocast decides it), cast once per forward."""
         if self.bias.dtype != dtype:  # clamp first: fp32's minimum would become -inf in fp16 (NaN on empty rows)
