@@ -235,6 +235,8 @@ class Bench:
                 for key in ("seconds", "prefill_s", "total_s"):
                     if key in answer:
                         results[name][key].append(answer[key])
+                if self.args.processes and "process_peak_bytes" in answer:  # one cell per process: its own peak
+                    results[name]["process_peak_bytes"] = answer["process_peak_bytes"]
         for result in results.values():
             for key in ("seconds", "prefill_s", "total_s"):
                 if not result.get(key):
@@ -246,6 +248,17 @@ class Bench:
     def close(self) -> None:
         for worker in self.workers.values():
             worker.close()
+
+    def run_cell_in_processes(self, cell: dict, names: list[str], round_index: int) -> dict:
+        """One round of `--processes`: every contestant measures `cell` in a fresh process, which then exits.
+
+        The contestants' order rotates with the round (A B C, B C A, ...), so no one always runs first.
+        """
+        shift = round_index % len(names)
+        results = self.run_cell(cell, names[shift:] + names[:shift])
+        self.close()  # the next cell (or round) starts every worker afresh
+        self.workers = {}  # `ready` keeps each one's last announcement, for the report
+        return {name: results[name] for name in names}
 
 
 def build_report(args, cells: list[dict], bench: Bench) -> dict:
@@ -264,7 +277,7 @@ def build_report(args, cells: list[dict], bench: Bench) -> dict:
         ),
         "settings": {
             "shape": asdict(args.shape), "dtype": args.dtype, "device": args.device, "suites": args.suites,
-            "repeats": args.repeats, "warmup": args.warmup, "optimizer": args.optimizer,
+            "repeats": args.repeats, "warmup": args.warmup, "processes": args.processes, "optimizer": args.optimizer,
             "optimizer_description": optimizer,
             "memory_method": f"{memory}, the peak growth over the state just before the call (model weights excluded)", "max_length": args.max_length, "timeout_s": args.timeout,
             "memory_limit_gb": args.memory_limit_gb if args.device == "cpu" else None,
@@ -272,7 +285,8 @@ def build_report(args, cells: list[dict], bench: Bench) -> dict:
         "contestants": args.contestants,
         "workers": bench.ready,
         "cells": cells,
-        "targets": [row for name in alibi for row in reporting.evaluate_targets(cells, name)],
+        "targets": [row for name in alibi for row in reporting.evaluate_targets(cells, name, args.targets)],
+        "target_set": args.targets,
     }
     return report
 
@@ -312,6 +326,13 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--memory-limit-gb", type=float, help="CPU: address-space limit per worker, so running out "
                         "raises an OOM result instead of waking the kernel's OOM killer (default 80%% of the memory "
                         "available at start; 0 = none)")
+    parser.add_argument("--processes", type=int, default=0, metavar="N",
+                        help="measure every cell in N fresh processes per contestant, interleaved round by round, "
+                        "and report the median over processes with their [min, max] and each process's whole "
+                        "peak memory (default 0: one long-lived process per contestant for the whole run)")
+    parser.add_argument("--targets", choices=("issue4", "issue10"), default="issue4",
+                        help="which targets to evaluate: issue 4's (default) or issue 10's (within 1.05x of "
+                        "gpt2-sdpa in time and whole-process peak memory, BLOOM >= 3x slower from 4096 on)")
     parser.add_argument("--settle", type=float, default=0.2, help="seconds of idle between timed calls (default 0.2)")
     parser.add_argument("--out", help="write the full results here as JSON (atomically, updated after every cell)")
     parser.add_argument("--markdown", help="write the markdown table here (atomically)")
@@ -332,9 +353,9 @@ def parse_args(argv: list[str] | None = None):
         parser.error(f"unknown contestant(s) {bad}; choose from {list(CONTESTANTS)}")
     if REFERENCE not in args.contestants:
         args.contestants.insert(0, REFERENCE)
-    if args.repeats < 1 or args.warmup < 0 or args.decode < 2 or args.prefill < 2:
-        parser.error(f"need --repeats >= 1, --warmup >= 0, --decode >= 2, --prefill >= 2; got {args.repeats}, "
-                     f"{args.warmup}, {args.decode}, {args.prefill}")
+    if args.repeats < 1 or args.warmup < 0 or args.decode < 2 or args.prefill < 2 or args.processes < 0:
+        parser.error(f"need --repeats >= 1, --warmup >= 0, --decode >= 2, --prefill >= 2, --processes >= 0; got "
+                     f"{args.repeats}, {args.warmup}, {args.decode}, {args.prefill}, {args.processes}")
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.memory_limit_gb is None:
         args.memory_limit_gb = 0.8 * _available_memory_gb() if args.device == "cpu" else 0
@@ -352,6 +373,28 @@ def _available_memory_gb() -> float:
         return 0.0
 
 
+def _log_cell(cell: dict) -> None:
+    for name, result in cell["results"].items():
+        print(f"[bench]   {name}: {reporting.format_result(cell, result)}", file=sys.stderr, flush=True)
+
+
+def run_in_processes(args, cells: list[dict], bench: Bench) -> None:
+    """`--processes N`: N rounds; in each, every cell in every contestant's own fresh process (see `Bench`).
+
+    Rounds go over all cells before the next round starts, so slow drifts of the machine spread over all of them;
+    each cell's result combines its N processes (`report.combine_processes`) and is rewritten after every round.
+    """
+    rounds = {id(cell): [] for cell in cells}
+    for round_index in range(args.processes):
+        for cell in cells:
+            print(f"[bench] round {round_index + 1}/{args.processes}: {cell['name']}", file=sys.stderr, flush=True)
+            rounds[id(cell)].append(bench.run_cell_in_processes(cell, args.contestants, round_index))
+            cell["results"] = reporting.combine_processes(cell, rounds[id(cell)])
+            _log_cell(cell)
+            if args.out:
+                reporting.write_atomic(args.out, json.dumps(build_report(args, cells, bench), indent=1))
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.worker:
@@ -364,13 +407,15 @@ def main(argv: list[str] | None = None) -> dict | None:
     with tempfile.TemporaryDirectory(prefix="bench_alibi_") as log_dir:
         bench = Bench(args, Path(log_dir))
         try:
-            for cell in cells:
-                print(f"[bench] {cell['name']}", file=sys.stderr, flush=True)
-                cell["results"] = bench.run_cell(cell, args.contestants)
-                for name, result in cell["results"].items():
-                    print(f"[bench]   {name}: {reporting.format_result(cell, result)}", file=sys.stderr, flush=True)
-                if args.out:
-                    reporting.write_atomic(args.out, json.dumps(build_report(args, cells, bench), indent=1))
+            if args.processes:
+                run_in_processes(args, cells, bench)
+            else:
+                for cell in cells:
+                    print(f"[bench] {cell['name']}", file=sys.stderr, flush=True)
+                    cell["results"] = bench.run_cell(cell, args.contestants)
+                    _log_cell(cell)
+                    if args.out:
+                        reporting.write_atomic(args.out, json.dumps(build_report(args, cells, bench), indent=1))
             report = build_report(args, cells, bench)
         finally:
             bench.close()

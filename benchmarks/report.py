@@ -2,7 +2,8 @@
 
 Every ratio is against `gpt2-sdpa` in the same cell of the same run. `time_ratio` = contestant time / gpt2-sdpa time
 (lower is better); for generation the time is the decode time, so `throughput_ratio` = 1 / `time_ratio` is the
-decode tokens/s ratio. `mem_ratio` = contestant peak memory growth / gpt2-sdpa's.
+decode tokens/s ratio. `mem_ratio` = contestant peak memory growth / gpt2-sdpa's; with `--processes`,
+`process_mem_ratio` = the whole-process peak's ratio (torch, model and the call: what the machine must have).
 """
 
 import os
@@ -33,6 +34,37 @@ def summarise(cell: dict, result: dict) -> None:
     result["tokens_per_s"] = tokens / result["median_s"] if result["median_s"] > 0 else None
 
 
+def combine_processes(cell: dict, rounds: list[dict]) -> dict:
+    """One cell's result per contestant from its per-process results (`rounds`: one {contestant: result} each).
+
+    A contestant that failed in any process gets that failure (the first one that is not a skip after it). Otherwise
+    its time, peak growth and whole-process peak are the medians over processes of each process's own figure (its
+    time being the median of its repeats), with the [min, max] over processes as `*_spread`.
+    """
+    combined = {}
+    for name in rounds[0]:
+        runs = [results[name] for results in rounds]
+        failures = [run for run in runs if run.get("status") != OK]
+        if failures:
+            combined[name] = dict(next((run for run in failures if run.get("status") != "skipped"), failures[0]))
+            combined[name]["processes_ok"] = len(runs) - len(failures)
+            continue
+        result = {"status": OK, "processes": [
+            {key: run[key] for key in ("median_s", "seconds", "decode_s", "peak_mem_bytes", "process_peak_bytes")
+             if key in run} for run in runs
+        ], "mem_method": runs[0].get("mem_method")}
+        for key, spread in (("median_s", "time_spread_s"), ("peak_mem_bytes", "mem_spread_bytes"),
+                            ("process_peak_bytes", "process_peak_spread_bytes")):
+            values = [run[key] for run in runs if run.get(key) is not None]
+            if values:
+                result[key], result[spread] = statistics.median(values), [min(values), max(values)]
+        tokens = cell["batch"] * (cell["decode"] - 1 if cell["suite"] == "generate" else cell["length"])
+        result["tokens_per_s"] = tokens / result["median_s"] if result["median_s"] > 0 else None
+        combined[name] = result
+    add_ratios(combined)
+    return combined
+
+
 def add_ratios(results: dict) -> None:
     """Ratios of every contestant of one cell against `gpt2-sdpa` of that cell (None when it has no result)."""
     reference = results.get(REFERENCE, {})
@@ -47,6 +79,9 @@ def add_ratios(results: dict) -> None:
         result["throughput_ratio"] = 1 / time_ratio if time_ratio else None
         ref_mem = reference.get("peak_mem_bytes") if ok else None
         result["mem_ratio"] = result["peak_mem_bytes"] / ref_mem if ref_mem and ref_mem > 0 else None
+        ref_process = reference.get("process_peak_bytes") if ok else None
+        if result.get("process_peak_bytes") is not None and ref_process:
+            result["process_mem_ratio"] = result["process_peak_bytes"] / ref_process
 
 
 def _find(cells: list[dict], suite: str, **match) -> dict | None:
@@ -74,8 +109,59 @@ def _bloom_target(result: dict, bloom: dict, speedup_min: float = 3, memory_max:
     return ("met" if met else "not met"), f"{speedup:.2f}x faster, {memory:.2f}x its memory"
 
 
-def evaluate_targets(cells: list[dict], contestant: str) -> list[dict]:
-    """Issue 4's targets for one ALiBi contestant: one row each, status `met`, `not met` or `n/a` and the numbers."""
+def _within(result: dict, limit: float) -> tuple[str, str]:
+    """Time and whole-process peak memory (peak growth without `--processes`) both <= `limit` x the reference."""
+    memory_key = "process_mem_ratio" if "process_mem_ratio" in result else "mem_ratio"
+    time_ratio, memory_ratio = result.get("time_ratio"), result.get(memory_key)
+    if time_ratio is None or memory_ratio is None:
+        return "n/a", f"no {REFERENCE} result"
+    met = time_ratio <= limit and memory_ratio <= limit
+    memory = "whole-process peak" if memory_key == "process_mem_ratio" else "peak growth"
+    return ("met" if met else "not met"), f"time {time_ratio:.3f}x, {memory} {memory_ratio:.3f}x"
+
+
+def _bloom_slower(result: dict, bloom: dict, factor: float = 3) -> tuple[str, str]:
+    if bloom.get("status") == "oom":
+        return "met", "bloom-eager ran out of memory"
+    if bloom.get("status") != OK:
+        return "n/a", f"bloom-eager: {bloom.get('status', 'not run')}"
+    slower = bloom["median_s"] / result["median_s"]
+    return ("met" if slower >= factor else "not met"), f"bloom-eager {slower:.2f}x our time"
+
+
+def issue10_targets(cells: list[dict]) -> list[tuple]:
+    """Issue 10: within 1.05x of gpt2-sdpa in time and whole-process peak memory; BLOOM >= 3x slower from 4k on."""
+    checks = []
+    for cell in cells:
+        length = cell.get("length")
+        if cell["suite"] == "forward" and 512 <= length <= 32768 or cell["suite"] == "train" and 512 <= length <= 2048:
+            checks.append((f"{cell['name']} within 1.05x {REFERENCE}", cell["suite"], {"length": length},
+                           lambda r, rs: _within(r, 1.05)))
+        if cell["suite"] == "forward" and length >= 4096 and "bloom-eager" in cell["results"]:
+            checks.append((f"{cell['name']}: bloom-eager >= 3x slower", "forward", {"length": length},
+                           lambda r, rs: _bloom_slower(r, rs.get("bloom-eager", {}))))
+    return checks
+
+
+def evaluate_targets(cells: list[dict], contestant: str, which: str = "issue4") -> list[dict]:
+    """Targets (issue 4's or issue 10's) for one ALiBi contestant: one row each, `met`/`not met`/`n/a` and numbers."""
+    checks = issue10_targets(cells) if which == "issue10" else issue4_targets(contestant)
+    rows = []
+    for target, suite, match, check in checks:
+        cell = _find(cells, suite, **match)
+        result = cell["results"].get(contestant, {}) if cell else {}
+        if cell is None:
+            status, detail = "n/a", "not measured"
+        elif result.get("status") != OK:
+            status, detail = "n/a", f"{contestant}: {result.get('status', 'not run')}"
+        else:
+            status, detail = check(result, cell["results"])
+        rows.append({"target": target, "contestant": contestant, "status": status, "detail": detail})
+    return rows
+
+
+def issue4_targets(contestant: str) -> list[tuple]:
+    """Issue 4's targets (and issue 8's for `alibi-from-bloom`): (target, suite, cell match, check) each."""
     checks = []  # (target, suite, cell match, check(result, cell results) -> (status, detail))
     for length in (512, 1024):
         checks.append((f"train step L={length} <= 1.10x {REFERENCE}", "train", {"length": length},
@@ -97,18 +183,7 @@ def evaluate_targets(cells: list[dict], contestant: str) -> list[dict]:
     for batch in (1, 8):
         checks.append((f"decode tokens/s batch {batch} >= 0.95x {REFERENCE}", "generate", {"batch": batch},
                        lambda r, rs: _ratio_target(r, "throughput_ratio", 0.95, at_least=True)))
-    rows = []
-    for target, suite, match, check in checks:
-        cell = _find(cells, suite, **match)
-        result = cell["results"].get(contestant, {}) if cell else {}
-        if cell is None:
-            status, detail = "n/a", "not measured"
-        elif result.get("status") != OK:
-            status, detail = "n/a", f"{contestant}: {result.get('status', 'not run')}"
-        else:
-            status, detail = check(result, cell["results"])
-        rows.append({"target": target, "contestant": contestant, "status": status, "detail": detail})
-    return rows
+    return checks
 
 
 def machine_description(device: str, threads: int | None, device_name: str | None, torch_version: str | None) -> dict:
@@ -154,6 +229,8 @@ def format_result(cell: dict, result: dict) -> str:
     if status != OK:
         reason = result.get("reason", "").replace("|", "/")  # a pipe would end the table cell
         return f"**{status}**" + (f" ({reason[:80]}{'...' if len(reason) > 80 else ''})" if reason else "")
+    if "processes" in result:
+        return _format_processes(cell, result)
     if cell["suite"] == "generate":
         tokens = "?" if result["tokens_per_s"] is None else f"{result['tokens_per_s']:.1f}"
         speed = f"{tokens} tok/s · {_ratio(result['throughput_ratio'])}"
@@ -162,6 +239,21 @@ def format_result(cell: dict, result: dict) -> str:
     else:
         speed = f"{result['median_s']:.3f} s · {_ratio(result['time_ratio'])}"
     return f"{speed} · {_bytes(result['peak_mem_bytes'])} · {_ratio(result['mem_ratio'])}"
+
+
+def _format_processes(cell: dict, result: dict) -> str:
+    """median [min, max over processes] · ratio · whole-process peak [min, max] · ratio · peak growth."""
+    low, high = result["time_spread_s"]
+    if cell["suite"] == "generate":
+        tokens = "?" if result["tokens_per_s"] is None else f"{result['tokens_per_s']:.1f}"
+        speed = f"{tokens} tok/s · {_ratio(result['throughput_ratio'])}"
+    else:
+        speed = f"{result['median_s']:.3f} s [{low:.3f}, {high:.3f}] · {_ratio(result['time_ratio'])}"
+    if result.get("process_peak_bytes") is None:
+        return f"{speed} · {_bytes(result['peak_mem_bytes'])} · {_ratio(result['mem_ratio'])}"
+    low, high = result["process_peak_spread_bytes"]
+    return (f"{speed} · {_bytes(result['process_peak_bytes'])} [{_bytes(low)}, {_bytes(high)}] · "
+            f"{_ratio(result.get('process_mem_ratio'))} · +{_bytes(result['peak_mem_bytes'])}")
 
 
 SUITE_TITLES = {
@@ -174,11 +266,18 @@ SUITE_TITLES = {
 }
 
 
+PROCESS_COLUMNS = {
+    suite: f": {speed} [min, max over processes] · ratio · whole-process peak memory [min, max] · ratio · +peak growth"
+    for suite, speed in (("train", "median time per step"), ("forward", "median time"),
+                         ("generate", "decode tokens/s (time spread not shown)"))
+}
+
+
 def render_markdown(report: dict) -> str:
     machine, settings = report["machine"], report["settings"]
     names = report["contestants"]
     lines = [
-        "# hf_alibi benchmark (issue 4)",
+        "# hf_alibi benchmark",
         "",
         f"Command: `{report['command']}`",
         "",
@@ -189,15 +288,16 @@ def render_markdown(report: dict) -> str:
         "",
         f"Models: n_embd={settings['shape']['n_embd']}, {settings['shape']['n_layer']} layers, "
         f"{settings['shape']['n_head']} heads, vocab {settings['shape']['vocab_size']}, {settings['dtype']}, "
-        f"every dropout 0, random init. Timing: {settings['warmup']} warm-up call(s), then {settings['repeats']} "
-        f"repeats interleaved across contestants (ABCABC...), median. Ratios are against `{REFERENCE}` in the same "
-        f"cell. Memory: {settings['memory_method']}.",
+        f"every dropout 0, random init. " + _method(settings),
     ]
     for suite in settings["suites"]:
         cells = [cell for cell in report["cells"] if cell["suite"] == suite]
         if not cells:
             continue
-        lines += ["", "## " + SUITE_TITLES[suite].format(optimizer=settings["optimizer_description"]), ""]
+        title = SUITE_TITLES[suite].format(optimizer=settings["optimizer_description"])
+        if settings.get("processes"):  # the figures after the label differ: see `_format_processes`
+            title = title.split(":")[0] + PROCESS_COLUMNS[suite]
+        lines += ["", "## " + title, ""]
         lines.append("| measurement | " + " | ".join(f"`{name}`" for name in names) + " |")
         lines.append("|---" * (len(names) + 1) + "|")
         for cell in cells:
@@ -205,13 +305,28 @@ def render_markdown(report: dict) -> str:
             lines.append(f"| {cell['name']} | " + " | ".join(row) + " |")
     if report["targets"]:
         alibi = sorted({row["contestant"] for row in report["targets"]}, key=names.index)
-        lines += ["", "## Issue 4 targets", "", "| target | " + " | ".join(f"`{n}`" for n in alibi) + " |",
+        title = "Issue 10 targets" if report.get("target_set") == "issue10" else "Issue 4 targets"
+        lines += ["", f"## {title}", "", "| target | " + " | ".join(f"`{n}`" for n in alibi) + " |",
                   "|---" * (len(alibi) + 1) + "|"]
         for target in dict.fromkeys(row["target"] for row in report["targets"]):
             by_name = {row["contestant"]: row for row in report["targets"] if row["target"] == target}
             cells = [f"{by_name[n]['status']} ({by_name[n]['detail']})" for n in alibi]
             lines.append(f"| {target} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _method(settings: dict) -> str:
+    processes = settings.get("processes")
+    if not processes:
+        return (f"Timing: {settings['warmup']} warm-up call(s), then {settings['repeats']} repeats interleaved across "
+                f"contestants (ABCABC...), median. Ratios are against `{REFERENCE}` in the same cell. Memory: "
+                f"{settings['memory_method']}.")
+    return (f"Each cell ran in {processes} fresh processes per contestant, interleaved (round by round over all "
+            f"cells, the contestants' order rotating each round); in each process {settings['warmup']} warm-up "
+            f"call(s), one memory probe, then {settings['repeats']} timed call(s) (their median). A cell shows the "
+            f"median over its processes [min, max over processes] · ratio · the whole-process peak memory (VmHWM: "
+            f"torch, model, build and calls) [min, max] · ratio · +the call's own peak growth "
+            f"({settings['memory_method']}). Ratios are of medians, against `{REFERENCE}` in the same cell.")
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:

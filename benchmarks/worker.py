@@ -7,6 +7,10 @@ library prints goes to stderr (fd 1 is pointed at fd 2), which the parent keeps 
 Requests: `{"op": "prepare", "cell": {...}, "warmup": n}` builds the cell's inputs, runs `n` warm-up calls and one
 memory probe; `{"op": "time", "cell": {...}}` times one call; `{"op": "exit"}`.
 
+Every answer to `time` also carries `process_peak_bytes`: the process's peak resident set over its whole life so far
+(VmHWM, with the part before the probe's reset kept), i.e. torch, the model, its build and every call. With one
+process per cell (`--processes`) that is the whole-process peak memory of running that cell.
+
 Peak memory (CPU) is the growth of the process's resident set over a baseline taken just before the probed call:
 unused heap is handed back first (`malloc_trim`), the kernel's high-water mark is reset to the current RSS (writing
 `5` to /proc/self/clear_refs, Linux >= 4.0), and the probe reads `VmHWM - VmRSS(before)`. Without clear_refs a
@@ -56,6 +60,19 @@ def _malloc_trim() -> None:
         pass
 
 
+def process_peak_bytes(device: str) -> int:
+    """The process's peak memory so far: VmHWM on CPU (the reset in `peak_memory` keeps its earlier value in
+    `_EARLIER_PEAK`), max_memory_allocated on CUDA (likewise)."""
+    if device == "cuda":
+        import torch
+
+        return max(_EARLIER_PEAK[0], torch.cuda.max_memory_allocated())
+    return max(_EARLIER_PEAK[0], _status_kib("VmHWM") * 1024)
+
+
+_EARLIER_PEAK = [0]  # the process peak before the last reset of the high-water mark
+
+
 def peak_memory(fn, device: str) -> tuple[int, str]:
     """Run `fn()` once; return (peak memory growth in bytes over the state just before it, method name)."""
     import torch
@@ -64,12 +81,14 @@ def peak_memory(fn, device: str) -> tuple[int, str]:
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+        _EARLIER_PEAK[0] = process_peak_bytes(device)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base, "cuda max_memory_allocated"
     _malloc_trim()
+    _EARLIER_PEAK[0] = process_peak_bytes(device)
     if _reset_high_water_mark():
         base = _status_kib("VmRSS")
         fn()
@@ -266,7 +285,7 @@ def serve(spec: dict) -> None:
                 peak, method = peak_memory(contestant.call, contestant.device)
                 send({"ok": True, "peak_mem_bytes": peak, "mem_method": method})
             elif request["op"] == "time":
-                send({"ok": True, **contestant.timed_call()})
+                send({"ok": True, **contestant.timed_call(), "process_peak_bytes": process_peak_bytes(contestant.device)})
             else:
                 raise ValueError(f"unknown op {request['op']!r}")
         except Exception as error:  # noqa: BLE001 - every failure is a result to record, not a crash

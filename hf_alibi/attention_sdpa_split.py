@@ -238,16 +238,22 @@ class _SplitAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, slopes, offset, key_padding, scaling, chunks):
         plan = _SplitPlan(slopes, offset, query.shape[2], key_padding, chunks)
         # Running (output, log-sum-exp) of each row over the calls so far, in fp32 (fp64 for fp64 inputs)
-        output = torch.zeros(query.shape, dtype=slopes.dtype, device=query.device)  # (B, H, q, D)
-        lse = torch.full(query.shape[:3], -torch.inf, dtype=slopes.dtype, device=query.device)  # (B, H, q)
+        output = torch.empty(query.shape, dtype=slopes.dtype, device=query.device)  # (B, H, q, D)
+        lse = torch.empty(query.shape[:3], dtype=slopes.dtype, device=query.device)  # (B, H, q)
+        written = 0  # rows [0, written) hold a running result; calls come in row order, each all new or all old
         for start, end, key_start, key_end, diagonal in plan.calls:
             mask, shift = plan.mask(start, end, key_start, key_end, diagonal)
             out, lse_call = _flash(query[:, :, start:end], key[:, :, key_start:key_end],
                                    value[:, :, key_start:key_end], mask, scaling, causal=diagonal)  # (B, H, n, D)
             lse_call = lse_call if shift is None else lse_call - shift  # (B, H, n), true logits' frame
             running_out, running_lse = output[:, :, start:end], lse[:, :, start:end]
+            if start >= written:  # the rows' first call: its result is the running one
+                running_out.copy_(out)
+                running_lse.copy_(lse_call)
+                written = end
+                continue
             share = torch.sigmoid(lse_call - running_lse)[..., None]  # (B, H, n, 1): this call's part of the mass
-            running_out.lerp_(out.to(output.dtype), share)  # o += share * (o_call - o), in place; o_call at first
+            running_out.lerp_(out.to(output.dtype), share)  # o += share * (o_call - o), in place
             torch.logaddexp(running_lse, lse_call, out=running_lse)
         output = output.to(query.dtype)
         ctx.save_for_backward(query, key, value, slopes, output, lse)

@@ -7,6 +7,7 @@ crashes are checked on the worker protocol with a dummy worker that imports noth
 
 import json
 import math
+import statistics
 import sys
 import textwrap
 from pathlib import Path
@@ -154,3 +155,76 @@ def test_cli_rejects_unknown_names_with_the_valid_ones():
     args = bench_alibi.parse_args(["--preset", "tiny", "--contestants", "alibi-eager", "--n-layer", "3"])
     assert args.contestants == ["gpt2-sdpa", "alibi-eager"] and args.shape.n_layer == 3
     assert args.max_length == max(args.lengths + args.train_lengths + [args.prefill + args.decode])
+
+
+def _run(median_s, growth, process_peak, seconds=None):
+    return {"status": "ok", "median_s": median_s, "seconds": seconds or [median_s], "peak_mem_bytes": growth,
+            "process_peak_bytes": process_peak}
+
+
+def test_processes_combine_to_medians_with_their_spread():
+    cell = {"suite": "forward", "length": 4096, "batch": 1}
+    rounds = [
+        {"gpt2-sdpa": _run(1.0, 10, 100), "alibi-sdpa": _run(1.2, 8, 90), "bloom-eager": {"status": "oom"}},
+        {"gpt2-sdpa": _run(1.2, 12, 104), "alibi-sdpa": _run(1.1, 9, 95),
+         "bloom-eager": {"status": "skipped", "reason": "oom at forward L=4096 B=1"}},
+        {"gpt2-sdpa": _run(0.9, 11, 102), "alibi-sdpa": _run(1.0, 7, 99), "bloom-eager": {"status": "skipped"}},
+    ]
+    combined = report.combine_processes(cell, rounds)
+    gpt2, alibi = combined["gpt2-sdpa"], combined["alibi-sdpa"]
+    assert gpt2["median_s"] == 1.0 and gpt2["time_spread_s"] == [0.9, 1.2]
+    assert alibi["median_s"] == 1.1 and alibi["time_spread_s"] == [1.0, 1.2]
+    assert alibi["process_peak_bytes"] == 95 and alibi["process_peak_spread_bytes"] == [90, 99]
+    assert math.isclose(alibi["time_ratio"], 1.1) and math.isclose(alibi["process_mem_ratio"], 95 / 102)
+    assert math.isclose(alibi["mem_ratio"], 8 / 11) and len(alibi["processes"]) == 3
+    assert combined["bloom-eager"]["status"] == "oom"  # the failure itself, not the skips it caused
+    assert combined["bloom-eager"]["processes_ok"] == 0
+
+
+def test_issue10_targets_need_time_and_whole_process_memory_within_5_percent():
+    def cell(suite, length, alibi, bloom=None):
+        results = {"gpt2-sdpa": _run(1.0, 10, 100), "alibi-sdpa": alibi}
+        if bloom is not None:
+            results["bloom-eager"] = bloom
+        report.add_ratios(results)
+        return {"suite": suite, "length": length, "batch": 1, "name": f"{suite} L={length} B=1", "results": results}
+
+    cells = [
+        cell("forward", 512, _run(1.04, 30, 104)),  # growth 3x is fine: the target is on the whole process
+        cell("forward", 4096, _run(1.06, 10, 100), bloom=_run(3.3, 500, 900)),
+        cell("forward", 16384, _run(1.0, 10, 106), bloom={"status": "oom"}),
+        cell("train", 2048, _run(1.0, 10, 100)),
+        cell("train", 64, _run(2.0, 10, 100)),  # below the issue's lengths: no target
+    ]
+    rows = {row["target"]: row for row in report.evaluate_targets(cells, "alibi-sdpa", "issue10")}
+    assert set(rows) == {
+        "forward L=512 B=1 within 1.05x gpt2-sdpa", "forward L=4096 B=1 within 1.05x gpt2-sdpa",
+        "forward L=4096 B=1: bloom-eager >= 3x slower", "forward L=16384 B=1 within 1.05x gpt2-sdpa",
+        "forward L=16384 B=1: bloom-eager >= 3x slower", "train L=2048 B=1 within 1.05x gpt2-sdpa",
+    }
+    assert rows["forward L=512 B=1 within 1.05x gpt2-sdpa"]["status"] == "met"
+    assert rows["forward L=4096 B=1 within 1.05x gpt2-sdpa"]["status"] == "not met"  # time 1.06x
+    assert rows["forward L=16384 B=1 within 1.05x gpt2-sdpa"]["status"] == "not met"  # memory 1.06x
+    bloom_4k = rows["forward L=4096 B=1: bloom-eager >= 3x slower"]
+    assert (bloom_4k["status"], bloom_4k["detail"]) == ("met", "bloom-eager 3.11x our time")  # 3.3 s / 1.06 s
+    assert rows["forward L=16384 B=1: bloom-eager >= 3x slower"]["status"] == "met"  # it ran out of memory
+
+
+def test_processes_mode_measures_each_cell_in_fresh_processes(tmp_path):
+    out = tmp_path / "results.json"
+    argv = ["--preset", "tiny", "--suite", "forward", "--contestants", "alibi-sdpa", "--lengths", "32",
+            "--repeats", "1", "--warmup", "0", "--threads", "1", "--settle", "0", "--processes", "2",
+            "--targets", "issue10", "--out", str(out), "--markdown", str(tmp_path / "table.md")]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        results = bench_alibi.main(argv)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    (cell,) = results["cells"]
+    for name in ("gpt2-sdpa", "alibi-sdpa"):
+        result = cell["results"][name]
+        assert result["status"] == "ok" and len(result["processes"]) == 2
+        assert result["median_s"] == statistics.median(p["median_s"] for p in result["processes"])
+        # the whole process (torch, model, call) holds far more than the call's own growth
+        assert result["process_peak_bytes"] > 50 * 2**20 > result["peak_mem_bytes"]
+    assert results["settings"]["processes"] == 2 and results["target_set"] == "issue10"
+    assert "[min, max over processes]" in (tmp_path / "table.md").read_text()
