@@ -34,10 +34,10 @@ import torch.nn.functional as F
 from .alibi import alibi_causal_bias
 
 # Rows per query chunk on the split path, coarse to fine (see `_SplitPlan`). Measured on one call (B=1, H=8, D=64,
-# fp32; `python -m benchmarks.bench_attention_call`, a shared machine, noisy): against SDPA is_causal, 1 thread, CPU
-# time: (1024, 256) 1.07x at 4k, (1024, 256, 64) 1.04x at 4k and ~1.0x at 1k, 2k, 16k, today's bank 1.21x. With 2
-# threads each kernel call is a parallel region, and the 3-level plan's 4x more calls lost under load (16k, H=12:
-# fastest of 3, 0.88x for (1024, 256), 1.80x for (1024, 256, 64)), so two levels until a quiet machine says more.
+# fp32, `python -m benchmarks.bench_attention_call --threads 1 --clock cpu`, 2026-11-30): against SDPA is_causal,
+# (1024, 256) 1.07x at 2k and 1.04x at 8k; (768, 256), (1024, 256, 64) and (768, 256, 64) within +-3% of it, which
+# is this machine's noise. The kernel tiles 256 query rows from 768 rows up and 64 below, so the first level keeps
+# >= 768 rows, and the 256-row diagonal blocks (and sub-blocks) are what the per-score overhead sits in.
 SPLIT_CHUNKS = (1024, 256)
 # Rows per query chunk on the public fallback, whose mask is (B|1, H, chunk, kv) floats.
 MASKED_CHUNK = 256
@@ -191,11 +191,18 @@ class _SplitPlan:
     `chunks[-1]` rows that get the causal Toeplitz mask. Large first-level calls keep the kernel on its big row
     tiles (it is ~10% faster per score from 768 rows up); small last-level blocks keep the diagonal blocks' wasted
     upper halves, and the Toeplitz mask, small.
+
+    Calls of one shape repeat at a fixed stride (every diagonal block; the n-th sub-block of every chunk), and their
+    masks are equal: with batch 1 such a run becomes one kernel call whose batch dimension walks the sequence (a
+    strided view, no copy), so the small calls cost one parallel region instead of one each (`groups`).
     """
 
-    def __init__(self, slopes, offset, q_len, key_padding, chunks):
+    def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1):
         self.offset, self.key_padding, self.calls = offset, key_padding, []
         self._cover(0, q_len, 0, chunks, 0)
+        self.groups = _group(self.calls) if batch == 1 else [(1, 0, *call) for call in self.calls]
+        # Diagonal blocks first: together they cover every row once, so their results start the running ones
+        self.groups.sort(key=lambda group: not group[-1])
         self.visible = offset + q_len
         self.ramp = _key_bias(slopes, self.visible, None)[0, :, 0]  # (H, visible): -m * (visible - 1 - j)
         self.diagonal = _diagonal_bias(slopes, min(chunks[-1], q_len))  # (1, H, n, n)
@@ -216,8 +223,8 @@ class _SplitPlan:
                 self.calls.append((start, end, key_start, offset + start, False))
             self._cover(start, end, offset + start, chunks, level + 1)
 
-    def mask(self, start, end, key_start, key_end, diagonal):
-        """The call's mask, and the (H, n) shift from its logits' frame to the true ones (None: no shift)."""
+    def mask(self, count, stride, start, end, key_start, key_end, diagonal):
+        """The group's mask, and the (H, n) shift from its logits' frame to the true ones (None: no shift)."""
         n, min_value = end - start, torch.finfo(self.ramp.dtype).min
         if diagonal:
             mask, shift = self.diagonal[:, :, :n, :n], None  # (1, H, n, n): -m * (a - b), min above the diagonal
@@ -226,9 +233,44 @@ class _SplitPlan:
             mask = self.ramp[None, :, None, first + key_start : first + key_end]  # (1, H, 1, keys)
             shift = self.row_shift[:, :n]  # (H, n): true logit = chunk-frame logit - m * a
         if self.key_padding is not None:
-            keep = self.key_padding[:, None, None, key_start:key_end]  # (B, 1, 1, keys)
-            mask = mask.masked_fill(~keep, min_value)  # (B, H, n|1, keys)
+            keep = _blocks(self.key_padding[:, None, None], key_start, key_end - key_start, stride, count, dim=3)
+            mask = mask.masked_fill(~keep, min_value)  # (B|count, H, n|1, keys)
         return mask, shift
+
+
+def _group(calls):
+    """Runs of same-shape calls at a fixed stride: (count, stride, start, end, key_start, key_end, diagonal) each.
+
+    The stride is at least the rows and the keys of one call, so a run's blocks never overlap (gradients add into
+    them in place).
+    """
+    buckets = {}
+    for call in calls:
+        start, end, key_start, key_end, diagonal = call
+        buckets.setdefault((end - start, key_end - key_start, key_start - start, diagonal), []).append(call)
+    groups = []
+    for (rows, keys, _, _), members in buckets.items():
+        members.sort()
+        run = [members[0]]
+        for call in members[1:]:
+            stride = call[0] - run[-1][0]
+            if stride >= max(rows, keys) and (len(run) == 1 or stride == run[1][0] - run[0][0]):
+                run.append(call)
+            else:
+                groups.append((len(run), run[1][0] - run[0][0] if len(run) > 1 else 0, *run[0]))
+                run = [call]
+        groups.append((len(run), run[1][0] - run[0][0] if len(run) > 1 else 0, *run[0]))
+    return groups
+
+
+def _blocks(tensor, start, n, stride, count, dim=2):
+    """`count` blocks of `n` positions along `dim`, the first at `start`, every `stride`: a view whose dim 0 walks
+    the blocks (`tensor`'s dim 0 must then have size 1), (count, ..., n, ...); with count 1 a plain slice."""
+    if count == 1:
+        return tensor.narrow(dim, start, n)
+    sizes, strides = list(tensor.shape), list(tensor.stride())
+    sizes[0], strides[0], sizes[dim] = count, stride * strides[dim], n
+    return tensor.as_strided(sizes, strides, tensor.storage_offset() + start * strides[dim])
 
 
 class _SplitAttention(torch.autograd.Function):
@@ -236,25 +278,26 @@ class _SplitAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, slopes, offset, key_padding, scaling, chunks):
-        plan = _SplitPlan(slopes, offset, query.shape[2], key_padding, chunks)
-        # Running (output, log-sum-exp) of each row over the calls so far, in fp32 (fp64 for fp64 inputs)
+        plan = _SplitPlan(slopes, offset, query.shape[2], key_padding, chunks, query.shape[0])
+        # Running (output, log-sum-exp) of each row over the calls so far, in fp32 (fp64 for fp64 inputs); the
+        # diagonal groups come first and cover every row once, so they write these, and the others merge into them
         output = torch.empty(query.shape, dtype=slopes.dtype, device=query.device)  # (B, H, q, D)
         lse = torch.empty(query.shape[:3], dtype=slopes.dtype, device=query.device)  # (B, H, q)
-        written = 0  # rows [0, written) hold a running result; calls come in row order, each all new or all old
-        for start, end, key_start, key_end, diagonal in plan.calls:
-            mask, shift = plan.mask(start, end, key_start, key_end, diagonal)
-            out, lse_call = _flash(query[:, :, start:end], key[:, :, key_start:key_end],
-                                   value[:, :, key_start:key_end], mask, scaling, causal=diagonal)  # (B, H, n, D)
-            lse_call = lse_call if shift is None else lse_call - shift  # (B, H, n), true logits' frame
-            running_out, running_lse = output[:, :, start:end], lse[:, :, start:end]
-            if start >= written:  # the rows' first call: its result is the running one
+        for group in plan.groups:
+            count, stride, start, end, key_start, key_end, diagonal = group
+            mask, shift = plan.mask(*group)
+            rows = functools.partial(_blocks, start=start, n=end - start, stride=stride, count=count)
+            keys = functools.partial(_blocks, start=key_start, n=key_end - key_start, stride=stride, count=count)
+            out, lse_call = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=diagonal)  # (., H, n, D)
+            lse_call = lse_call if shift is None else lse_call - shift  # (B|count, H, n), true logits' frame
+            running_out, running_lse = rows(output), rows(lse)
+            if diagonal:  # the rows' first call: its result is the running one
                 running_out.copy_(out)
                 running_lse.copy_(lse_call)
-                written = end
                 continue
-            share = torch.sigmoid(lse_call - running_lse)[..., None]  # (B, H, n, 1): this call's part of the mass
+            share = torch.sigmoid(lse_call - running_lse)[..., None]  # (., H, n, 1): this call's part of the mass
             running_out.lerp_(out.to(output.dtype), share)  # o += share * (o_call - o), in place
-            torch.logaddexp(running_lse, lse_call, out=running_lse)
+            running_lse.copy_(torch.logaddexp(running_lse, lse_call))
         output = output.to(query.dtype)
         ctx.save_for_backward(query, key, value, slopes, output, lse)
         ctx.offset, ctx.key_padding, ctx.scaling, ctx.chunks = offset, key_padding, scaling, chunks
@@ -263,18 +306,19 @@ class _SplitAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         query, key, value, slopes, output, lse = ctx.saved_tensors
-        plan = _SplitPlan(slopes, ctx.offset, query.shape[2], ctx.key_padding, ctx.chunks)
+        plan = _SplitPlan(slopes, ctx.offset, query.shape[2], ctx.key_padding, ctx.chunks, query.shape[0])
         grad_output = grad_output.to(query.dtype)
         grads = [torch.zeros(t.shape, dtype=lse.dtype, device=t.device) for t in (query, key, value)]  # summed
-        for start, end, key_start, key_end, diagonal in plan.calls:
-            mask, shift = plan.mask(start, end, key_start, key_end, diagonal)
-            rows, keys = slice(start, end), slice(key_start, key_end)
-            lse_call = lse[:, :, rows] if shift is None else lse[:, :, rows] + shift  # (B, H, n), the call's frame
-            dq, dk, dv = _flash_backward(grad_output[:, :, rows], query[:, :, rows], key[:, :, keys],
-                                         value[:, :, keys], output[:, :, rows], lse_call, mask, ctx.scaling,
-                                         causal=diagonal)
-            grads[0][:, :, rows] += dq
-            grads[1][:, :, keys] += dk
-            grads[2][:, :, keys] += dv
+        for group in plan.groups:
+            count, stride, start, end, key_start, key_end, diagonal = group
+            mask, shift = plan.mask(*group)
+            rows = functools.partial(_blocks, start=start, n=end - start, stride=stride, count=count)
+            keys = functools.partial(_blocks, start=key_start, n=key_end - key_start, stride=stride, count=count)
+            lse_call = rows(lse) if shift is None else rows(lse) + shift  # (B|count, H, n), the call's frame
+            dq, dk, dv = _flash_backward(rows(grad_output), rows(query), keys(key), keys(value), rows(output),
+                                         lse_call, mask, ctx.scaling, causal=diagonal)
+            rows(grads[0]).add_(dq)
+            keys(grads[1]).add_(dk)
+            keys(grads[2]).add_(dv)
         grad_query, grad_key, grad_value = (g.to(t.dtype) for g, t in zip(grads, (query, key, value)))
         return grad_query, grad_key, grad_value, None, None, None, None, None

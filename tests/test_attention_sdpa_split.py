@@ -58,10 +58,12 @@ def qkv(batch, q_len, kv_len, dtype=torch.float32, model_layout=False):
     return [base.transpose(1, 2) for base in bases]  # (B, H, L, D), strided
 
 
-def compare(scenario, chunks, dtype, atol, grad_atol, model_layout=False):
-    """Outputs and gradients of the split against the float64 reference."""
+def compare(scenario, chunks, dtype, atol, grad_atol, model_layout=False, single_row=False):
+    """Outputs and gradients of the split against the float64 reference (`single_row`: batch 1, the padded row)."""
     q_len, kv_len, offset, key_padding = SCENARIOS[scenario]
-    batch = 2 if key_padding is None else key_padding.shape[0]
+    if single_row and key_padding is not None:
+        key_padding = key_padding[1:2]
+    batch = 1 if single_row else 2 if key_padding is None else key_padding.shape[0]
     query, key, value = qkv(batch, q_len, kv_len, dtype, model_layout)
     output = sdpa_alibi_split(query, key, value, SLOPES, offset, key_padding, SCALE, chunks=chunks)
     expected, has_keys = reference(query, key, value, offset, key_padding)
@@ -126,6 +128,28 @@ def test_split_plan_covers_every_visible_key_exactly_once(q_len, offset, chunks)
         count[start:end, key_start:key_end] += block.tril() if diagonal else block
     causal = torch.ones(q_len, offset + q_len, dtype=torch.int64).tril(offset)
     assert torch.equal(count, causal)
+
+
+@pytest.mark.parametrize("chunks", CHUNKINGS.values(), ids=CHUNKINGS.keys())
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_batch_of_one_runs_same_shape_blocks_as_one_call_and_matches_reference(scenario, chunks):
+    """With batch 1, runs of same-shape calls go to the kernel as one call whose batch walks the sequence."""
+    compare(scenario, chunks, torch.float32, atol=1e-5, grad_atol=1e-5, model_layout=True, single_row=True)
+
+
+@pytest.mark.parametrize("q_len, offset, chunks", [(37, 0, (16, 8, 3)), (19, 21, (8, 3)), (1100, 5, SPLIT_CHUNKS)])
+def test_grouped_calls_are_exactly_the_plans_calls(q_len, offset, chunks):
+    plan = _SplitPlan(SLOPES, offset, q_len, None, chunks, batch=1)
+    expanded = [
+        (start + i * stride, end + i * stride, key_start + i * stride, key_end + i * stride, diagonal)
+        for count, stride, start, end, key_start, key_end, diagonal in plan.groups
+        for i in range(count)
+    ]
+    assert sorted(expanded) == sorted(plan.calls)
+    assert len(plan.groups) < len(plan.calls)  # the diagonal blocks, at least, share one call
+    first_prefix = next(i for i, group in enumerate(plan.groups) if not group[-1])
+    assert all(group[-1] for group in plan.groups[:first_prefix])  # diagonal groups write the running result first
+    assert not any(group[-1] for group in plan.groups[first_prefix:])
 
 
 @pytest.mark.parametrize("scenario", ["self", "left_padding_with_cache", "fully_padded_sequence"])
