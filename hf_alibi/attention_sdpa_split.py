@@ -238,6 +238,13 @@ class _SplitPlan:
         return mask, shift
 
 
+def _like_kernel_output(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised (B, H, L, D) tensor laid out as (B, L, H, D), as the kernel's own outputs are: the model's
+    `transpose(1, 2).reshape(B, L, H * D)` is then a view, not a copy (what GPT-2's single SDPA call gets)."""
+    batch, heads, length, dim = tensor.shape
+    return torch.empty(batch, length, heads, dim, dtype=dtype, device=tensor.device).transpose(1, 2)
+
+
 def _group(calls):
     """Runs of same-shape calls at a fixed stride: (count, stride, start, end, key_start, key_end, diagonal) each.
 
@@ -281,7 +288,7 @@ class _SplitAttention(torch.autograd.Function):
         plan = _SplitPlan(slopes, offset, query.shape[2], key_padding, chunks, query.shape[0])
         # Running (output, log-sum-exp) of each row over the calls so far, in fp32 (fp64 for fp64 inputs); the
         # diagonal groups come first and cover every row once, so they write these, and the others merge into them
-        output = torch.empty(query.shape, dtype=slopes.dtype, device=query.device)  # (B, H, q, D)
+        output = _like_kernel_output(query, slopes.dtype)  # (B, H, q, D)
         lse = torch.empty(query.shape[:3], dtype=slopes.dtype, device=query.device)  # (B, H, q)
         for group in plan.groups:
             count, stride, start, end, key_start, key_end, diagonal = group
@@ -308,7 +315,7 @@ class _SplitAttention(torch.autograd.Function):
         query, key, value, slopes, output, lse = ctx.saved_tensors
         plan = _SplitPlan(slopes, ctx.offset, query.shape[2], ctx.key_padding, ctx.chunks, query.shape[0])
         grad_output = grad_output.to(query.dtype)
-        grads = [torch.zeros(t.shape, dtype=lse.dtype, device=t.device) for t in (query, key, value)]  # summed
+        grads = [_like_kernel_output(t, lse.dtype).zero_() for t in (query, key, value)]  # (B, H, L, D), summed
         for group in plan.groups:
             count, stride, start, end, key_start, key_end, diagonal = group
             mask, shift = plan.mask(*group)
