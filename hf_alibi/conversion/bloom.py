@@ -13,7 +13,9 @@ from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from ..alibi import slopes_from_config
 from ..configuration_alibi_gpt2 import AlibiGPT2Config
 from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import TANH_GELUS, build_alibi_model, grouped_to_interleaved, interleaved_to_grouped, load_exactly, refuse
+from .common import (
+    TANH_GELUS, build_alibi_model, grouped_to_interleaved, interleaved_to_grouped, load_exactly, refuse, shared_fields,
+)
 
 # (BLOOM suffix, ours) inside each block; Linear weights are transposed on the way
 _NORMS = {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2"}
@@ -42,12 +44,7 @@ def convert_bloom(model: BloomForCausalLM) -> AlibiGPT2LMHeadModel:
         resid_pdrop=config.hidden_dropout,
         embd_pdrop=0.0,
         attn_pdrop=config.attention_dropout,
-        layer_norm_epsilon=config.layer_norm_epsilon,
-        initializer_range=config.initializer_range,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-        tie_word_embeddings=config.tie_word_embeddings,
+        **shared_fields(config),
         alibi_slopes=bloom_slopes(n_head).tolist(),
         embedding_layernorm=True,
     )

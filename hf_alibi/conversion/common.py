@@ -13,6 +13,13 @@ from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # the same function (BLOOM's, GPT-2's, llama.cpp's), rounding apart
 
 
+def shared_fields(config) -> dict:
+    """The config fields every family names as GPT-2 does: norm epsilon, init range, special tokens, tied head."""
+    names = ("layer_norm_epsilon", "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id",
+             "tie_word_embeddings")
+    return {name: getattr(config, name) for name in names}
+
+
 def refuse(config, refusals: dict[str, object], family: str) -> None:
     """Raise a `ValueError` naming the first field of `config` whose value is not the one hf_alibi can hold exactly.
 

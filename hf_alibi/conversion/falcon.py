@@ -18,7 +18,7 @@ from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 
 from ..configuration_alibi_gpt2 import AlibiGPT2Config
 from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import build_alibi_model, interleaved_to_grouped, refuse
+from .common import build_alibi_model, interleaved_to_grouped, refuse, shared_fields
 
 _NORMS = {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2"}
 _LINEARS = {"self_attention.dense": "attn.c_proj", "mlp.dense_h_to_4h": "mlp.c_fc", "mlp.dense_4h_to_h": "mlp.c_proj"}
@@ -49,12 +49,7 @@ def convert_falcon(model: FalconForCausalLM) -> AlibiGPT2LMHeadModel:
         resid_pdrop=config.hidden_dropout,
         embd_pdrop=0.0,
         attn_pdrop=config.attention_dropout,
-        layer_norm_epsilon=config.layer_norm_epsilon,
-        initializer_range=config.initializer_range,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-        tie_word_embeddings=config.tie_word_embeddings,
+        **shared_fields(config),
         alibi_slopes=falcon_slopes(n_head, n_embd // n_head).tolist(),
     )
     source = model.state_dict()

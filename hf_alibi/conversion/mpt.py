@@ -15,7 +15,7 @@ from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 from ..alibi import slopes_from_config
 from ..configuration_alibi_gpt2 import AlibiGPT2Config
 from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import build_alibi_model, load_exactly, refuse
+from .common import build_alibi_model, load_exactly, refuse, shared_fields
 
 # (MPT suffix, ours) inside each block; Linear weights are transposed on the way
 _NORMS = {"norm_1": "ln_1", "norm_2": "ln_2"}
@@ -69,12 +69,7 @@ def convert_mpt(model: MptForCausalLM) -> AlibiGPT2LMHeadModel:
         resid_pdrop=config.resid_pdrop,
         embd_pdrop=config.emb_pdrop,
         attn_pdrop=attn.get("attn_pdrop", 0.0),
-        layer_norm_epsilon=config.layer_norm_epsilon,
-        initializer_range=config.initializer_range,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-        tie_word_embeddings=config.tie_word_embeddings,
+        **shared_fields(config),
         alibi_slopes=mpt_slopes(n_head).tolist(),
         bias=False,
         clip_qkv=attn.get("clip_qkv"),
