@@ -1,4 +1,4 @@
-"""Issue 4's benchmark: hf_alibi against GPT-2 (SDPA, no ALiBi), BLOOM and MPT, side by side in one run.
+"""hf_alibi against GPT-2 (SDPA, no ALiBi), BLOOM and MPT, side by side in one run (issues 4, 8 and 10).
 
     python -m benchmarks.bench_alibi --out results.json --markdown BENCHMARKS-table.md          # GPT-2 small, CPU
     python -m benchmarks.bench_alibi --preset tiny --repeats 1                                  # smoke, ~1 min
@@ -6,9 +6,13 @@
     python -m benchmarks.bench_alibi --device cuda --dtype bf16 --out results-cuda.json
     python -m benchmarks.bench_alibi --preset bloom-560m --suite forward,train --train-batch 1 \
         --contestants bloom-eager,alibi-from-bloom --out bloom560m.json --markdown bloom560m.md    # issue 8
+    python -m benchmarks.bench_alibi --suite forward --lengths 512,2048 --processes 5 --targets issue10  # issue 10
 
 Every contestant lives in its own worker process (`benchmarks.worker`) for the whole run, so its peak memory is
-its own and a crash, out-of-memory or timeout is recorded as that contestant's result. For each measurement cell
+its own and a crash, out-of-memory or timeout is recorded as that contestant's result. With `--processes N`, every
+cell is instead measured in N fresh processes per contestant (round by round over all cells, the contestants' order
+rotating), each reporting its median and its whole-process peak memory; the cell gets the medians over processes
+and their [min, max]. For each measurement cell
 (suite x length x batch) the parent asks every worker for warm-up and a memory probe, then for `--repeats` timed
 calls interleaved across contestants (A B C A B C ...), and reports medians and ratios against `gpt2-sdpa`.
 
