@@ -9,12 +9,12 @@
     python -m benchmarks.bench_alibi --suite forward --lengths 512,2048 --processes 5 --targets issue10  # issue 10
 
 Every contestant lives in its own worker process (`benchmarks.worker`) for the whole run, so its peak memory is
-its own and a crash, out-of-memory or timeout is recorded as that contestant's result. With `--processes N`, every
-cell is instead measured in N fresh processes per contestant (round by round over all cells, the contestants' order
-rotating), each reporting its median and its whole-process peak memory; the cell gets the medians over processes
-and their [min, max]. For each measurement cell
+its own and a crash, out-of-memory or timeout is recorded as that contestant's result. For each measurement cell
 (suite x length x batch) the parent asks every worker for warm-up and a memory probe, then for `--repeats` timed
 calls interleaved across contestants (A B C A B C ...), and reports medians and ratios against `gpt2-sdpa`.
+With `--processes N`, every cell is instead measured in N fresh processes per contestant (round by round over all
+cells, the contestants' order rotating), each reporting its median and its whole-process peak memory; the cell gets
+the medians over processes and their [min, max].
 
 - train: `model(input_ids, labels=input_ids)` (full logits and loss) + `backward()`, gradients dropped; with
   `--optimizer sgd` plus a plain SGD step. tokens/s = batch * length / step time.

@@ -27,11 +27,15 @@ def summarise(cell: dict, result: dict) -> None:
         result["decode_s"] = decode
         result["median_s"] = statistics.median(decode)
         result["prefill_median_s"] = statistics.median(result["prefill_s"])
-        tokens = cell["batch"] * (cell["decode"] - 1)
     else:
         result["median_s"] = statistics.median(result["seconds"])
-        tokens = cell["batch"] * cell["length"]
-    result["tokens_per_s"] = tokens / result["median_s"] if result["median_s"] > 0 else None
+    result["tokens_per_s"] = _tokens_per_s(cell, result["median_s"])
+
+
+def _tokens_per_s(cell: dict, seconds: float) -> float | None:
+    """Tokens a timed call handles (decoded tokens for generation) per second; None for a non-positive time."""
+    tokens = cell["batch"] * (cell["decode"] - 1 if cell["suite"] == "generate" else cell["length"])
+    return tokens / seconds if seconds > 0 else None
 
 
 def combine_processes(cell: dict, rounds: list[dict]) -> dict:
@@ -58,8 +62,7 @@ def combine_processes(cell: dict, rounds: list[dict]) -> dict:
             values = [run[key] for run in runs if run.get(key) is not None]
             if values:
                 result[key], result[spread] = statistics.median(values), [min(values), max(values)]
-        tokens = cell["batch"] * (cell["decode"] - 1 if cell["suite"] == "generate" else cell["length"])
-        result["tokens_per_s"] = tokens / result["median_s"] if result["median_s"] > 0 else None
+        result["tokens_per_s"] = _tokens_per_s(cell, result["median_s"])
         combined[name] = result
     add_ratios(combined)
     return combined
@@ -232,8 +235,7 @@ def format_result(cell: dict, result: dict) -> str:
     if "processes" in result:
         return _format_processes(cell, result)
     if cell["suite"] == "generate":
-        tokens = "?" if result["tokens_per_s"] is None else f"{result['tokens_per_s']:.1f}"
-        speed = f"{tokens} tok/s · {_ratio(result['throughput_ratio'])}"
+        speed = _decode_speed(result)
     elif cell["suite"] == "train":
         speed = f"{result['median_s']:.3f} s ({result['tokens_per_s']:.0f} tok/s) · {_ratio(result['time_ratio'])}"
     else:
@@ -241,12 +243,16 @@ def format_result(cell: dict, result: dict) -> str:
     return f"{speed} · {_bytes(result['peak_mem_bytes'])} · {_ratio(result['mem_ratio'])}"
 
 
+def _decode_speed(result: dict) -> str:
+    tokens = "?" if result["tokens_per_s"] is None else f"{result['tokens_per_s']:.1f}"
+    return f"{tokens} tok/s · {_ratio(result['throughput_ratio'])}"
+
+
 def _format_processes(cell: dict, result: dict) -> str:
     """median [min, max over processes] · ratio · whole-process peak [min, max] · ratio · peak growth."""
     low, high = result["time_spread_s"]
     if cell["suite"] == "generate":
-        tokens = "?" if result["tokens_per_s"] is None else f"{result['tokens_per_s']:.1f}"
-        speed = f"{tokens} tok/s · {_ratio(result['throughput_ratio'])}"
+        speed = _decode_speed(result)
     else:
         speed = f"{result['median_s']:.3f} s [{low:.3f}, {high:.3f}] · {_ratio(result['time_ratio'])}"
     if result.get("process_peak_bytes") is None:

@@ -223,6 +223,13 @@ class _SplitPlan:
                 self.calls.append((start, end, key_start, offset + start, False))
             self._cover(start, end, offset + start, chunks, level + 1)
 
+    def views(self, group):
+        """A group's mask, shift (see `mask`) and the functions that cut its rows and its keys out of a tensor."""
+        count, stride, start, end, key_start, key_end, diagonal = group
+        rows = functools.partial(_blocks, start=start, n=end - start, stride=stride, count=count)
+        keys = functools.partial(_blocks, start=key_start, n=key_end - key_start, stride=stride, count=count)
+        return (*self.mask(*group), rows, keys)
+
     def mask(self, count, stride, start, end, key_start, key_end, diagonal):
         """The group's mask, and the (H, n) shift from its logits' frame to the true ones (None: no shift)."""
         n, min_value = end - start, torch.finfo(self.ramp.dtype).min
@@ -255,19 +262,18 @@ def _group(calls):
     for call in calls:
         start, end, key_start, key_end, diagonal = call
         buckets.setdefault((end - start, key_end - key_start, key_start - start, diagonal), []).append(call)
-    groups = []
+    runs = []
     for (rows, keys, _, _), members in buckets.items():
         members.sort()
-        run = [members[0]]
+        runs.append([members[0]])
         for call in members[1:]:
+            run = runs[-1]
             stride = call[0] - run[-1][0]
             if stride >= max(rows, keys) and (len(run) == 1 or stride == run[1][0] - run[0][0]):
                 run.append(call)
             else:
-                groups.append((len(run), run[1][0] - run[0][0] if len(run) > 1 else 0, *run[0]))
-                run = [call]
-        groups.append((len(run), run[1][0] - run[0][0] if len(run) > 1 else 0, *run[0]))
-    return groups
+                runs.append([call])
+    return [(len(run), run[1][0] - run[0][0] if len(run) > 1 else 0, *run[0]) for run in runs]
 
 
 def _blocks(tensor, start, n, stride, count, dim=2):
@@ -291,10 +297,8 @@ class _SplitAttention(torch.autograd.Function):
         output = _like_kernel_output(query, slopes.dtype)  # (B, H, q, D)
         lse = torch.empty(query.shape[:3], dtype=slopes.dtype, device=query.device)  # (B, H, q)
         for group in plan.groups:
-            count, stride, start, end, key_start, key_end, diagonal = group
-            mask, shift = plan.mask(*group)
-            rows = functools.partial(_blocks, start=start, n=end - start, stride=stride, count=count)
-            keys = functools.partial(_blocks, start=key_start, n=key_end - key_start, stride=stride, count=count)
+            diagonal = group[-1]
+            mask, shift, rows, keys = plan.views(group)
             out, lse_call = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=diagonal)  # (., H, n, D)
             lse_call = lse_call if shift is None else lse_call - shift  # (B|count, H, n), true logits' frame
             running_out, running_lse = rows(output), rows(lse)
@@ -317,10 +321,8 @@ class _SplitAttention(torch.autograd.Function):
         grad_output = grad_output.to(query.dtype)
         grads = [_like_kernel_output(t, lse.dtype).zero_() for t in (query, key, value)]  # (B, H, L, D), summed
         for group in plan.groups:
-            count, stride, start, end, key_start, key_end, diagonal = group
-            mask, shift = plan.mask(*group)
-            rows = functools.partial(_blocks, start=start, n=end - start, stride=stride, count=count)
-            keys = functools.partial(_blocks, start=key_start, n=key_end - key_start, stride=stride, count=count)
+            diagonal = group[-1]
+            mask, shift, rows, keys = plan.views(group)
             lse_call = rows(lse) if shift is None else rows(lse) + shift  # (B|count, H, n), the call's frame
             dq, dk, dv = _flash_backward(rows(grad_output), rows(query), keys(key), keys(value), rows(output),
                                          lse_call, mask, ctx.scaling, causal=diagonal)
