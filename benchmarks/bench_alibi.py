@@ -4,6 +4,7 @@
     python -m benchmarks.bench_alibi --preset tiny --repeats 1                                  # smoke, ~1 min
     python -m benchmarks.bench_alibi --suite forward --lengths 4096,8192 --contestants gpt2-sdpa,bloom-eager,alibi-sdpa
     python -m benchmarks.bench_alibi --device cuda --dtype bf16 --out results-cuda.json
+    bash benchmarks/gpu_issue10.sh                                                              # issue 10 on a GPU
     python -m benchmarks.bench_alibi --preset bloom-560m --suite forward,train --train-batch 1 \
         --contestants bloom-eager,alibi-from-bloom --out bloom560m.json --markdown bloom560m.md    # issue 8
     python -m benchmarks.bench_alibi --suite forward --lengths 512,2048 --processes 5 --targets issue10  # issue 10
@@ -11,7 +12,8 @@
 Every contestant lives in its own worker process (`benchmarks.worker`) for the whole run, so its peak memory is
 its own and a crash, out-of-memory or timeout is recorded as that contestant's result. For each measurement cell
 (suite x length x batch) the parent asks every worker for warm-up and a memory probe, then for `--repeats` timed
-calls interleaved across contestants (A B C A B C ...), and reports medians and ratios against `gpt2-sdpa`.
+calls interleaved across contestants (A B C A B C ...), and reports medians and ratios against `gpt2-sdpa` (or the
+no-bias GPT-2 that `--reference` names: `gpt2-flash` on a GPU).
 With `--processes N`, every cell is instead measured in N fresh processes per contestant (round by round over all
 cells, the contestants' order rotating), each reporting its median and its whole-process peak memory; the cell gets
 the medians over processes and their [min, max].
@@ -44,7 +46,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import report as reporting
-from .contestants import ALIBI_BACKENDS, CONTESTANTS, REFERENCE, SUITES, Shape, default_contestants, unsupported_reason
+from .contestants import (
+    ALIBI_BACKENDS, CONTESTANTS, REFERENCE, REFERENCES, SUITES, Shape, default_contestants, unsupported_reason,
+)
 from .worker import PROTOCOL_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,7 +250,7 @@ class Bench:
                 if not result.get(key):
                     result.pop(key, None)
             reporting.summarise(cell, result)
-        reporting.add_ratios(results)
+        reporting.add_ratios(results, self.args.reference)
         return results
 
     def close(self) -> None:
@@ -282,6 +286,7 @@ def build_report(args, cells: list[dict], bench: Bench) -> dict:
         "settings": {
             "shape": asdict(args.shape), "dtype": args.dtype, "device": args.device, "suites": args.suites,
             "repeats": args.repeats, "warmup": args.warmup, "processes": args.processes, "optimizer": args.optimizer,
+            "reference": args.reference,
             "optimizer_description": optimizer,
             "memory_method": f"{memory}, the peak growth over the state just before the call (model weights excluded)", "max_length": args.max_length, "timeout_s": args.timeout,
             "memory_limit_gb": args.memory_limit_gb if args.device == "cpu" else None,
@@ -289,7 +294,9 @@ def build_report(args, cells: list[dict], bench: Bench) -> dict:
         "contestants": args.contestants,
         "workers": bench.ready,
         "cells": cells,
-        "targets": [row for name in alibi for row in reporting.evaluate_targets(cells, name, args.targets)],
+        "targets": [
+            row for name in alibi for row in reporting.evaluate_targets(cells, name, args.targets, args.reference)
+        ],
         "target_set": args.targets,
     }
     return report
@@ -311,7 +318,7 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--vocab-size", type=int, help="override the preset's vocabulary size")
     parser.add_argument("--suite", default=",".join(SUITES), help=f"comma-separated subset of {','.join(SUITES)}")
     parser.add_argument("--contestants", help=f"comma-separated subset of {','.join(CONTESTANTS)} (default: every "
-                        "one that runs on the device without compiling; gpt2-sdpa is always added, as reference)")
+                        "one that runs on the device without compiling; the --reference is always added)")
     parser.add_argument("--train-lengths", type=_ints, help="training-step lengths (small preset: 512,1024)")
     parser.add_argument("--train-batch", type=int, default=4, help="training-step batch size (default 4)")
     parser.add_argument("--lengths", type=_ints, help="inference-forward lengths, batch 1 (small: 2048,4096,8192,16384)")
@@ -334,9 +341,13 @@ def parse_args(argv: list[str] | None = None):
                         help="measure every cell in N fresh processes per contestant, interleaved round by round, "
                         "and report the median over processes with their [min, max] and each process's whole "
                         "peak memory (default 0: one long-lived process per contestant for the whole run)")
+    parser.add_argument("--reference", choices=REFERENCES, default=REFERENCE,
+                        help="the no-bias GPT-2 every ratio is against (default gpt2-sdpa; gpt2-flash: "
+                        "FlashAttention-2, CUDA + flash-attn, to hold alibi-flash against the same kernel without "
+                        "alibi_slopes)")
     parser.add_argument("--targets", choices=("issue4", "issue10"), default="issue4",
                         help="which targets to evaluate: issue 4's (default) or issue 10's (within 1.05x of "
-                        "gpt2-sdpa in time and whole-process peak memory, BLOOM >= 3x slower from 4096 on)")
+                        "the reference in time and whole-process peak memory, BLOOM >= 3x slower from 4096 on)")
     parser.add_argument("--settle", type=float, default=0.2, help="seconds of idle between timed calls (default 0.2)")
     parser.add_argument("--out", help="write the full results here as JSON (atomically, updated after every cell)")
     parser.add_argument("--markdown", help="write the markdown table here (atomically)")
@@ -355,8 +366,10 @@ def parse_args(argv: list[str] | None = None):
     args.contestants = args.contestants.split(",") if args.contestants else default_contestants(args.device)
     if bad := [c for c in args.contestants if c not in CONTESTANTS]:
         parser.error(f"unknown contestant(s) {bad}; choose from {list(CONTESTANTS)}")
-    if REFERENCE not in args.contestants:
-        args.contestants.insert(0, REFERENCE)
+    if why := next(filter(None, (unsupported_reason(args.reference, s, args.device) for s in args.suites)), None):
+        parser.error(f"--reference {args.reference} cannot run here: {why}")
+    if args.reference not in args.contestants:
+        args.contestants.insert(0, args.reference)
     if args.repeats < 1 or args.warmup < 0 or args.decode < 2 or args.prefill < 2 or args.processes < 0:
         parser.error(f"need --repeats >= 1, --warmup >= 0, --decode >= 2, --prefill >= 2, --processes >= 0; got "
                      f"{args.repeats}, {args.warmup}, {args.decode}, {args.prefill}, {args.processes}")
@@ -393,7 +406,7 @@ def run_in_processes(args, cells: list[dict], bench: Bench) -> None:
         for cell in cells:
             print(f"[bench] round {round_index + 1}/{args.processes}: {cell['name']}", file=sys.stderr, flush=True)
             rounds[id(cell)].append(bench.run_cell_in_processes(cell, args.contestants, round_index))
-            cell["results"] = reporting.combine_processes(cell, rounds[id(cell)])
+            cell["results"] = reporting.combine_processes(cell, rounds[id(cell)], args.reference)
             _log_cell(cell)
             if args.out:
                 reporting.write_atomic(args.out, json.dumps(build_report(args, cells, bench), indent=1))

@@ -5,10 +5,11 @@ apply theirs differently, so every contestant gets 0 everywhere: the benchmark c
 
 | name                   | model                                           | attention                                  |
 |------------------------|-------------------------------------------------|--------------------------------------------|
-| `gpt2-sdpa`            | `GPT2LMHeadModel`, learned positions            | SDPA, no bias (the reference of every ratio)|
+| `gpt2-sdpa`            | `GPT2LMHeadModel`, learned positions            | SDPA, no bias (the default reference)      |
+| `gpt2-flash`           | `GPT2LMHeadModel`, CUDA + flash-attn only       | FlashAttention-2, no bias (GPU reference)  |
 | `bloom-eager`          | `BloomForCausalLM`                              | HF's ALiBi, eager (BLOOM has no other)     |
 | `mpt-eager`            | `MptForCausalLM`, `alibi=True`                  | HF's ALiBi, eager (MPT has no other)       |
-| `alibi-sdpa`           | `AlibiGPT2LMHeadModel` (the default backend)    | SDPA over query chunks of one bias bank    |
+| `alibi-sdpa`           | `AlibiGPT2LMHeadModel` (the default backend)    | SDPA: CPU split, else bias-bank chunks     |
 | `alibi-eager`          | `AlibiGPT2LMHeadModel`                          | the fp32 reference                         |
 | `alibi-flex`           | `AlibiGPT2LMHeadModel`                          | FlexAttention, analytic `score_mod`        |
 | `alibi-flex-compiled`  | `torch.compile` of `alibi-flex`, inference only | compiled FlexAttention (slow to compile)   |
@@ -17,6 +18,9 @@ apply theirs differently, so every contestant gets 0 everywhere: the benchmark c
 
 `alibi-from-bloom` is issue 8's contestant: the same random BLOOM as `bloom-eager` (same seed), imported exactly
 into hf_alibi, so the two time one function. Its worker refuses to start if the imported logits differ.
+
+Every ratio is against one reference, a GPT-2 without any bias (`REFERENCES`): `gpt2-sdpa` by default, `gpt2-flash`
+on a GPU to hold `alibi-flash` against the same FlashAttention-2 kernel without `alibi_slopes` (issue 10).
 """
 
 import importlib.util
@@ -24,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 CONTESTANTS = (
     "gpt2-sdpa",
+    "gpt2-flash",
     "bloom-eager",
     "mpt-eager",
     "alibi-sdpa",
@@ -33,7 +38,8 @@ CONTESTANTS = (
     "alibi-flash",
     "alibi-from-bloom",
 )
-REFERENCE = "gpt2-sdpa"
+REFERENCE = "gpt2-sdpa"  # the default reference of every ratio
+REFERENCES = ("gpt2-sdpa", "gpt2-flash")  # plain causal attention, no bias: what ALiBi is held against
 ALIBI_BACKENDS = {
     "alibi-sdpa": "sdpa",
     "alibi-eager": "eager",
@@ -74,7 +80,7 @@ def default_contestants(device: str) -> list[str]:
 
 def unsupported_reason(name: str, suite: str, device: str) -> str | None:
     """Why `name` cannot run `suite` on `device`, or None when it can. Decided before any worker starts."""
-    if name == "alibi-flash":
+    if name in ("alibi-flash", "gpt2-flash"):
         if device != "cuda":
             return "FlashAttention-2 needs CUDA"
         if importlib.util.find_spec("flash_attn") is None:
@@ -102,10 +108,11 @@ def build_model(name: str, shape: Shape, max_length: int):
     ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
     gpt2_shape = {"vocab_size": shape.vocab_size, "n_embd": shape.n_embd, "n_layer": shape.n_layer, "n_head": shape.n_head}
     no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
-    if name == "gpt2-sdpa":
+    if name in REFERENCES:
         # n_positions covers the longest length of the run (learned table; rows past training are just untrained).
         config = GPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, **ids)
-        model = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
+        backend = "flash_attention_2" if name == "gpt2-flash" else "sdpa"
+        model = GPT2LMHeadModel._from_config(config, attn_implementation=backend)
     elif name in ("bloom-eager", "alibi-from-bloom"):
         config = BloomConfig(
             vocab_size=shape.vocab_size, hidden_size=shape.n_embd, n_layer=shape.n_layer, n_head=shape.n_head,

@@ -1,8 +1,9 @@
-"""Turning raw measurements into results: medians, ratios against gpt2-sdpa, issue 4's targets and a markdown table.
+"""Turning raw measurements into results: medians, ratios against the reference, targets and a markdown table.
 
-Every ratio is against `gpt2-sdpa` in the same cell of the same run. `time_ratio` = contestant time / gpt2-sdpa time
-(lower is better); for generation the time is the decode time, so `throughput_ratio` = 1 / `time_ratio` is the
-decode tokens/s ratio. `mem_ratio` = contestant peak memory growth / gpt2-sdpa's; with `--processes`,
+Every ratio is against the reference (`gpt2-sdpa` unless `--reference` names another no-bias GPT-2) in the same cell
+of the same run. `time_ratio` = contestant time / reference time (lower is better); for generation the time is the
+decode time, so `throughput_ratio` = 1 / `time_ratio` is the decode tokens/s ratio. `mem_ratio` = contestant peak
+memory growth / the reference's; with `--processes`,
 `process_mem_ratio` = the whole-process peak's ratio (torch, model and the call: what the machine must have).
 """
 
@@ -38,7 +39,7 @@ def _tokens_per_s(cell: dict, seconds: float) -> float | None:
     return tokens / seconds if seconds > 0 else None
 
 
-def combine_processes(cell: dict, rounds: list[dict]) -> dict:
+def combine_processes(cell: dict, rounds: list[dict], reference: str = REFERENCE) -> dict:
     """One cell's result per contestant from its per-process results (`rounds`: one {contestant: result} each).
 
     A contestant that failed in any process gets that failure (the first one that is not a skip after it). Otherwise
@@ -64,13 +65,13 @@ def combine_processes(cell: dict, rounds: list[dict]) -> dict:
                 result[key], result[spread] = statistics.median(values), [min(values), max(values)]
         result["tokens_per_s"] = _tokens_per_s(cell, result["median_s"])
         combined[name] = result
-    add_ratios(combined)
+    add_ratios(combined, reference)
     return combined
 
 
-def add_ratios(results: dict) -> None:
-    """Ratios of every contestant of one cell against `gpt2-sdpa` of that cell (None when it has no result)."""
-    reference = results.get(REFERENCE, {})
+def add_ratios(results: dict, reference: str = REFERENCE) -> None:
+    """Ratios of every contestant of one cell against `reference` of that cell (None when it has no result)."""
+    reference = results.get(reference, {})
     for result in results.values():
         if result.get("status") != OK:
             continue
@@ -97,7 +98,7 @@ def _find(cells: list[dict], suite: str, **match) -> dict | None:
 def _ratio_target(result: dict, key: str, limit: float, at_least: bool = False) -> tuple[str, str]:
     value = result.get(key)
     if value is None:
-        return "n/a", f"no {REFERENCE} result"
+        return "n/a", "no reference result"
     met = value >= limit if at_least else value <= limit
     return ("met" if met else "not met"), f"{value:.2f}x"
 
@@ -117,7 +118,7 @@ def _within(result: dict, limit: float) -> tuple[str, str]:
     memory_key = "process_mem_ratio" if "process_mem_ratio" in result else "mem_ratio"
     time_ratio, memory_ratio = result.get("time_ratio"), result.get(memory_key)
     if time_ratio is None or memory_ratio is None:
-        return "n/a", f"no {REFERENCE} result"
+        return "n/a", "no reference result"
     met = time_ratio <= limit and memory_ratio <= limit
     memory = "whole-process peak" if memory_key == "process_mem_ratio" else "peak growth"
     return ("met" if met else "not met"), f"time {time_ratio:.3f}x, {memory} {memory_ratio:.3f}x"
@@ -132,13 +133,13 @@ def _bloom_slower(result: dict, bloom: dict, factor: float = 3) -> tuple[str, st
     return ("met" if slower >= factor else "not met"), f"bloom-eager {slower:.2f}x our time"
 
 
-def issue10_targets(cells: list[dict]) -> list[tuple]:
-    """Issue 10: within 1.05x of gpt2-sdpa in time and whole-process peak memory; BLOOM >= 3x slower from 4k on."""
+def issue10_targets(cells: list[dict], reference: str = REFERENCE) -> list[tuple]:
+    """Issue 10: within 1.05x of the reference in time and whole-process peak memory; BLOOM >= 3x slower from 4k."""
     checks = []
     for cell in cells:
         length = cell.get("length")
         if cell["suite"] == "forward" and 512 <= length <= 32768 or cell["suite"] == "train" and 512 <= length <= 2048:
-            checks.append((f"{cell['name']} within 1.05x {REFERENCE}", cell["suite"], {"length": length},
+            checks.append((f"{cell['name']} within 1.05x {reference}", cell["suite"], {"length": length},
                            lambda r, rs: _within(r, 1.05)))
         if cell["suite"] == "forward" and length >= 4096 and "bloom-eager" in cell["results"]:
             checks.append((f"{cell['name']}: bloom-eager >= 3x slower", "forward", {"length": length},
@@ -146,9 +147,12 @@ def issue10_targets(cells: list[dict]) -> list[tuple]:
     return checks
 
 
-def evaluate_targets(cells: list[dict], contestant: str, which: str = "issue4") -> list[dict]:
-    """Targets (issue 4's or issue 10's) for one ALiBi contestant: one row each, `met`/`not met`/`n/a` and numbers."""
-    checks = issue10_targets(cells) if which == "issue10" else issue4_targets(contestant)
+def evaluate_targets(
+    cells: list[dict], contestant: str, which: str = "issue4", reference: str = REFERENCE
+) -> list[dict]:
+    """Targets (issue 4's or issue 10's) for one ALiBi contestant: one row each, `met`/`not met`/`n/a` and numbers;
+    the cells' ratios must be against `reference` (`add_ratios`)."""
+    checks = issue10_targets(cells, reference) if which == "issue10" else issue4_targets(contestant, reference)
     rows = []
     for target, suite, match, check in checks:
         cell = _find(cells, suite, **match)
@@ -163,16 +167,16 @@ def evaluate_targets(cells: list[dict], contestant: str, which: str = "issue4") 
     return rows
 
 
-def issue4_targets(contestant: str) -> list[tuple]:
+def issue4_targets(contestant: str, reference: str = REFERENCE) -> list[tuple]:
     """Issue 4's targets (and issue 8's for `alibi-from-bloom`): (target, suite, cell match, check) each."""
     checks = []  # (target, suite, cell match, check(result, cell results) -> (status, detail))
     for length in (512, 1024):
-        checks.append((f"train step L={length} <= 1.10x {REFERENCE}", "train", {"length": length},
+        checks.append((f"train step L={length} <= 1.10x {reference}", "train", {"length": length},
                        lambda r, rs: _ratio_target(r, "time_ratio", 1.10)))
-    checks.append((f"forward L=8192 <= 1.3x {REFERENCE} time", "forward", {"length": 8192},
+    checks.append((f"forward L=8192 <= 1.3x {reference} time", "forward", {"length": 8192},
                    lambda r, rs: _ratio_target(r, "time_ratio", 1.3)))
     for length in (8192, 16384):
-        checks.append((f"peak memory L={length} <= 1.25x {REFERENCE}", "forward", {"length": length},
+        checks.append((f"peak memory L={length} <= 1.25x {reference}", "forward", {"length": length},
                        lambda r, rs: _ratio_target(r, "mem_ratio", 1.25)))
     for length in (4096, 8192):
         checks.append((f"forward L={length} >= 3x faster than bloom-eager, < 0.5x its memory", "forward",
@@ -184,7 +188,7 @@ def issue4_targets(contestant: str) -> list[tuple]:
             checks.append((f"forward L={length} runs", "forward", {"length": length},
                            lambda r, rs: ("met", f"{r['median_s']:.2f} s")))
     for batch in (1, 8):
-        checks.append((f"decode tokens/s batch {batch} >= 0.95x {REFERENCE}", "generate", {"batch": batch},
+        checks.append((f"decode tokens/s batch {batch} >= 0.95x {reference}", "generate", {"batch": batch},
                        lambda r, rs: _ratio_target(r, "throughput_ratio", 0.95, at_least=True)))
     return checks
 
@@ -322,17 +326,17 @@ def render_markdown(report: dict) -> str:
 
 
 def _method(settings: dict) -> str:
-    processes = settings.get("processes")
+    processes, reference = settings.get("processes"), settings.get("reference", REFERENCE)
     if not processes:
         return (f"Timing: {settings['warmup']} warm-up call(s), then {settings['repeats']} repeats interleaved across "
-                f"contestants (ABCABC...), median. Ratios are against `{REFERENCE}` in the same cell. Memory: "
+                f"contestants (ABCABC...), median. Ratios are against `{reference}` in the same cell. Memory: "
                 f"{settings['memory_method']}.")
     return (f"Each cell ran in {processes} fresh processes per contestant, interleaved (round by round over all "
             f"cells, the contestants' order rotating each round); in each process {settings['warmup']} warm-up "
             f"call(s), one memory probe, then {settings['repeats']} timed call(s) (their median). A cell shows the "
             f"median over its processes [min, max over processes] · ratio · the whole-process peak memory (VmHWM: "
             f"torch, model, build and calls) [min, max] · ratio · +the call's own peak growth "
-            f"({settings['memory_method']}). Ratios are of medians, against `{REFERENCE}` in the same cell.")
+            f"({settings['memory_method']}). Ratios are of medians, against `{reference}` in the same cell.")
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:

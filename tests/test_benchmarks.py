@@ -157,6 +157,47 @@ def test_cli_rejects_unknown_names_with_the_valid_ones():
     assert args.max_length == max(args.lengths + args.train_lengths + [args.prefill + args.decode])
 
 
+def test_reference_flag_names_the_gpt2_every_ratio_is_against(capsys):
+    args = bench_alibi.parse_args(["--preset", "tiny", "--contestants", "alibi-sdpa"])
+    assert args.reference == "gpt2-sdpa" and args.contestants == ["gpt2-sdpa", "alibi-sdpa"]
+    # FlashAttention-2 without ALiBi is the GPU reference; asked for on a CPU it is refused before any worker starts
+    with pytest.raises(SystemExit):
+        bench_alibi.parse_args(["--preset", "tiny", "--reference", "gpt2-flash"])
+    assert "--reference gpt2-flash cannot run here: FlashAttention-2 needs CUDA" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_alibi.parse_args(["--preset", "tiny", "--reference", "bloom-eager"])  # not a no-bias GPT-2
+
+
+def test_prepared_gpu_script_passes_valid_arguments(monkeypatch):
+    """benchmarks/gpu_issue10.sh runs where no CI does (a lent GPU): its commands must at least parse here."""
+    import re
+    import shlex
+
+    script = (ROOT / "benchmarks" / "gpu_issue10.sh").read_text().replace("\\\n", " ")
+    base = shlex.split(re.search(r'^B="python -m benchmarks.bench_alibi (.*?)"$', script, re.M | re.S).group(1))
+    lines = [line[3:].replace('"$dest', '"/tmp') for line in script.splitlines() if line.startswith("$B ")]
+    commands = [shlex.split(line) for line in lines]
+    assert len(commands) == 2
+    monkeypatch.setattr(bench_alibi, "unsupported_reason", lambda *args: None)  # no CUDA or flash-attn here
+    for command in commands:
+        args = bench_alibi.parse_args(base + command)
+        assert (args.device, args.dtype, args.reference, args.targets) == ("cuda", "bf16", "gpt2-flash", "issue10")
+        assert args.contestants[0] == "gpt2-flash" and "alibi-flash" in args.contestants
+
+
+def test_ratios_and_targets_follow_the_named_reference():
+    results = {"gpt2-sdpa": _result(2.0, 100), "gpt2-flash": _result(1.0, 50), "alibi-flash": _result(1.04, 52)}
+    report.add_ratios(results, "gpt2-flash")
+    assert math.isclose(results["alibi-flash"]["time_ratio"], 1.04)
+    assert math.isclose(results["alibi-flash"]["mem_ratio"], 52 / 50)
+    assert math.isclose(results["gpt2-sdpa"]["time_ratio"], 2.0)
+    cell = {"suite": "forward", "length": 4096, "batch": 1, "name": "forward L=4096 B=1", "results": results}
+    rows = report.evaluate_targets([cell], "alibi-flash", "issue10", "gpt2-flash")
+    assert [(row["target"], row["status"]) for row in rows] == [("forward L=4096 B=1 within 1.05x gpt2-flash", "met")]
+    rows = report.evaluate_targets([cell], "alibi-flash", "issue4", "gpt2-flash")
+    assert "forward L=8192 <= 1.3x gpt2-flash time" in {row["target"] for row in rows}
+
+
 def _run(median_s, growth, process_peak, seconds=None):
     return {"status": "ok", "median_s": median_s, "seconds": seconds or [median_s], "peak_mem_bytes": growth,
             "process_peak_bytes": process_peak}
