@@ -14,7 +14,7 @@ import importlib.util, sys
 import torch
 missing = [name for name in ("flash_attn", "hf_alibi") if importlib.util.find_spec(name) is None]
 if not torch.cuda.is_available() or missing:
-    sys.exit(f"gpu_issue10.sh needs a CUDA device and {missing or 'nothing else'}; cuda={torch.cuda.is_available()}")
+    sys.exit(f"gpu_issue10.sh needs a CUDA device (found: {torch.cuda.is_available()}) and these importable: {missing}")
 EOF
 B="python -m benchmarks.bench_alibi --device cuda --dtype bf16 --n-embd 768 --n-head 12 --n-layer 12 --threads 4
    --reference gpt2-flash --targets issue10 --warmup 2 --repeats 10 --timeout 300"

@@ -71,19 +71,19 @@ def combine_processes(cell: dict, rounds: list[dict], reference: str = REFERENCE
 
 def add_ratios(results: dict, reference: str = REFERENCE) -> None:
     """Ratios of every contestant of one cell against `reference` of that cell (None when it has no result)."""
-    reference = results.get(reference, {})
+    base = results.get(reference, {})
     for result in results.values():
         if result.get("status") != OK:
             continue
-        ok = reference.get("status") == OK
+        ok = base.get("status") == OK
         # A decode time can come out <= 0 when the decode is shorter than the timer's noise: no ratio then.
-        comparable = ok and reference["median_s"] > 0 and result["median_s"] > 0
-        time_ratio = result["median_s"] / reference["median_s"] if comparable else None
+        comparable = ok and base["median_s"] > 0 and result["median_s"] > 0
+        time_ratio = result["median_s"] / base["median_s"] if comparable else None
         result["time_ratio"] = time_ratio
         result["throughput_ratio"] = 1 / time_ratio if time_ratio else None
-        ref_mem = reference.get("peak_mem_bytes") if ok else None
+        ref_mem = base.get("peak_mem_bytes") if ok else None
         result["mem_ratio"] = result["peak_mem_bytes"] / ref_mem if ref_mem and ref_mem > 0 else None
-        ref_process = reference.get("process_peak_bytes") if ok else None
+        ref_process = base.get("process_peak_bytes") if ok else None
         if result.get("process_peak_bytes") is not None and ref_process:
             result["process_mem_ratio"] = result["process_peak_bytes"] / ref_process
 
