@@ -39,7 +39,9 @@ CONTESTANTS = (
     "alibi-from-bloom",
 )
 REFERENCE = "gpt2-sdpa"  # the default reference of every ratio
-REFERENCES = ("gpt2-sdpa", "gpt2-flash")  # plain causal attention, no bias: what ALiBi is held against
+# The GPT-2s without any bias (plain causal attention: what ALiBi is held against) and their attention backends
+GPT2_BACKENDS = {"gpt2-sdpa": "sdpa", "gpt2-flash": "flash_attention_2"}
+REFERENCES = tuple(GPT2_BACKENDS)
 ALIBI_BACKENDS = {
     "alibi-sdpa": "sdpa",
     "alibi-eager": "eager",
@@ -108,11 +110,10 @@ def build_model(name: str, shape: Shape, max_length: int):
     ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
     gpt2_shape = {"vocab_size": shape.vocab_size, "n_embd": shape.n_embd, "n_layer": shape.n_layer, "n_head": shape.n_head}
     no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
-    if name in REFERENCES:
+    if name in GPT2_BACKENDS:
         # n_positions covers the longest length of the run (learned table; rows past training are just untrained).
         config = GPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, **ids)
-        backend = "flash_attention_2" if name == "gpt2-flash" else "sdpa"
-        model = GPT2LMHeadModel._from_config(config, attn_implementation=backend)
+        model = GPT2LMHeadModel._from_config(config, attn_implementation=GPT2_BACKENDS[name])
     elif name in ("bloom-eager", "alibi-from-bloom"):
         config = BloomConfig(
             vocab_size=shape.vocab_size, hidden_size=shape.n_embd, n_layer=shape.n_layer, n_head=shape.n_head,
