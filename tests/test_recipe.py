@@ -76,7 +76,7 @@ def test_models_at_twice_the_length_see_the_same_tokens_and_report_their_cost(sm
     assert "## Training cost" in markdown and "| learned@64 | 64 | 4 |" in markdown
     metadata = json.loads((output_dir / "results.json").read_text())["metadata"]
     for name, f in facts.items():  # the run's own clock, and every model timed again the same way
-        assert f["step_seconds_median"] > 0 and f["seconds_outside_steps"] >= 0, (name, f)
+        assert f["step_seconds_median"] > 0 and f["step_seconds_mean"] > 0 and f["seconds_outside_steps"] >= 0, name
         cost = metadata[f"{name}_cost"]
         assert len(cost["step_seconds"]) == experiment.cost_steps, name
         assert cost["tokens_per_step"] == f["per_device_train_batch_size"] * f["train_length"], name

@@ -239,7 +239,7 @@ def plot_perplexity_vs_length(
     """Two panels (nonoverlapping, sliding): perplexity (log) against evaluation length (log2), one line per model;
     the right-hand axis reads the same curves in bits per byte (bits per token without `bytes_per_token`)."""
     from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry, Agg by default
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
     import numpy as np
 
     train_length = _train_length(results)
@@ -289,9 +289,12 @@ def plot_perplexity_vs_length(
     right = axes[-1].secondary_yaxis(
         "right", functions=(lambda p: np.log2(np.maximum(p, 1e-300)) / scale, lambda b: np.exp2(b * scale))
     )
+    right.yaxis.set_major_locator(MaxNLocator(8))
+    right.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3f}"))
+    right.yaxis.set_minor_formatter(NullFormatter())
     right.set_ylabel("bits per byte" if bytes_per_token else "bits per token")
     if mixed:  # one line per model and training length: the legend goes beside the plot
-        axes[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        figure.legend(*axes[-1].get_legend_handles_labels(), fontsize="small", loc="outside center right")
     else:
         axes[0].legend(fontsize="small")
     _atomic_savefig(figure, Path(path))

@@ -214,6 +214,7 @@ def train_one(
             result.metrics.get("train_samples_per_second", 0) * length, 1
         ),
         "step_seconds_median": round(statistics.median(steady), 5) if steady else None,
+        "step_seconds_mean": round(statistics.fmean(steady), 5) if steady else None,  # > median: slow steps (load)
         "seconds_outside_steps": round(seconds - sum(clock.seconds), 1),
         **peak.result(),
         "parameters": sum(p.numel() for p in model.parameters()),
