@@ -16,7 +16,7 @@ from transformers import BloomForCausalLM, FalconForCausalLM, GPT2LMHeadModel, M
 
 from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .bloom import convert_bloom, export_bloom
-from .common import load_tokenizer, write_folder_atomically
+from .common import check_destination, load_config, load_tokenizer, write_folder_atomically
 from .falcon import convert_falcon
 from .gguf_export import write_gguf
 from .gpt2 import convert_gpt2
@@ -41,11 +41,9 @@ def load_source(source: PreTrainedModel | str | os.PathLike) -> PreTrainedModel:
     """
     if isinstance(source, PreTrainedModel):
         return source
-    from transformers import AutoConfig
-
-    model_type = AutoConfig.from_pretrained(source).model_type
+    model_type = load_config(source).model_type
     if model_type not in FAMILIES:
-        raise ValueError(f"cannot import model_type {model_type!r}: hf_alibi imports {sorted(FAMILIES)}")
+        raise ValueError(f"{source}: cannot import model_type {model_type!r}: hf_alibi imports {sorted(FAMILIES)}")
     model, info = FAMILIES[model_type][0].from_pretrained(source, dtype="auto", output_loading_info=True)
     if info["unexpected_keys"] or info["missing_keys"]:
         raise ValueError(
@@ -92,17 +90,22 @@ def export(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "bloom" and max_seq_len is not None:
+        raise ValueError(f"max_seq_len={max_seq_len} applies to the mpt and gguf layouts; BLOOM has no length cap")
+    if layout == "gguf" and destination is None:
+        raise ValueError("a gguf export writes a file: pass destination='model.gguf'")
+    if destination is not None:  # refused before the model loads
+        check_destination(destination, file_suffix=".gguf" if layout == "gguf" else None)
     if not isinstance(model, PreTrainedModel):
+        model_type = load_config(model).model_type
+        if model_type != "alibi_gpt2":
+            raise ValueError(f"{model}: export expects an ALiBi GPT-2 model, got model_type={model_type!r}")
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
         model = AlibiGPT2LMHeadModel.from_pretrained(model, dtype="auto").eval()
     if model.config.model_type != "alibi_gpt2":
         raise ValueError(f"export expects an ALiBi GPT-2 model, got model_type={model.config.model_type!r}")
     if layout == "gguf":
-        if destination is None:
-            raise ValueError("a gguf export writes a file: pass destination='model.gguf'")
         return write_gguf(model, destination, tokenizer, context_length=max_seq_len)
-    if layout == "bloom" and max_seq_len is not None:
-        raise ValueError("max_seq_len applies to the mpt and gguf layouts; BLOOM has no length cap")
     exported = export_bloom(model) if layout == "bloom" else export_mpt(model, max_seq_len)
     if destination is None:
         return exported

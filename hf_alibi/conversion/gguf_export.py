@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from ..alibi import get_alibi_slopes, slopes_from_config
+from ..import_utils import require_extra
 from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import TANH_GELUS
+from .common import TANH_GELUS, check_destination
 
 # The pre-tokenizers llama.cpp implements that byte-level BPE tokenizers of these families use (llama-vocab.cpp).
 _BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"
@@ -107,17 +108,14 @@ def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, 
     `context_length` (default: the model's `n_positions`) is the `mpt.context_length` llama.cpp reads as the training
     length; ALiBi itself runs past it (`llama-cli -c N`).
     """
+    require_extra("gguf", "a gguf export (llama.cpp)")
     import gguf
 
+    path = check_destination(path, file_suffix=".gguf")
+    max_alibi_bias = check_gguf_exportable(model)
     if tokenizer is None:
         raise ValueError("a gguf needs the model's tokenizer (llama.cpp reads text through it); pass tokenizer=")
-    max_alibi_bias = check_gguf_exportable(model)
     config = model.config
-    path = Path(path)
-    if path.suffix != ".gguf":
-        raise ValueError(f"gguf destination should end in .gguf, got {str(path)!r}")
-    if path.exists():
-        raise ValueError(f"destination {str(path)!r} exists")
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, staging = tempfile.mkstemp(prefix=".export-", suffix=".gguf", dir=path.parent)
     os.close(handle)

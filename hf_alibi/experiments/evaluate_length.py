@@ -1,22 +1,25 @@
 """Evaluate causal LMs at multiples of their training length ("train short, test long") and write the results.
 
+`hf-alibi evaluate` runs `main`; so does, in a clone, `python -m recipes.evaluate_length`. Arguments come from the
+command line and, as for `hf-alibi train`, optionally a `--config` YAML file of `EvaluateLengthArguments` keys.
+
 Writes `results.json`, `results.csv`, `results.md`, `perplexity_vs_length.png` and `loss_by_position.png` into
-`--output_dir` (see `hf_alibi.experiments.results`) and prints a summary. Works on any saved checkpoint (ALiBi ones load because
-`hf_alibi` is imported first) and, with a network, on Hub models and datasets.
+`--output_dir` (see `hf_alibi.experiments.results`) and prints a summary. Works on any saved checkpoint (ALiBi ones
+load because `hf_alibi` is imported first) and, with a network, on Hub models and datasets.
 
 CPU-sized (a minute or two: one checkpoint, 1x to 4x, four documents, no sliding window):
 
-    HF_HUB_OFFLINE=1 python -m recipes.evaluate_length --model runs/alibi/final \
+    HF_HUB_OFFLINE=1 hf-alibi evaluate --model runs/alibi/final \
         --length_factors 1 2 4 --max_documents 4 --no_sliding --output_dir runs/length_eval_small
 
 The paper's sweep (1x to 16x), ALiBi against a baseline, on the offline Python-stdlib held-out documents:
 
-    HF_HUB_OFFLINE=1 python -m recipes.evaluate_length --model runs/alibi/final runs/sinusoidal/final \
+    HF_HUB_OFFLINE=1 hf-alibi evaluate --model runs/alibi/final runs/sinusoidal/final \
         --name alibi sinusoidal --output_dir runs/length_eval
 
 A Hub model on WikiText-103 (needs a network; GPT-2's position table stops at 1024, so 2x and up read "n/a"):
 
-    python -m recipes.evaluate_length --model gpt2 --dataset_name wikitext \
+    hf-alibi evaluate --model gpt2 --dataset_name wikitext \
         --dataset_config wikitext-103-raw-v1 --train_length 1024 --length_factors 1 2 --output_dir runs/gpt2_wt103
 """
 
@@ -26,18 +29,22 @@ import gc
 import json
 import logging
 import platform
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_alibi  # noqa: F401  (registers "alibi_gpt2" with the Auto classes before any checkpoint loads)
-from hf_alibi.experiments.launch import output_dir_lock
-from hf_alibi.experiments.baselines import restore_position_encoding
-from hf_alibi.experiments.length_eval import ModelEvaluation, evaluate_model
-from hf_alibi.experiments.results import format_summary, write_results
+from hf_alibi.conversion.common import load_config
+
+from .arguments import parse_args
+from .baselines import restore_position_encoding
+from .launch import output_dir_lock
+from .length_eval import ModelEvaluation, evaluate_model
+from .results import format_summary, write_results
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +100,10 @@ class EvaluateLengthArguments:
 
 
 def main(argv: list[str] | None = None) -> dict[str, ModelEvaluation]:
+    """Parse `argv` (default `sys.argv[1:]`), evaluate every model, write the results, print the summary."""
+    argv = sys.argv[1:] if argv is None else argv
+    (args,) = parse_args(argv, EvaluateLengthArguments, training_arguments=False, prog="hf-alibi evaluate")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    (args,) = HfArgumentParser(EvaluateLengthArguments).parse_args_into_dataclasses(args=argv)
     with output_dir_lock(args.output_dir):  # a second evaluation into the same folder refuses to start
         results, metadata = evaluate_checkpoints(args)
         write_results(args.output_dir, results, metadata=metadata)
@@ -106,7 +115,8 @@ def evaluate_checkpoints(args: EvaluateLengthArguments) -> tuple[dict[str, Model
     """Evaluate every `args.model` on the same documents and lengths; returns `({name: evaluation}, metadata)`."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     names = args.name or _default_names(args.model)
-    train_length = args.train_length or _config_train_length(args.model[0], args.trust_remote_code)
+    configs = [load_config(path, trust_remote_code=args.trust_remote_code) for path in args.model]  # all, at once
+    train_length = args.train_length or _config_train_length(args.model[0], configs[0])
     lengths = evaluation_lengths(train_length, args.length_factors)
     documents: dict[str, tuple[list[torch.Tensor], str]] = {}  # per tokenizer: (token ids, corpus fingerprint)
     results, tokenizers, fingerprints, steps = {}, {}, {}, {}
@@ -168,7 +178,7 @@ def load_documents(args: EvaluateLengthArguments, tokenizer, min_tokens: int) ->
     The one place that knows `hf_alibi.experiments.data`: its held-out split is a hash of each document's name, the same one
     the training recipe trains around.
     """
-    from hf_alibi.experiments.data import corpus_fingerprint, heldout_token_ids, load_text_corpus
+    from .data import corpus_fingerprint, heldout_token_ids, load_text_corpus
 
     corpus = load_text_corpus(
         args.dataset_name,
@@ -188,8 +198,7 @@ def _default_names(paths: list[str]) -> list[str]:
     return names
 
 
-def _config_train_length(path: str, trust_remote_code: bool) -> int:
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+def _config_train_length(path: str, config) -> int:
     length = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
     if not length:
         raise ValueError(f"{path}: its config names no training length; pass --train_length")
@@ -203,4 +212,6 @@ def _global_step(path: str) -> int | None:
 
 
 if __name__ == "__main__":
-    main()
+    from ..cli import main as cli_main
+
+    sys.exit(cli_main(["evaluate", *sys.argv[1:]]))

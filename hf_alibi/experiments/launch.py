@@ -84,13 +84,14 @@ def output_dir_lock(output_dir: str | os.PathLike, state=None) -> Iterator[Path 
     Only the main process (rank 0) takes the lock; with several processes its outcome is broadcast so every rank
     raises the same error. A lock file left by a dead run (the flock is free) is taken over with a warning, so an
     interrupted run resumes. If the block leaves `output_dir` empty and it did not exist before, it is removed:
-    a run that fails early leaves nothing behind. Yields the lock path on the main process, else None.
+    a run that fails early leaves nothing behind (nor the empty parents it created). Yields the lock path on the main
+    process, else None.
     """
     folder = Path(output_dir)
     is_main = state is None or state.is_main_process
-    handle, error, created = None, None, False
+    handle, error, created = None, None, []
     if is_main:
-        created = not folder.exists()
+        created = [path for path in (folder, *folder.parents) if not path.exists()]  # deepest first
         try:
             handle = _acquire(folder)
         except ValueError as exc:
@@ -100,16 +101,14 @@ def output_dir_lock(output_dir: str | os.PathLike, state=None) -> Iterator[Path 
 
         error = broadcast_object_list([error], from_process=0)[0]
     if error is not None:
-        if created:
-            _remove_if_empty(folder)
+        _remove_if_empty(created)
         raise ValueError(error)
     try:
         yield folder / LOCK_FILE if is_main else None
     finally:
         if handle is not None:
             _release(folder / LOCK_FILE, handle)
-        if created:
-            _remove_if_empty(folder)
+        _remove_if_empty(created)
 
 
 def _acquire(folder: Path) -> int | None:
@@ -165,11 +164,15 @@ def _read_owner(path: Path) -> dict:
         return {}
 
 
-def _remove_if_empty(folder: Path) -> None:
-    try:
-        folder.rmdir()
-    except OSError:
-        pass  # not empty (or already gone): something else lives there now
+def _remove_if_empty(folders: list[Path]) -> None:
+    """Remove `folders` (deepest first) while they are empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return  # not empty: something else lives there now
 
 
 __all__ = ["LOCK_FILE", "check_process_group", "launched_world_size", "output_dir_lock"]

@@ -113,12 +113,12 @@ def test_gguf_needs_a_tokenizer(make_model, tmp_path):
 
 
 def test_cli_export_gguf_takes_the_folders_tokenizer(make_model, tokenizer, tmp_path):
-    from hf_alibi.cli import main
+    from hf_alibi.cli import run
 
     gguf_model(make_model).save_pretrained(tmp_path / "alibi")
     tokenizer.save_pretrained(tmp_path / "alibi")
     destination = str(tmp_path / "out" / "model.gguf")
-    main(["export", str(tmp_path / "alibi"), destination, "--to", "gguf", "--max-seq-len", "99"])
+    run(["export", str(tmp_path / "alibi"), destination, "--to", "gguf", "--max-seq-len", "99"])
     fields, tensors = read_fields(tmp_path / "out" / "model.gguf")
     assert fields["general.architecture"] == "mpt" and fields["mpt.context_length"] == 99
     assert len(fields["tokenizer.ggml.tokens"]) == 272 and "blk.1.ffn_down.weight" in tensors

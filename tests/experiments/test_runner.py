@@ -11,13 +11,13 @@ from hf_alibi.experiments.arguments import parse_args
 from hf_alibi.experiments.launch import LOCK_FILE
 from hf_alibi.experiments.runner import ExperimentArguments, apply_smoke, run_experiment
 
-REPO = Path(__file__).resolve().parents[1]
-SMOKE_YAML = REPO / "recipes" / "configs" / "smoke.yaml"
+REPO = Path(__file__).resolve().parents[2]
+SMOKE_YAML = "smoke"  # the shipped config, by name
 
 
 def _args(tmp_path, *extra):
     experiment, training = parse_args(
-        ["--config", str(SMOKE_YAML), "--output_dir", str(tmp_path / "run"), *extra], ExperimentArguments
+        ["--config", SMOKE_YAML, "--output_dir", str(tmp_path / "run"), *extra], ExperimentArguments
     )
     apply_smoke(experiment, training)
     return experiment, training
@@ -81,7 +81,7 @@ def test_models_at_twice_the_length_see_the_same_tokens_and_report_their_cost(sm
 def test_finished_run_is_not_overwritten_without_resume(smoke_run):
     output_dir, _, _ = smoke_run
     experiment, training = parse_args(
-        ["--config", str(SMOKE_YAML), "--output_dir", str(output_dir)], ExperimentArguments
+        ["--config", SMOKE_YAML, "--output_dir", str(output_dir)], ExperimentArguments
     )
     apply_smoke(experiment, training)
     with pytest.raises(ValueError, match="resume_from_checkpoint"):
@@ -184,7 +184,7 @@ def test_recipe_main_smoke_prints_the_summary(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(sys, "argv", ["train_short_test_long"])
     train_short_test_long.main(
-        ["--config", str(SMOKE_YAML), "--output_dir", str(tmp_path / "main"), "--models", "alibi"]
+        ["--config", SMOKE_YAML, "--output_dir", str(tmp_path / "main"), "--models", "alibi"]
     )
     out = capsys.readouterr().out
     assert "alibi" in out and "results written to" in out
@@ -196,7 +196,7 @@ def test_two_process_ddp_training_runs_two_ranks(tmp_path):
 
     output_dir = tmp_path / "ddp"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-               "-m", "recipes.train_short_test_long", "--config", str(SMOKE_YAML), "--output_dir", str(output_dir),
+               "-m", "recipes.train_short_test_long", "--config", SMOKE_YAML, "--output_dir", str(output_dir),
                "--models", "alibi", "--use_cpu", "true"]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
