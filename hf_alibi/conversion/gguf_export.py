@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..alibi import get_alibi_slopes, slopes_from_config
+from ..configuration_alibi_gpt2 import AlibiGPT2Config
 from ..import_utils import require_extra
 from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import TANH_GELUS, check_destination
@@ -27,9 +28,9 @@ _LAYERS = {
 }  # fmt: skip
 
 
-def check_gguf_exportable(model: AlibiGPT2LMHeadModel) -> float:
-    """The `max_alibi_bias` llama.cpp needs to compute `model`'s slopes; `ValueError` naming what it cannot hold."""
-    config = model.config
+def check_gguf_exportable(config: AlibiGPT2Config) -> float:
+    """The `max_alibi_bias` llama.cpp needs to compute the slopes of a model of `config`; `ValueError` naming what
+    it cannot hold."""
     if config.activation_function not in TANH_GELUS:
         raise ValueError(
             f"llama.cpp's mpt graph uses the tanh GELU; activation_function={config.activation_function!r} would run "
@@ -38,7 +39,7 @@ def check_gguf_exportable(model: AlibiGPT2LMHeadModel) -> float:
     for field, value in {"embedding_layernorm": False, "scale_attn_weights": True}.items():
         if getattr(config, field) != value:
             raise ValueError(f"llama.cpp's mpt graph needs {field}={value!r}, the model has {getattr(config, field)!r}")
-    slopes = slopes_from_config(model.config)
+    slopes = slopes_from_config(config)
     if torch.all(slopes == 0):
         return 0.0  # llama.cpp: max_alibi_bias 0 means no ALiBi at all
     # llama.cpp derives every slope from max_alibi_bias and the head count; other slopes are not representable
@@ -112,7 +113,7 @@ def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, 
     import gguf
 
     path = check_destination(path, file_suffix=".gguf")
-    max_alibi_bias = check_gguf_exportable(model)
+    max_alibi_bias = check_gguf_exportable(model.config)
     if tokenizer is None:
         raise ValueError("a gguf needs the model's tokenizer (llama.cpp reads text through it); pass tokenizer=")
     config = model.config

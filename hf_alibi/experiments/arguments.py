@@ -208,7 +208,11 @@ def parse_args(argv: list[str], *dataclass_types, training_arguments: bool = Tru
     naming them (a typo must not silently fall back to a default). `prog` names the command in `--help`.
     """
     types = (*dataclass_types, TrainingArguments) if training_arguments else dataclass_types
-    parser = ArgumentParser(types, prog=prog)
+    description = (
+        "--config FILE_OR_NAME: a flat YAML file of these arguments, or a shipped config "
+        f"({', '.join(shipped_configs())}); options given here override it."
+    )
+    parser = ArgumentParser(types, prog=prog, description=description)
     config_value, rest = _split_config(argv)
     if config_value is not None:
         path = resolve_config(config_value)
