@@ -126,6 +126,36 @@ def check_checkpoint_folder(path: Path) -> None:
             raise ValueError(f"{file}: not a readable safetensors file, truncated or corrupt ({exc})") from exc
 
 
+LICENSE_FIELDS = ("license", "license_name", "license_link")
+
+
+def source_card_metadata(source: str | os.PathLike) -> dict:
+    """The licence and `base_model` fields of the model card at `source` (a local folder's README.md, or a Hub id's
+    from the local Hub cache: no network); `{}` when there is no card or it names neither."""
+    from huggingface_hub import ModelCard, try_to_load_from_cache
+
+    readme = Path(source) / "README.md"
+    if not readme.is_file():
+        try:
+            cached = None if Path(source).exists() else try_to_load_from_cache(str(source), "README.md")
+        except ValueError:  # not a valid Hub id either
+            cached = None
+        if not isinstance(cached, str):
+            return {}
+        readme = Path(cached)
+    try:
+        data = ModelCard.load(readme).data.to_dict()
+    except (OSError, ValueError):
+        return {}
+    return {key: data[key] for key in (*LICENSE_FIELDS, "base_model") if data.get(key)}
+
+
+def checkpoint_name(source: str | os.PathLike) -> str:
+    """What a checkpoint is called in metadata: a Hub id as is, a local folder by its own name (never its path)."""
+    path = Path(source)
+    return path.resolve().name if path.exists() else str(source)
+
+
 def load_tokenizer(source):
     """The tokenizer saved at `source` (folder or Hub id), or None when there is no real vocabulary there."""
     from transformers import AutoTokenizer

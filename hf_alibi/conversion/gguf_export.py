@@ -18,7 +18,7 @@ from ..alibi import get_alibi_slopes, slopes_from_config
 from ..configuration_alibi_gpt2 import AlibiGPT2Config
 from ..import_utils import require_extra
 from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import TANH_GELUS, check_destination
+from .common import TANH_GELUS, check_destination, checkpoint_name, source_card_metadata
 
 # The pre-tokenizers llama.cpp implements that byte-level BPE tokenizers of these families use (llama-vocab.cpp).
 _BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"
@@ -122,7 +122,7 @@ def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, 
     os.close(handle)
     try:
         writer = gguf.GGUFWriter(staging, "mpt")
-        writer.add_name(getattr(config, "_name_or_path", "") or "alibi_gpt2")
+        add_general_fields(writer, model)
         writer.add_context_length(context_length or config.n_positions)
         writer.add_embedding_length(config.n_embd)
         writer.add_block_count(config.n_layer)
@@ -146,6 +146,29 @@ def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, 
         Path(staging).unlink(missing_ok=True)
         raise
     return path
+
+
+def add_general_fields(writer, model: AlibiGPT2LMHeadModel) -> None:
+    """llama.cpp's `general.*` fields: the model folder's name (not its path), type, size label and, where the
+    folder's model card names them, licence and base model."""
+    import gguf
+
+    source = getattr(model.config, "_name_or_path", "") or ""
+    writer.add_type("model")
+    writer.add_name(checkpoint_name(source) if source else "alibi_gpt2")
+    writer.add_size_label(gguf.size_label(sum(p.numel() for p in model.parameters()), 0, 0, 0))
+    card = source_card_metadata(source) if source else {}
+    for field, add in (("license", writer.add_license), ("license_name", writer.add_license_name),
+                       ("license_link", writer.add_license_link)):  # fmt: skip
+        if field in card:
+            add(card[field])
+    base_models = card.get("base_model", [])
+    base_models = [base_models] if isinstance(base_models, str) else base_models
+    if base_models:
+        writer.add_base_model_count(len(base_models))
+        for index, repo in enumerate(base_models):
+            writer.add_base_model_name(index, repo.split("/")[-1])
+            writer.add_base_model_repo_url(index, f"https://huggingface.co/{repo}")
 
 
 def gguf_tensors(model: AlibiGPT2LMHeadModel) -> dict[str, np.ndarray]:
