@@ -302,11 +302,25 @@ def write_cards(experiment, training, evaluations, metadata, windows=None) -> No
             window_table=window_table(windows[name]) if name in windows else "",
             model_name=training.hub_model_id or f"alibi-gpt2-{encoding}-{length}",
             repo_id=training.hub_model_id,
-            architecture={k: getattr(experiment, k) for k in ("n_embd", "n_layer", "n_head", "vocab_size")},
+            architecture={k: getattr(config, k) for k in ("n_embd", "n_layer", "n_head", "vocab_size")},
+            **fine_tuned_from(experiment.init_from),
             training={**metadata["training"], **metadata.get(f"{name}_training", {}),
                       "corpus_fingerprint": metadata["corpus_fingerprint"]},
             compare_with=others,
         )  # fmt: skip
+
+
+def fine_tuned_from(init_from: str | None) -> dict:
+    """`render_card`'s `base_model` and `source_license` for a model fine-tuned from `init_from` ({} if none): the
+    Hub id or folder name, and the licence fields of the source's own model card."""
+    if init_from is None:
+        return {}
+    from ..conversion.common import LICENSE_FIELDS, checkpoint_name, source_card_metadata
+
+    card = source_card_metadata(init_from)
+    base_model = card.get("base_model") if Path(init_from).exists() else None  # a local import names its source
+    base_model = base_model if isinstance(base_model, str) else checkpoint_name(init_from)
+    return {"base_model": base_model, "source_license": {k: card[k] for k in LICENSE_FIELDS if k in card}}
 
 
 def push_alibi_model(experiment, training) -> str:
