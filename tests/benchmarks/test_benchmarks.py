@@ -91,7 +91,7 @@ def test_markdown_has_machine_command_tables_and_targets(tiny_run):
     header = "| measurement | `gpt2-sdpa` | `alibi-sdpa` | `alibi-flash` |"
     assert markdown.count(header) == 3  # train, forward, generate
     assert "| train L=32 B=4 | " in markdown and " tok/s) · 1.00x · " in markdown
-    assert "## Issue 4 targets" in markdown
+    assert "## Budget targets" in markdown
     targets = {row["target"]: row for row in results["targets"] if row["contestant"] == "alibi-sdpa"}
     assert len(targets) == 9
     assert targets["forward L=8192 <= 1.3x gpt2-sdpa time"]["status"] == "n/a"  # not measured at tiny lengths
@@ -169,11 +169,11 @@ def test_reference_flag_names_the_gpt2_every_ratio_is_against(capsys):
 
 
 def test_prepared_gpu_script_passes_valid_arguments(monkeypatch):
-    """benchmarks/gpu_issue10.sh runs where no CI does (a lent GPU): its commands must at least parse here."""
+    """benchmarks/gpu_parity.sh runs where no CI does (a lent GPU): its commands must at least parse here."""
     import re
     import shlex
 
-    script = (ROOT / "benchmarks" / "gpu_issue10.sh").read_text().replace("\\\n", " ")
+    script = (ROOT / "benchmarks" / "gpu_parity.sh").read_text().replace("\\\n", " ")
     base = shlex.split(re.search(r'^B="python -m benchmarks.bench_alibi (.*?)"$', script, re.M | re.S).group(1))
     lines = [line[3:].replace('"$dest', '"/tmp') for line in script.splitlines() if line.startswith("$B ")]
     commands = [shlex.split(line) for line in lines]
@@ -181,7 +181,7 @@ def test_prepared_gpu_script_passes_valid_arguments(monkeypatch):
     monkeypatch.setattr(bench_alibi, "unsupported_reason", lambda *args: None)  # no CUDA or flash-attn here
     for command in commands:
         args = bench_alibi.parse_args(base + command)
-        assert (args.device, args.dtype, args.reference, args.targets) == ("cuda", "bf16", "gpt2-flash", "issue10")
+        assert (args.device, args.dtype, args.reference, args.targets) == ("cuda", "bf16", "gpt2-flash", "parity")
         assert args.contestants[0] == "gpt2-flash" and "alibi-flash" in args.contestants
 
 
@@ -192,9 +192,9 @@ def test_ratios_and_targets_follow_the_named_reference():
     assert math.isclose(results["alibi-flash"]["mem_ratio"], 52 / 50)
     assert math.isclose(results["gpt2-sdpa"]["time_ratio"], 2.0)
     cell = {"suite": "forward", "length": 4096, "batch": 1, "name": "forward L=4096 B=1", "results": results}
-    rows = report.evaluate_targets([cell], "alibi-flash", "issue10", "gpt2-flash")
+    rows = report.evaluate_targets([cell], "alibi-flash", "parity", "gpt2-flash")
     assert [(row["target"], row["status"]) for row in rows] == [("forward L=4096 B=1 within 1.05x gpt2-flash", "met")]
-    rows = report.evaluate_targets([cell], "alibi-flash", "issue4", "gpt2-flash")
+    rows = report.evaluate_targets([cell], "alibi-flash", "budget", "gpt2-flash")
     assert "forward L=8192 <= 1.3x gpt2-flash time" in {row["target"] for row in rows}
 
 
@@ -222,7 +222,7 @@ def test_processes_combine_to_medians_with_their_spread():
     assert combined["bloom-eager"]["processes_ok"] == 0
 
 
-def test_issue10_targets_need_time_and_whole_process_memory_within_5_percent():
+def test_parity_targets_need_time_and_whole_process_memory_within_5_percent():
     def cell(suite, length, alibi, bloom=None):
         results = {"gpt2-sdpa": _run(1.0, 10, 100), "alibi-sdpa": alibi}
         if bloom is not None:
@@ -237,7 +237,7 @@ def test_issue10_targets_need_time_and_whole_process_memory_within_5_percent():
         cell("train", 2048, _run(1.0, 10, 100)),
         cell("train", 64, _run(2.0, 10, 100)),  # below the issue's lengths: no target
     ]
-    rows = {row["target"]: row for row in report.evaluate_targets(cells, "alibi-sdpa", "issue10")}
+    rows = {row["target"]: row for row in report.evaluate_targets(cells, "alibi-sdpa", "parity")}
     assert set(rows) == {
         "forward L=512 B=1 within 1.05x gpt2-sdpa", "forward L=4096 B=1 within 1.05x gpt2-sdpa",
         "forward L=4096 B=1: bloom-eager >= 3x slower", "forward L=16384 B=1 within 1.05x gpt2-sdpa",
@@ -255,7 +255,7 @@ def test_processes_mode_measures_each_cell_in_fresh_processes(tmp_path):
     out = tmp_path / "results.json"
     argv = ["--preset", "tiny", "--suite", "forward", "--contestants", "alibi-sdpa", "--lengths", "32",
             "--repeats", "1", "--warmup", "0", "--threads", "1", "--settle", "0", "--processes", "2",
-            "--targets", "issue10", "--out", str(out), "--markdown", str(tmp_path / "table.md")]
+            "--targets", "parity", "--out", str(out), "--markdown", str(tmp_path / "table.md")]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_HUB_OFFLINE", "1")
         results = bench_alibi.main(argv)
@@ -267,5 +267,5 @@ def test_processes_mode_measures_each_cell_in_fresh_processes(tmp_path):
         assert result["median_s"] == statistics.median(p["median_s"] for p in result["processes"])
         # the whole process (torch, model, call) holds far more than the call's own growth
         assert result["process_peak_bytes"] > 50 * 2**20 > result["peak_mem_bytes"]
-    assert results["settings"]["processes"] == 2 and results["target_set"] == "issue10"
+    assert results["settings"]["processes"] == 2 and results["target_set"] == "parity"
     assert "[min, max over processes]" in (tmp_path / "table.md").read_text()

@@ -1,4 +1,4 @@
-"""Issue 8's benchmark contestant: `alibi-from-bloom` times the very function `bloom-eager` times."""
+"""The imported-BLOOM benchmark contestant: `alibi-from-bloom` times the very function `bloom-eager` times."""
 
 import sys
 from pathlib import Path
