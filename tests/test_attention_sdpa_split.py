@@ -224,6 +224,7 @@ def test_rows_without_keys_keep_gradients_finite_even_when_the_loss_reads_them()
         assert torch.isfinite(grad).all(), f"NaN or inf in the gradient of {name}"
 
 
+@pytest.mark.slow
 def test_exported_program_uses_public_ops_and_matches_eager():
     class Attention(torch.nn.Module):
         def forward(self, query, key, value):

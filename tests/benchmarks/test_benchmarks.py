@@ -39,6 +39,7 @@ def tiny_run(tmp_path_factory):
     return returned, json.loads((out / "results.json").read_text()), (out / "table.md").read_text()
 
 
+@pytest.mark.slow
 def test_results_json_has_every_cell_and_contestant(tiny_run):
     returned, results, _ = tiny_run
     assert results == json.loads(json.dumps(returned))  # the file is the final report
@@ -55,6 +56,7 @@ def test_results_json_has_every_cell_and_contestant(tiny_run):
     assert results["settings"]["shape"] == {"n_embd": 96, "n_layer": 2, "n_head": 12, "vocab_size": 512}
 
 
+@pytest.mark.slow
 def test_ratios_are_against_gpt2_sdpa_of_the_same_cell(tiny_run):
     _, results, _ = tiny_run
     measured = [cell for cell in results["cells"] if cell["suite"] != "forward"]
@@ -72,6 +74,7 @@ def test_ratios_are_against_gpt2_sdpa_of_the_same_cell(tiny_run):
     assert math.isclose(generate["tokens_per_s"], 2 * (8 - 1) / generate["median_s"])  # batch 2, decode 8
 
 
+@pytest.mark.slow
 def test_failing_and_unsupported_contestants_are_recorded_not_raised(tiny_run):
     _, results, markdown = tiny_run
     for cell in results["cells"]:
@@ -85,6 +88,7 @@ def test_failing_and_unsupported_contestants_are_recorded_not_raised(tiny_run):
     assert "alibi-flash" not in results["workers"]  # unsupported everywhere: its worker was never started
 
 
+@pytest.mark.slow
 def test_markdown_has_machine_command_tables_and_targets(tiny_run):
     _, results, markdown = tiny_run
     assert results["command"] in markdown and results["machine"]["cpu"] in markdown
@@ -135,6 +139,7 @@ DUMMY_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a worker process per case
 @pytest.mark.parametrize("op, status", [("hang", "timeout"), ("crash", "crashed"), ("raise", "error")])
 def test_worker_timeout_crash_and_exception_become_statuses(tmp_path, op, status):
     worker = bench_alibi.Worker([sys.executable, "-c", DUMMY_WORKER], tmp_path / "worker.log")
@@ -251,6 +256,7 @@ def test_parity_targets_need_time_and_whole_process_memory_within_5_percent():
     assert rows["forward L=16384 B=1: bloom-eager >= 3x slower"]["status"] == "met"  # it ran out of memory
 
 
+@pytest.mark.slow
 def test_processes_mode_measures_each_cell_in_fresh_processes(tmp_path):
     out = tmp_path / "results.json"
     argv = ["--preset", "tiny", "--suite", "forward", "--contestants", "alibi-sdpa", "--lengths", "32",

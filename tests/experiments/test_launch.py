@@ -93,6 +93,7 @@ def live_holder(tmp_path):
         holder.wait()
 
 
+@pytest.mark.slow
 def test_second_run_into_a_folder_held_by_a_live_run_refuses_naming_folder_and_pid(live_holder):
     folder, holder = live_holder
     experiment, training = _args(folder)
@@ -102,6 +103,7 @@ def test_second_run_into_a_folder_held_by_a_live_run_refuses_naming_folder_and_p
     assert json.loads((folder / LOCK_FILE).read_text())["pid"] == holder.pid
 
 
+@pytest.mark.slow
 def test_lock_left_by_a_killed_run_is_taken_over_with_a_warning_and_released(live_holder, caplog):
     folder, holder = live_holder
     holder.kill()  # SIGKILL: no cleanup runs, the lock file stays behind with the dead pid

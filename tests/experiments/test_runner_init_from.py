@@ -32,6 +32,7 @@ def bloom_folder(tmp_path):
     return folder
 
 
+@pytest.mark.slow
 def test_recipe_fine_tunes_an_imported_bloom_with_its_own_tokenizer_and_a_true_card(bloom_folder, tmp_path):
     experiment, training = parse_args(
         ["--config", SMOKE_YAML, "--output_dir", str(tmp_path / "run"), "--models", "alibi",
