@@ -1,6 +1,6 @@
 """Train short, test long: train each position encoding with `transformers.Trainer` at one length, evaluate at many.
 
-The recipe `recipes/train_short_test_long.py` is a thin `main()` over `run_experiment`. A model is named by its
+`hf-alibi train` (`train_short_test_long.main`) is a thin `main()` over `run_experiment`. A model is named by its
 position encoding (`learned`: trained at `train_length`) or by encoding and training length (`learned@512`). Every
 model sees the same number of training tokens: at `k x train_length` the batch holds `1/k` as many sequences (same
 steps, same tokens per step, same schedule). Layout of a run:
