@@ -7,9 +7,9 @@
         ...                                     # train, evaluate, write
 
 Two launch mistakes that are silent otherwise, both caught before anything is written:
-- `torchrun --nproc_per_node 2 -m recipes.train_short_test_long ...` on CPU without `--use_cpu true`: transformers
-  sets up the gloo process group only with `use_cpu`, so two separate one-process experiments run and write the
-  same output folder at once.
+- `torchrun --nproc_per_node 2 -m hf_alibi.experiments.train_short_test_long ...` on CPU without `--use_cpu true`:
+  transformers sets up the gloo process group only with `use_cpu`, so two separate one-process experiments run and
+  write the same output folder at once.
 - `accelerate launch --cpu --num_processes 2 ...`: accelerate's CPU launcher starts one process, not two.
 
 The lock is `<output_dir>/.hf_alibi.lock`, held with `fcntl.flock` for the run's lifetime (the kernel releases it
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = ".hf_alibi.lock"
 # The launchers' world-size variables, in accelerate's order: torchrun / accelerate, then the MPI launchers.
 WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-TORCHRUN_FIX = "torchrun --nproc_per_node N -m recipes.train_short_test_long ... --use_cpu true"
+TORCHRUN_FIX = "torchrun --nproc_per_node N -m hf_alibi.experiments.train_short_test_long ... --use_cpu true"
 
 
 def launched_world_size(environ: Mapping[str, str] = os.environ) -> tuple[int, str | None]:
