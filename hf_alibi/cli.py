@@ -84,9 +84,19 @@ def plot_bias(args: argparse.Namespace) -> Path:
     return plot_alibi_bias(source, args.output, heads=args.heads, size=args.size, eps=args.eps)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hf_alibi")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hf-alibi", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--debug", action="store_true", help=f"show the traceback of an error (or {DEBUG_VARIABLE}=1)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     convert = commands.add_parser("convert", help="import a GPT-2, BLOOM, MPT or Falcon-RW checkpoint")
     convert.add_argument("source", help="checkpoint folder or Hub id (its model_type picks the family)")

@@ -69,6 +69,8 @@ CASES = [
     ("train_unknown_option", ["train", "--config", "smoke", "--train_lenght", "3"], "--train_lenght"),
     ("train_bad_value", ["train", "--config", "smoke", "--models", "transformer-xl", "--output_dir", "{out}/run"],
      "'transformer-xl'"),
+    ("train_missing_init_from", ["train", "--config", "smoke", "--models", "alibi", "--output_dir", "{out}/run",
+                                 "--init_from", "{src}/no_such_model"], "no_such_model"),
     ("evaluate_missing_model", ["evaluate", "--model", "{src}/no_such_folder", "--output_dir", "{out}/eval"],
      "no_such_folder"),
     ("unknown_command", ["bogus"], "'bogus'"),
@@ -119,6 +121,13 @@ def test_unexpected_errors_name_their_type_and_point_to_debug(sources, tmp_path,
     assert main(["convert", str(sources / "gpt2"), str(tmp_path / "x")]) == 2
     expected = "hf-alibi: error: RuntimeError: an internal failure (rerun with --debug for the traceback)\n"
     assert capfd.readouterr().err == expected
+
+
+def test_version_prints_the_installed_version_and_exits_0(capsys):
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"hf-alibi {version('hf_alibi')}\n"
 
 
 def test_train_and_evaluate_help_list_their_arguments_and_exit_0(capsys):

@@ -70,6 +70,10 @@ def prepare_data(experiment: ExperimentArguments, state: PartialState):
     the same training documents; `max_train_blocks` caps the blocks of `train_length` and the others to the same
     number of tokens.
     """
+    if experiment.init_from is not None:
+        from ..conversion.common import load_config
+
+        load_config(experiment.init_from)  # a missing folder or an uncached Hub id fails here, by name
     corpus = load_text_corpus(
         experiment.dataset_name,
         experiment.dataset_config,
