@@ -11,7 +11,7 @@ forward (`output_attentions`), times the windows measured. Trainer overhead (log
 data preparation are not timed: add about a minute.
 
 Every timing is interleaved with the shape of the last quiet measurement (ALiBi, `make demo` on a quiet 2-core
-machine, `results/cpu_demo`: training at 16 x 256 ran 1690.4 tokens/s (`--anchor`); its 32 x 256 evaluation batch
+machine, `results/cpu_demo_bpe8k`: training at 16 x 256 ran 1690.4 tokens/s (`--anchor`); its 32 x 256 evaluation batch
 took 38.2 s / 23 batches = 1.66 s (`--eval_anchor`)), the minimum of each taken (contention only adds time), and the
 ratio applied to the quiet figure: printed times are quiet-machine estimates, as steady as the load is between two
 neighbouring timings.

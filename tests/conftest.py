@@ -77,3 +77,22 @@ def random_ids():
         return torch.randint(3, vocab, (batch, length))
 
     return make
+
+
+@pytest.fixture
+def make_evaluation():
+    """`make_evaluation(name, {length: nonoverlapping perplexity}, train_length)` -> a `ModelEvaluation`."""
+    import math
+
+    from hf_alibi.experiments.length_eval import DocumentSelection, LengthResult, ModelEvaluation
+
+    def make(name: str, perplexities: dict[int, float], train_length: int) -> ModelEvaluation:
+        selection = DocumentSelection(documents=1, skipped=0, min_tokens=1, tokens_used=1000, tokens_dropped=0,
+                                      fingerprint="0" * 64)  # fmt: skip
+        lengths = [LengthResult(length=n, factor=n / train_length, ppl_nonoverlapping=p,
+                                nll_nonoverlapping=math.log(p) * 999, tokens_nonoverlapping=999)
+                   for n, p in sorted(perplexities.items())]  # fmt: skip
+        return ModelEvaluation(model=name, train_length=train_length, max_length=None, selection=selection,
+                               lengths=lengths)  # fmt: skip
+
+    return make

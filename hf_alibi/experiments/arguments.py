@@ -55,6 +55,14 @@ class ExperimentArguments:
     window_length: int = field(
         default=2048, metadata={"help": "Input length of the effective-window measurement (windows up to half of it)."}
     )
+    cost_steps: int = field(
+        default=10,
+        metadata={"help": "After training, timed training steps per model, interleaved across models, for the "
+                          "training-cost table (hf_alibi/experiments/training_cost.py); 0 skips it."},
+    )
+    cost_warmup_steps: int = field(
+        default=2, metadata={"help": "Untimed steps per model before the interleaved timing (peak memory covers them)."}
+    )
     dataset_name: str | None = field(
         default=None, metadata={"help": f"None/'{STDLIB_CORPUS}' (offline default), a Hub dataset, or a builder."}
     )
@@ -102,6 +110,10 @@ class ExperimentArguments:
             raise ValueError(f"models lists a model twice: {self.models}")
         if not 0 < self.window_eps < 1:
             raise ValueError(f"window_eps must be in (0, 1), got {self.window_eps}")
+        if self.cost_steps < 0 or self.cost_warmup_steps < 1:
+            raise ValueError(
+                f"cost_steps must be >= 0 and cost_warmup_steps >= 1, got {self.cost_steps} and {self.cost_warmup_steps}"
+            )
         if self.window_length < 2:
             raise ValueError(f"window_length must be at least 2, got {self.window_length}")
         if not self.eval_factors or any(f < 1 for f in self.eval_factors):
@@ -131,7 +143,8 @@ class ExperimentArguments:
 
 SMOKE_OVERRIDES = {
     "experiment": dict(train_length=32, eval_factors=[1, 2, 4], n_embd=64, n_layer=2, n_head=4, vocab_size=512,
-                       eval_max_documents=4, max_train_documents=60, max_train_blocks=256, window_length=128),
+                       eval_max_documents=4, max_train_documents=60, max_train_blocks=256, window_length=128,
+                       cost_steps=2, cost_warmup_steps=1),
     "training": dict(max_steps=8, per_device_train_batch_size=8, logging_steps=4, save_steps=4, warmup_steps=0),
 }  # fmt: skip
 

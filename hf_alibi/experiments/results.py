@@ -62,7 +62,7 @@ def write_results(
     atomic_write_text(paths["json"], json.dumps(payload, indent=2) + "\n")
     atomic_write_text(paths["csv"], results_csv(results))
     atomic_write_text(paths["markdown"], results_markdown(results, metadata=metadata))
-    plot_perplexity_vs_length(results, paths["plot"])
+    plot_perplexity_vs_length(results, paths["plot"], bytes_per_token=(metadata or {}).get("bytes_per_token"))
     plot_loss_by_position(results, paths["position_plot"])
     return paths
 
@@ -107,6 +107,11 @@ def results_markdown(results: Mapping[str, ModelEvaluation], *, metadata: Mappin
     lines.extend(_selection_lines(results))
     lines.append("")
     lines += ["## Nonoverlapping windows", "", perplexity_table(results, "ppl_nonoverlapping"), ""]
+    bytes_per_token = (metadata or {}).get("bytes_per_token")
+    unit = "Bits per byte" if bytes_per_token else "Bits per token"
+    ratio = f", divided by the evaluation text's {bytes_per_token:g} bytes per token" if bytes_per_token else ""
+    lines += [f"## {unit}, nonoverlapping", "", f"log2 of the perplexity{ratio}.", "",
+              bits_table(results, bytes_per_token), ""]
     if any(r.ppl_sliding is not None for ev in results.values() for r in ev.lengths):
         strides = sorted({(r.length, r.stride) for ev in results.values() for r in ev.lengths if r.stride})
         stride_text = ", ".join(f"{stride} at {length}" for length, stride in strides)
@@ -141,24 +146,69 @@ def perplexity_table(results: Mapping[str, ModelEvaluation], key: str = "ppl_non
 
 
 def training_cost_table(results: Mapping[str, ModelEvaluation], metadata: Mapping[str, Any]) -> str:
-    """Markdown: per model, its training length, tokens, tokens/s and peak memory (from `metadata["<model>_training"]`,
-    as the experiment runner records them); "" when no model has such facts."""
-    rows = []
+    """Markdown: per model, its training length, batch and tokens, then its cost. "" when no model has cost facts.
+
+    Tokens/s, step time and peak memory come from `metadata["<model>_cost"]` (`training_cost`: every model timed
+    the same way, interleaved, warm-up excluded) when the run measured them, else from the training run's own clock
+    (`metadata["<model>_training"]`, marked "run clock"); `train seconds` is always the training run's wall time.
+    """
+    rows, reference = [], None
     for name in results:
         facts = metadata.get(f"{name}_training")
         if not isinstance(facts, Mapping) or "train_tokens_per_second" not in facts:
             continue
+        cost = metadata.get(f"{name}_cost")
         length = facts.get("train_length", results[name].train_length)
         tokens = facts.get("train_tokens")
-        peak = facts.get("peak_memory_mib")
+        if isinstance(cost, Mapping):
+            speed, step, peak = cost["tokens_per_second"], cost["step_seconds_median"], cost.get("peak_memory_mib")
+        else:
+            speed, step, peak = facts["train_tokens_per_second"], facts.get("step_seconds_median"), None
+            peak = facts.get("peak_memory_mib")
+        reference = reference if reference is not None else (name, step)
+        relative = "-" if not step or not reference[1] else f"{step / reference[1]:.3f}"
+        source = "" if isinstance(cost, Mapping) else " (run clock)"
         rows.append(f"| {name} | {length} | {facts.get('per_device_train_batch_size', '-')} | "
-                    f"{'-' if tokens is None else f'{tokens:,}'} | {facts['train_tokens_per_second']:,.0f} | "
+                    f"{'-' if tokens is None else f'{tokens:,}'} | {speed:,.0f}{source} | "
+                    f"{'-' if step is None else f'{step * 1000:.1f}'} | {relative} | "
                     f"{'-' if peak is None else f'{peak:,.0f}'} | {facts.get('train_seconds', '-')} |")  # fmt: skip
     if not rows:
         return ""
-    header = ("| Model | train length | batch | training tokens | tokens/s | peak memory (MiB) | train seconds |\n"
-              "|---|---:|---:|---:|---:|---:|---:|")  # fmt: skip
-    return "\n".join([header, *rows])
+    header = (f"| Model | train length | batch | training tokens | tokens/s | step (ms) | step time / {reference[0]} | "
+              "peak memory (MiB) | train seconds |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+    protocols = {metadata[f"{name}_cost"].get("protocol") for name in results
+                 if isinstance(metadata.get(f"{name}_cost"), Mapping)}  # fmt: skip
+    note = ""
+    if protocols - {None}:
+        note = ("\n\nTokens/s, step time and peak memory: every model measured the same way after training (fresh "
+                f"models, {'; '.join(sorted(protocols - {None}))}; peak memory: process growth while building the model "
+                "and running its warm-up steps). Train seconds: the training run's own wall clock (checkpoints and "
+                "logging included; whatever else ran on the machine then, too).")  # fmt: skip
+    return "\n".join([header, *rows]) + note
+
+
+def bits_table(results: Mapping[str, ModelEvaluation], bytes_per_token: float | None,
+               key: str = "ppl_nonoverlapping") -> str:
+    """Markdown table of bits per byte (`log2(ppl) / bytes_per_token`), or bits per token when it is unknown."""
+    lengths = _all_lengths(results)
+    train_length = _train_length(results)
+    mixed = _mixed_train_lengths(results)
+    header = ["Model"] + [_length_label(length, train_length, not mixed) for length in lengths]
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * len(lengths) + "|"]
+    for name, evaluation in results.items():
+        by_length = evaluation.by_length()
+        cells = []
+        for length in lengths:
+            r = by_length.get(length)
+            value = None if r is None or r.unsupported else getattr(r, key)
+            cells.append(_cell(r, key) if value is None else f"{bits(value, bytes_per_token):.3f}")
+        lines.append("| " + " | ".join([name] + cells) + " |")
+    return "\n".join(lines)
+
+
+def bits(perplexity_value: float, bytes_per_token: float | None = None) -> float:
+    """Bits per byte of a per-token perplexity (`log2(ppl) / bytes_per_token`); bits per token without the ratio."""
+    return math.log2(perplexity_value) / (bytes_per_token or 1.0)
 
 
 def format_summary(results: Mapping[str, ModelEvaluation | dict], output_dir: str | os.PathLike | None = None) -> str:
@@ -183,10 +233,14 @@ def format_summary(results: Mapping[str, ModelEvaluation | dict], output_dir: st
     return "\n".join(lines)
 
 
-def plot_perplexity_vs_length(results: Mapping[str, ModelEvaluation], path: str | os.PathLike) -> None:
-    """Two panels (nonoverlapping, sliding): perplexity (log) against evaluation length (log2), one line per model."""
+def plot_perplexity_vs_length(
+    results: Mapping[str, ModelEvaluation], path: str | os.PathLike, bytes_per_token: float | None = None
+) -> None:
+    """Two panels (nonoverlapping, sliding): perplexity (log) against evaluation length (log2), one line per model;
+    the right-hand axis reads the same curves in bits per byte (bits per token without `bytes_per_token`)."""
     from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry, Agg by default
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    import numpy as np
 
     train_length = _train_length(results)
     lengths = _all_lengths(results)
@@ -231,6 +285,11 @@ def plot_perplexity_vs_length(results: Mapping[str, ModelEvaluation], path: str 
         ax.set_title(f"{title} ({'solid' if key == 'ppl_nonoverlapping' else 'dashed'})")
         ax.grid(True, which="major", alpha=0.3)
     axes[0].set_ylabel("perplexity (log scale)")
+    scale = bytes_per_token or 1.0
+    right = axes[-1].secondary_yaxis(
+        "right", functions=(lambda p: np.log2(np.maximum(p, 1e-300)) / scale, lambda b: np.exp2(b * scale))
+    )
+    right.set_ylabel("bits per byte" if bytes_per_token else "bits per token")
     if mixed:  # one line per model and training length: the legend goes beside the plot
         axes[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     else:
@@ -346,6 +405,8 @@ def _atomic_write(path: Path, write) -> None:
 __all__ = [
     "CSV_COLUMNS",
     "atomic_write_text",
+    "bits",
+    "bits_table",
     "format_summary",
     "load_results",
     "perplexity_table",

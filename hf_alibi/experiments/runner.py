@@ -18,6 +18,7 @@ import logging
 import os
 import platform
 import shutil
+import statistics
 import sys
 import time
 from dataclasses import asdict
@@ -26,7 +27,15 @@ from pathlib import Path
 import torch
 import transformers
 from accelerate import PartialState
-from transformers import AutoConfig, AutoTokenizer, Trainer, TrainingArguments, default_data_collator, set_seed
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    default_data_collator,
+    set_seed,
+)
 from transformers.trainer_utils import get_last_checkpoint
 
 from .attention_window import measure_effective_window, plot_effective_window, window_table
@@ -34,12 +43,13 @@ from .arguments import ExperimentArguments, apply_smoke, batch_size_at, parse_mo
 from .baselines import build_model, max_supported_length
 from .data import STDLIB_CORPUS, corpus_fingerprint, heldout_token_ids, load_text_corpus, pack_documents
 from .launch import check_process_group, output_dir_lock
-from .length_eval import ModelEvaluation, evaluate_model
+from .length_eval import ModelEvaluation, evaluate_model, select_documents
 from .model_card import save_card
 from .peak_memory import PeakMemory
 from .plots import plot_alibi_bias
 from .results import format_summary, write_results
 from .tokenization import load_or_train_tokenizer
+from .training_cost import measure_training_costs
 
 logger = logging.getLogger(__name__)
 
@@ -133,28 +143,53 @@ def _resume_point(model_dir: Path, resume) -> str | None:
     return str(resume)
 
 
+class StepClock(TrainerCallback):
+    """Wall time of every optimisation step of a Trainer run (`on_step_begin` to `on_step_end`)."""
+
+    def __init__(self):
+        self.seconds: list[float] = []
+        self._began = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._began = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._began is not None:
+            self.seconds.append(time.perf_counter() - self._began)
+            self._began = None
+
+
+def model_training_args(name: str, experiment, training) -> tuple[str, int, int, TrainingArguments]:
+    """`(encoding, training length, per-device batch, TrainingArguments)` of model `name` (`encoding[@length]`)."""
+    encoding, length = parse_model_spec(name, experiment.train_length)
+    batch = batch_size_at(experiment, training, length)
+    overrides = {"output_dir": str(Path(training.output_dir) / name), "push_to_hub": False,
+                 "per_device_train_batch_size": batch}  # fmt: skip
+    return encoding, length, batch, TrainingArguments(**{**training.to_dict(), **overrides})
+
+
 def train_one(
     name, experiment, training, tokenizer, train_blocks, state, callbacks=None
 ) -> tuple[torch.nn.Module, dict]:
     """Train (or resume) model `name` (`encoding[@length]`); save it atomically to `<output_dir>/<name>/final`.
 
     `train_blocks` maps each training length to its packed blocks. Returns `(model, facts)`; the facts carry the
-    training length, batch, tokens, tokens/s and peak memory (`PeakMemory`) of this model.
+    training length, batch, tokens, the run's own clock (`train_seconds`, Trainer's tokens/s, the median step and the
+    seconds spent outside steps: checkpoints, logging) and its peak memory (`PeakMemory`). The run's clock is what
+    this run took on this machine; compare models by `measure_costs`, which times them interleaved.
     """
-    encoding, length = parse_model_spec(name, experiment.train_length)
-    model_dir = Path(training.output_dir) / name
-    batch = batch_size_at(experiment, training, length)
-    overrides = {"output_dir": str(model_dir), "push_to_hub": False, "per_device_train_batch_size": batch}
-    args = TrainingArguments(**{**training.to_dict(), **overrides})
+    encoding, length, batch, args = model_training_args(name, experiment, training)
+    model_dir = Path(args.output_dir)
     set_seed(args.seed)
     model = make_model(encoding, experiment, tokenizer, length)
+    clock = StepClock()
     trainer = Trainer(
         model=model,
         args=args,
         train_dataset=train_blocks[length],
         data_collator=default_data_collator,
         processing_class=tokenizer,
-        callbacks=callbacks,
+        callbacks=[*(callbacks or []), clock],
     )
     with PeakMemory(args.device) as peak:
         start = time.perf_counter()
@@ -170,6 +205,7 @@ def train_one(
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
     state.wait_for_everyone()
+    steady = clock.seconds[2:] or clock.seconds  # the first steps carry one-time set-up
     facts = {
         "train_length": length,
         "per_device_train_batch_size": batch,
@@ -181,10 +217,40 @@ def train_one(
         "train_tokens_per_second": round(
             result.metrics.get("train_samples_per_second", 0) * length, 1
         ),
+        "step_seconds_median": round(statistics.median(steady), 5) if steady else None,
+        "seconds_outside_steps": round(seconds - sum(clock.seconds), 1),
         **peak.result(),
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     return trainer.model, facts
+
+
+def measure_costs(experiment, training, tokenizer, train_blocks) -> dict[str, dict]:
+    """Training cost of every model, measured the same way (`training_cost`): fresh models, interleaved steps on a
+    batch as the recipe's collator makes it, the optimizer Trainer creates. `{name: cost}`; {} when
+    `experiment.cost_steps` is 0."""
+    if experiment.cost_steps == 0:
+        return {}
+
+    def builder(name):
+        def build():
+            encoding, length, batch, args = model_training_args(name, experiment, training)
+            set_seed(args.seed)
+            model = make_model(encoding, experiment, tokenizer, length).to(args.device)
+            optimizer = Trainer(model=model, args=args).create_optimizer()
+            blocks = train_blocks[length]
+            inputs = default_data_collator([blocks[i % len(blocks)] for i in range(batch)])
+            return model, optimizer, {key: value.to(args.device) for key, value in inputs.items()}
+
+        return build
+
+    return measure_training_costs(
+        {name: builder(name) for name in experiment.models},
+        steps=experiment.cost_steps,
+        warmup=experiment.cost_warmup_steps,
+        max_grad_norm=training.max_grad_norm,
+        device=training.device,
+    )
 
 
 def _atomic_json(path: Path, payload: dict) -> None:
@@ -270,6 +336,9 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvalua
         state.wait_for_everyone()
         del model
     if state.is_main_process:
+        metadata["bytes_per_token"] = heldout_bytes_per_token(heldout, tokenizer, experiment)
+        for name, cost in measure_costs(experiment, training, tokenizer, train_blocks).items():
+            metadata[f"{name}_cost"] = cost
         write_results(output_dir, evaluations, metadata=metadata)
         if windows:
             _atomic_json(output_dir / "effective_window.json", windows)
@@ -280,6 +349,15 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvalua
             push_alibi_model(experiment, training)
     state.wait_for_everyone()
     return evaluations
+
+
+def heldout_bytes_per_token(heldout, tokenizer, experiment) -> float:
+    """Mean UTF-8 bytes per token of the evaluation text (the documents every length scores): bits per byte =
+    bits per token / this. Exactly 1.0 for the byte-level vocabulary (`vocab_size: 257`)."""
+    docs, _ = select_documents(heldout, experiment.eval_lengths, experiment.eval_max_documents)
+    tokens = sum(doc.numel() for doc in docs)
+    text_bytes = sum(len(tokenizer.decode(doc.tolist(), clean_up_tokenization_spaces=False).encode()) for doc in docs)
+    return round(text_bytes / tokens, 6)
 
 
 def write_cards(experiment, training, evaluations, metadata, windows=None) -> None:

@@ -233,3 +233,17 @@ def test_hub_wikitext_is_joined_into_articles_and_keeps_its_validation_split(mon
     assert corpus["train"]["text"] == [f" = {t} = \n About {t} .\n" for t in "ABC"]
     assert corpus["validation"]["text"] == [" = D = \n About D .\n"]
     assert corpus["validation"]["source"] == ["validation/article0"]
+
+
+def test_byte_level_vocabulary_scores_exactly_one_byte_per_token():
+    import torch
+
+    from hf_alibi.experiments.runner import ExperimentArguments, heldout_bytes_per_token
+    from hf_alibi.experiments.tokenization import train_tokenizer
+
+    text = "def f(x):\n    return x  # é, ü: multi-byte characters\n" * 40
+    tokenizer = train_tokenizer([text], vocab_size=257)
+    ids = torch.tensor(tokenizer(text)["input_ids"])
+    assert ids.numel() == len(text.encode("utf-8"))
+    experiment = ExperimentArguments(train_length=8, eval_factors=[1, 2], models=["alibi"])
+    assert heldout_bytes_per_token([ids], tokenizer, experiment) == 1.0

@@ -77,6 +77,14 @@ def test_models_at_twice_the_length_see_the_same_tokens_and_report_their_cost(sm
     assert evaluations["learned@64"].train_length == 64
     markdown = (output_dir / "results.md").read_text()
     assert "## Training cost" in markdown and "| learned@64 | 64 | 4 |" in markdown
+    metadata = json.loads((output_dir / "results.json").read_text())["metadata"]
+    for name, f in facts.items():  # the run's own clock, and every model timed again the same way
+        assert f["step_seconds_median"] > 0 and f["seconds_outside_steps"] >= 0, (name, f)
+        cost = metadata[f"{name}_cost"]
+        assert len(cost["step_seconds"]) == experiment.cost_steps, name
+        assert cost["tokens_per_step"] == f["per_device_train_batch_size"] * f["train_length"], name
+    assert "interleaved" in markdown and "Bits per byte" in markdown
+    assert metadata["bytes_per_token"] > 1  # the smoke's 512-token BPE: several bytes a token
     window = json.loads((output_dir / "effective_window.json").read_text())["alibi"]
     assert window["length"] == experiment.window_length and len(window["measured"]) == experiment.n_layer
 
