@@ -1,4 +1,5 @@
-# The two quick-start commands: `make demo` (train short, test long on CPU) and `make test`.
+# The two quick-start commands: `make demo` (train short, test long on CPU) and `make test` (`make test-fast`: the
+# tests not marked slow).
 # Both build .venv on first use. TORCH picks the torch wheel: the default is the CPU build that lies on
 # this project's machines; elsewhere pass e.g. `make TORCH=torch test` for your platform's build.
 PYTHON ?= python3
@@ -6,14 +7,14 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo smoke test bench
+.PHONY: install demo smoke test test-fast bench
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[dev,recipes]"
+	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
 demo: install
@@ -23,8 +24,11 @@ smoke: install  # a new output folder each time: finished runs are never overwri
 	HF_HUB_OFFLINE=1 $(PY) -m recipes.train_short_test_long --config recipes/configs/smoke.yaml \
 		--output_dir runs/smoke/$$(date +%Y%m%d-%H%M%S)
 
-test: install
+test: install  # the whole suite: what .ci/run runs
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+test-fast: install  # everything but what is marked slow (recipe runs, subprocesses, torchrun, wheels, compile, export)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
 
 bench: install
 	$(PY) -m benchmarks.bench_alibi

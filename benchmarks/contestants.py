@@ -16,11 +16,11 @@ apply theirs differently, so every contestant gets 0 everywhere: the benchmark c
 | `alibi-flash`          | `AlibiGPT2LMHeadModel`, CUDA + flash-attn only  | FlashAttention-2 `alibi_slopes`            |
 | `alibi-from-bloom`     | `bloom-eager`'s weights imported (`convert`)     | SDPA; logits checked equal to BLOOM's first|
 
-`alibi-from-bloom` is issue 8's contestant: the same random BLOOM as `bloom-eager` (same seed), imported exactly
+`alibi-from-bloom` is your BLOOM, imported: the same random BLOOM as `bloom-eager` (same seed), imported exactly
 into hf_alibi, so the two time one function. Its worker refuses to start if the imported logits differ.
 
 Every ratio is against one reference, a GPT-2 without any bias (`REFERENCES`): `gpt2-sdpa` by default, `gpt2-flash`
-on a GPU to hold `alibi-flash` against the same FlashAttention-2 kernel without `alibi_slopes` (issue 10).
+on a GPU to hold `alibi-flash` against the same FlashAttention-2 kernel without `alibi_slopes` (the parity targets).
 """
 
 import importlib.util

@@ -1,4 +1,8 @@
-"""hf_alibi: ALiBi GPT-2 models for transformers. Importing registers model type "alibi_gpt2" with the Auto classes."""
+"""hf_alibi: ALiBi GPT-2 models for transformers. Importing registers model type "alibi_gpt2" with the Auto classes.
+
+Only the model loads here: `convert`, `convert_gpt2` and `export` load the conversion layer (and transformers' BLOOM,
+MPT, Falcon and GPT-2 code) on first use; `hf_alibi.experiments` needs the `experiments` extra.
+"""
 
 from transformers import (
     AutoConfig,
@@ -10,7 +14,6 @@ from transformers import (
 )
 
 from .alibi import alibi_causal_bias, get_alibi_slopes
-from .conversion import convert, convert_gpt2, export
 from .configuration_alibi_gpt2 import AlibiGPT2Config
 from .modeling_alibi_gpt2 import (
     AlibiGPT2ForQuestionAnswering,
@@ -34,6 +37,18 @@ AlibiGPT2Config.register_for_auto_class("AutoConfig")  # save_pretrained ships t
 for _auto_class, _model_class in AUTO_CLASSES.items():
     _auto_class.register(AlibiGPT2Config, _model_class, exist_ok=True)
     _model_class.register_for_auto_class(_auto_class.__name__)
+
+_CONVERSION = ("convert", "convert_gpt2", "export")
+
+
+def __getattr__(name: str):
+    """`hf_alibi.convert` and friends: import `hf_alibi.conversion` on first use, not with the package."""
+    if name in _CONVERSION:
+        from . import conversion
+
+        return getattr(conversion, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AlibiGPT2Config",

@@ -5,10 +5,31 @@ hf-alibi export SRC DST --to bloom       # ALiBi GPT-2 folder -> BloomForCausalL
 hf-alibi export SRC DST --to mpt --max-seq-len 8192   # -> MptForCausalLM folder (transformers, vLLM, TGI)
 hf-alibi export SRC model.gguf --to gguf # -> one llama.cpp file (architecture mpt), tokenizer included
 hf-alibi plot-bias [MODEL_OR_CONFIG | --n-head N] --output FILE.png   # bias matrices and slope schedule
+hf-alibi train --config cpu_demo [--KEY VALUE ...]    # train short, test long (a shipped config or a YAML file)
+hf-alibi evaluate --model FOLDER [FOLDER ...]         # any checkpoint at 1x-16x its training length
+
+train, evaluate and plot-bias need `pip install 'hf_alibi[experiments]'`; `export --to gguf` needs `hf_alibi[gguf]`.
+`hf-alibi train --help` and `hf-alibi evaluate --help` list every argument. An error prints one line,
+`hf-alibi: error: ...`, and exits with status 2, having written nothing; `--debug` (or HF_ALIBI_DEBUG=1) shows the
+traceback instead.
 """
 
 import argparse
+import os
+import sys
 from pathlib import Path
+
+DEBUG_VARIABLE = "HF_ALIBI_DEBUG"
+EXIT_ERROR = 2  # argparse's status for a bad invocation; every refusal here is one
+# Errors that are the user's to fix (a path, a value, a missing extra): their message is the whole story.
+EXPECTED_ERRORS = (ValueError, OSError, ImportError)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors raise (so `main` prints them on one line) instead of printing usage and exiting."""
+
+    def error(self, message: str):
+        raise ValueError(f"{message} (see {self.prog} --help)")
 
 
 def convert_checkpoint(source: str, destination: str, alibi_max_bias: float | None = None) -> Path:
@@ -18,11 +39,9 @@ def convert_checkpoint(source: str, destination: str, alibi_max_bias: float | No
     `alibi_max_bias` applies to GPT-2 sources only (the others keep their own slopes).
     """
     from .conversion import convert
-    from .conversion.common import load_tokenizer, write_folder_atomically
+    from .conversion.common import check_destination, load_tokenizer, write_folder_atomically
 
-    destination_path = Path(destination)
-    if destination_path.exists() and any(destination_path.iterdir()):
-        raise ValueError(f"destination {destination!r} exists and is not empty")
+    check_destination(destination)  # before the (possibly long) load
     model = convert(source, **({} if alibi_max_bias is None else {"alibi_max_bias": alibi_max_bias}))
     tokenizer = load_tokenizer(source)
 
@@ -33,7 +52,7 @@ def convert_checkpoint(source: str, destination: str, alibi_max_bias: float | No
         else:
             print(f"note: no tokenizer found at {source}; saved the model only")
 
-    return write_folder_atomically(destination_path, write)
+    return write_folder_atomically(destination, write)
 
 
 def export_checkpoint(source: str, destination: str, layout: str, max_seq_len: int | None = None) -> Path:
@@ -45,16 +64,16 @@ def export_checkpoint(source: str, destination: str, layout: str, max_seq_len: i
 
 def plot_bias(args: argparse.Namespace) -> Path:
     """`hf-alibi plot-bias`: the slopes of a saved model/config (or the paper's rule for --n-head), drawn."""
-    from .experiments.plots import plot_alibi_bias
-
     if (args.model is None) == (args.n_head is None):
         raise ValueError(
             f"give a model/config path or --n-head, not both or neither (got {args.model!r}, {args.n_head})"
         )
-    if args.model is not None:
-        from transformers import AutoConfig
+    from .experiments.plots import plot_alibi_bias
 
-        config = AutoConfig.from_pretrained(args.model)
+    if args.model is not None:
+        from .conversion.common import load_config
+
+        config = load_config(args.model)
         if not hasattr(config, "alibi_slopes"):
             raise ValueError(f"{args.model} is a {config.model_type!r} config, not an ALiBi one (alibi_gpt2)")
         source = config
@@ -65,11 +84,20 @@ def plot_bias(args: argparse.Namespace) -> Path:
     return plot_alibi_bias(source, args.output, heads=args.heads, size=args.size, eps=args.eps)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="hf-alibi", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hf_alibi")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hf-alibi", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help=f"show the traceback of an error (or {DEBUG_VARIABLE}=1)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     convert = commands.add_parser("convert", help="import a GPT-2, BLOOM, MPT or Falcon-RW checkpoint")
     convert.add_argument("source", help="checkpoint folder or Hub id (its model_type picks the family)")
     convert.add_argument("destination", help="folder to write (must not exist or be empty)")
@@ -88,19 +116,34 @@ def main(argv: list[str] | None = None) -> None:
     bias.add_argument("--heads", type=int, nargs="+", help="heads to draw (default: steepest, middle, flattest)")
     bias.add_argument("--size", type=int, default=64, help="positions per side of each bias matrix")
     bias.add_argument("--eps", type=float, default=0.01, help="attention mass beyond the marked window")
-    args = parser.parse_args(argv)
-    import hf_alibi  # noqa: F401  (registers the Auto classes for the saved folder)
-    from transformers import AutoConfig
+    # train and evaluate parse their own arguments (HfArgumentParser dataclasses, --config YAML): see their --help
+    commands.add_parser("train", add_help=False, help="train short, test long (--config NAME_OR_YAML; see --help)")
+    commands.add_parser("evaluate", add_help=False, help="evaluate checkpoints at multiples of their training length")
+    return parser
 
+
+def run(argv: list[str]) -> None:
+    """Run one `hf-alibi` command; errors raise (`main` turns them into one line and exit status 2)."""
+    args, rest = build_parser().parse_known_args(argv)
+    if args.command == "train":
+        from .experiments.train_short_test_long import main as train
+
+        return train(rest)
+    if args.command == "evaluate":
+        from .experiments.evaluate_length import main as evaluate
+
+        evaluate(rest)
+        return None
+    if rest:
+        raise ValueError(f"unrecognized arguments: {' '.join(rest)} (see hf-alibi {args.command} --help)")
     if args.command == "plot-bias":
         print(f"wrote {plot_bias(args)}")
-        return
+    elif args.command == "convert":
+        from .conversion import EXACT_FAMILIES
+        from .conversion.common import load_config
 
-    from .conversion import EXACT_FAMILIES
-
-    if args.command == "convert":
         path = convert_checkpoint(args.source, args.destination, args.alibi_max_bias)
-        family = AutoConfig.from_pretrained(args.source).model_type
+        family = load_config(args.source).model_type
         if family in EXACT_FAMILIES:
             print(f"wrote ALiBi GPT-2 to {path}: an exact import of the {family} model (same outputs, any length)")
         else:
@@ -110,5 +153,31 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.to} export to {path}")
 
 
+def error_line(exc: BaseException) -> str:
+    """`hf-alibi: error: ...` on one line; errors that are not the user's to fix carry their type and the way to
+    the traceback."""
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if not isinstance(exc, EXPECTED_ERRORS):
+        message = f"{type(exc).__name__}: {message} (rerun with --debug for the traceback)"
+    return f"hf-alibi: error: {message}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console command: run `argv` (default `sys.argv[1:]`); 0 on success, 2 after a one-line error."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get(DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
+    argv = [arg for arg in argv if arg != "--debug"]
+    try:
+        run(argv)
+    except SystemExit as exc:  # --help, and argparse inside the commands' own parsers
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001  (every error becomes one line; --debug shows the traceback)
+        if debug:
+            raise
+        print(error_line(exc), file=sys.stderr)
+        return EXIT_ERROR
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,12 +1,13 @@
 """`sdpa_alibi_split` (the split SDPA path) against the ALiBi formula in float64: outputs and q/k/v gradients.
 
-Reference (as in test_attention.py): softmax(q . k * scale - m_h * (i - j)) @ v over keys j <= i that are not
+Reference (`alibi_reference.py`): softmax(q . k * scale - m_h * (i - j)) @ v over keys j <= i that are not
 padding, query row r at absolute position offset + r. Rows with no visible key have no defined output: they are
 left out of comparisons (their loss weight is 0, as for padding in a model) but must stay finite.
 """
 
 import pytest
 import torch
+from alibi_reference import reference_attention
 
 from hf_alibi import attention_sdpa_split, get_alibi_slopes
 from hf_alibi.attention_sdpa_split import SPLIT_CHUNKS, _SplitPlan, sdpa_alibi_split, split_kernels_work
@@ -17,16 +18,11 @@ SLOPES = get_alibi_slopes(HEADS)
 
 
 def reference(query, key, value, offset, key_padding=None):
-    """(B, H, q, D) x (B, H, kv, D) -> output (B, H, q, D), rows with a visible key (B|1, 1, q, 1); float64."""
-    query, key, value = query.double(), key.double(), value.double()
-    i = torch.arange(offset, offset + query.shape[2])[:, None]  # (q, 1) absolute query positions
-    j = torch.arange(key.shape[2])[None, :]  # (1, kv)
-    scores = query @ key.transpose(-1, -2) * SCALE - SLOPES.double()[:, None, None] * (i - j)  # (B, H, q, kv)
-    allowed = (j <= i)[None, None]  # (1, 1, q, kv); keys from offset + q on (a static cache's tail) are never seen
-    if key_padding is not None:
-        allowed = allowed & key_padding[:, None, None, :]  # (B, 1, q, kv)
-    weights = torch.softmax(scores.masked_fill(~allowed, -torch.inf), dim=-1).nan_to_num(0.0)  # (B, H, q, kv)
-    return weights @ value, allowed.any(-1, keepdim=True)
+    """`alibi_reference.reference_attention` with this file's slopes and scale: output (B, H, q, D), has_keys."""
+    output, _, has_keys = reference_attention(
+        query, key, value, SLOPES, scale=SCALE, offset=offset, key_padding=key_padding
+    )
+    return output, has_keys
 
 
 def real(lengths, total, side):
@@ -108,10 +104,7 @@ def test_default_chunks_past_one_first_level_chunk_match_reference():
     query, key, value = (torch.randn(1, 2, 1100, 16).requires_grad_() for _ in range(3))
     slopes = get_alibi_slopes(2)
     output = sdpa_alibi_split(query, key, value, slopes, 0, None, 0.25)
-    positions = torch.arange(1100)
-    bias = -slopes.double()[:, None, None] * (positions[:, None] - positions[None, :])  # (H, q, kv)
-    scores = query.double() @ key.double().transpose(-1, -2) * 0.25 + bias.masked_fill(bias > 0, -torch.inf)
-    expected = torch.softmax(scores, -1) @ value.double()  # (1, H, q, D)
+    expected, _, _ = reference_attention(query, key, value, slopes, scale=0.25, offset=0)  # (1, H, q, D)
     assert (output.double() - expected).abs().max().item() <= 1e-5
     upstream = torch.randn(expected.shape, dtype=torch.float64)
     got = torch.autograd.grad((output.double() * upstream).sum(), (query, key, value))
@@ -231,6 +224,7 @@ def test_rows_without_keys_keep_gradients_finite_even_when_the_loss_reads_them()
         assert torch.isfinite(grad).all(), f"NaN or inf in the gradient of {name}"
 
 
+@pytest.mark.slow
 def test_exported_program_uses_public_ops_and_matches_eager():
     class Attention(torch.nn.Module):
         def forward(self, query, key, value):

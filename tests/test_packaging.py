@@ -1,8 +1,12 @@
-"""Packaging: the wheel holds every file of the hf_alibi package (each subpackage, the model card template) and the
-console script, and nothing else; installed alone into a fresh venv, it imports, saves, loads, converts and writes
-model cards from another folder. Offline: the wheel is built without build isolation and installed with --no-deps."""
+"""Packaging: the wheel holds every file of the hf_alibi package (each subpackage, the model card template, the
+experiment's configs) and the console script, and nothing else; its core needs torch, transformers and safetensors
+only, the rest sits in extras. Installed alone into a fresh venv, it imports, saves, loads, converts and writes model
+cards from another folder; with the extras' packages absent, the model still works, `import hf_alibi` loads no other
+model family, and each feature that needs an extra fails naming it. Offline: the wheel is built without build
+isolation and installed with --no-deps. Slow: it builds a wheel and runs fresh processes."""
 
 import configparser
+import email.parser
 import importlib.util
 import json
 import os
@@ -14,7 +18,41 @@ from pathlib import Path
 
 import pytest
 
+from hf_alibi.import_utils import EXTRAS
+
+pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
+# A sitecustomize in the test venv: the modules named in HF_ALIBI_ABSENT cannot be imported, as if not installed.
+ABSENT = """
+import os, sys
+for name in filter(None, os.environ.get("HF_ALIBI_ABSENT", "").split(",")):
+    sys.modules[name] = None
+"""
+# What a core install (no extras) does: the model, conversion on first use, and a named extra for the rest.
+CORE_USE = """
+import json, sys
+from pathlib import Path
+import torch
+import hf_alibi
+from transformers import AutoModelForCausalLM
+
+out = Path(sys.argv[1])
+families = sorted(m for m in sys.modules if m.split(".")[:2] == ["transformers", "models"] and m.count(".") == 2)
+model = hf_alibi.AlibiGPT2LMHeadModel(hf_alibi.AlibiGPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50)).eval()
+model.save_pretrained(out / "core")
+loaded = AutoModelForCausalLM.from_pretrained(out / "core").eval()
+ids = torch.randint(0, 50, (1, 8))
+generated = loaded.generate(ids, max_new_tokens=4, do_sample=False).shape[1]
+errors = {}
+for feature, call in {"experiments": lambda: __import__("hf_alibi.experiments"),
+                      "gguf": lambda: hf_alibi.export(model, "gguf", out / "m.gguf", tokenizer=object())}.items():
+    try:
+        call()
+    except ImportError as exc:
+        errors[feature] = str(exc)
+print(json.dumps({"families_at_import": families, "convert": hf_alibi.convert.__module__, "generated": generated,
+                  "logits_equal": torch.equal(model(ids).logits, loaded(ids).logits), "errors": errors}))
+"""
 # What a checkout may hold beside the sources; the build works on a clean copy so its build/ and egg-info stay out.
 NOT_SOURCES = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".cache", "runs", "outputs"
@@ -30,6 +68,7 @@ from hf_alibi.experiments.length_eval import evaluate_model
 from hf_alibi.experiments.model_card import find_template, save_card
 
 out = Path(sys.argv[1])
+from hf_alibi.experiments.arguments import resolve_config
 torch.manual_seed(0)
 model = hf_alibi.AlibiGPT2LMHeadModel(hf_alibi.AlibiGPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50)).eval()
 model.save_pretrained(out / "alibi")
@@ -43,6 +82,7 @@ readme = save_card(out / "alibi", evaluation, model_name="alibi-tiny")
 print(json.dumps({
     "hf_alibi": hf_alibi.__file__,
     "template": str(find_template()),
+    "cpu_demo_config": str(resolve_config("cpu_demo")),
     "loaded_class": type(loaded).__name__,
     "max_logit_difference": (model(ids).logits - loaded(ids).logits).abs().max().item(),
     "converted_class": type(converted).__name__,
@@ -93,12 +133,31 @@ def _venv_site_packages(python: Path) -> Path:
     return Path(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip())
 
 
-@pytest.mark.slow
-def test_wheel_installed_alone_in_a_fresh_venv_imports_loads_converts_and_writes_cards(built, tmp_path):
+def test_wheel_core_needs_torch_transformers_safetensors_and_the_extras_hold_the_rest(built):
+    wheel, _ = built
+    with zipfile.ZipFile(wheel) as archive:
+        metadata_name = next(name for name in archive.namelist() if name.endswith(".dist-info/METADATA"))
+        metadata = email.parser.Parser().parsestr(archive.read(metadata_name).decode())
+    requirements: dict[str | None, set[str]] = {}
+    for line in metadata.get_all("Requires-Dist"):
+        requirement, _, marker = line.partition(";")
+        extra = marker.split("==")[1].strip().strip("'\"") if marker else None
+        name = requirement.strip().split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip()
+        requirements.setdefault(extra, set()).add(name)
+    assert requirements[None] == {"torch", "transformers", "safetensors"}, requirements[None]
+    for extra, modules in EXTRAS.items():  # the table behind the ImportErrors says what pyproject installs
+        assert requirements[extra] == set(modules.values()), (extra, requirements[extra])
+    assert "hf_alibi" in requirements["dev"] and "pytest" in requirements["dev"]
+    assert "hf_alibi/experiments/configs/cpu_demo.yaml" in zipfile.ZipFile(wheel).namelist()
+
+
+@pytest.fixture(scope="module")
+def venv(built, tmp_path_factory):
+    """A fresh venv holding only the wheel; dependencies come from the running environment (see below)."""
     import site
 
     wheel, _ = built
-    venv = tmp_path / "venv"
+    venv = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
     python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
@@ -107,23 +166,50 @@ def test_wheel_installed_alone_in_a_fresh_venv_imports_loads_converts_and_writes
     assert done.returncode == 0, done.stderr[-3000:]
     # Dependencies (torch, transformers, ...) come from the running environment, listed after the venv's own
     # site-packages and without running its .pth files (so an editable hf_alibi there stays invisible).
-    (_venv_site_packages(python) / "test_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    site_packages = _venv_site_packages(python)
+    (site_packages / "test_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    (site_packages / "sitecustomize.py").write_text(ABSENT)
+    return venv, python
 
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")} | {"HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([str(python), "-P", "-c", INSTALLED_USE, str(elsewhere)], cwd=elsewhere, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+def _run_elsewhere(venv_python: Path, folder: Path, argv: list[str], absent: tuple[str, ...] = ()):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env |= {"HF_HUB_OFFLINE": "1", "HF_ALIBI_ABSENT": ",".join(absent)}
+    return subprocess.run([str(venv_python), *argv], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def test_wheel_installed_alone_in_a_fresh_venv_imports_loads_converts_and_writes_cards(venv, tmp_path):
+    venv, python = venv
+    done = _run_elsewhere(python, tmp_path, ["-P", "-c", INSTALLED_USE, str(tmp_path)])
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert Path(report["hf_alibi"]).is_relative_to(venv), report["hf_alibi"]
     assert Path(report["template"]).is_relative_to(venv), report["template"]
+    assert Path(report["cpu_demo_config"]).is_relative_to(venv), report["cpu_demo_config"]
     assert report["loaded_class"] == "AlibiGPT2LMHeadModel" and report["max_logit_difference"] == 0.0
     assert report["converted_class"] == "AlibiGPT2LMHeadModel" and report["converted_wte_equal"]
     assert "model-index" in report["card"] and "alibi-tiny" in report["card"]
 
     script = venv / ("Scripts/hf-alibi.exe" if os.name == "nt" else "bin/hf-alibi")
-    done = subprocess.run([str(script), "convert", str(elsewhere / "gpt2"), str(elsewhere / "converted")],
-                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = _run_elsewhere(python, tmp_path, [str(script), "convert", str(tmp_path / "gpt2"), str(tmp_path / "out")])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((elsewhere / "converted" / "config.json").read_text())["model_type"] == "alibi_gpt2"
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "alibi_gpt2"
+
+
+def test_core_install_runs_the_model_imports_no_other_family_and_names_each_missing_extra(venv, tmp_path):
+    venv, python = venv
+    absent = ("datasets", "evaluate", "accelerate", "matplotlib", "gguf")  # the extras' packages, not installed
+    done = _run_elsewhere(python, tmp_path, ["-P", "-c", CORE_USE, str(tmp_path)], absent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["families_at_import"] == ["transformers.models.auto"], report["families_at_import"]
+    assert report["logits_equal"] and report["generated"] == 12
+    assert report["convert"] == "hf_alibi.conversion.dispatch"  # loaded on first use, with no extra
+    assert "pip install 'hf_alibi[experiments]'" in report["errors"]["experiments"], report["errors"]
+    assert "pip install 'hf_alibi[gguf]'" in report["errors"]["gguf"], report["errors"]
+    script = venv / ("Scripts/hf-alibi.exe" if os.name == "nt" else "bin/hf-alibi")
+    done = _run_elsewhere(python, tmp_path, [str(script), "train", "--config", "smoke"], absent)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("hf-alibi: error: ") and "hf_alibi[experiments]" in done.stderr, done.stderr
+    assert not list(tmp_path.glob("runs*")), "nothing is written"

@@ -70,12 +70,8 @@ def convert_bloom(model: BloomForCausalLM) -> AlibiGPT2LMHeadModel:
     return build_alibi_model(alibi_config, state, model)
 
 
-def export_bloom(model: AlibiGPT2LMHeadModel) -> BloomForCausalLM:
-    """A transformers `BloomForCausalLM` computing exactly what `model` computes.
-
-    Raises `ValueError` naming the config field when BLOOM's architecture cannot hold the model exactly.
-    """
-    config = model.config
+def check_bloom_exportable(config: AlibiGPT2Config) -> None:
+    """`ValueError` naming the config field when BLOOM's architecture cannot hold a model of `config` exactly."""
     needs = {"embedding_layernorm": True, "bias": True, "clip_qkv": None, "scale_attn_weights": True}
     for field, value in needs.items():
         if getattr(config, field) != value:
@@ -90,6 +86,16 @@ def export_bloom(model: AlibiGPT2LMHeadModel) -> BloomForCausalLM:
             f"BLOOM computes the paper's slopes for {n_head} heads; this model's alibi_slopes/alibi_max_bias give "
             f"{slopes_from_config(config).tolist()}"
         )
+
+
+def export_bloom(model: AlibiGPT2LMHeadModel) -> BloomForCausalLM:
+    """A transformers `BloomForCausalLM` computing exactly what `model` computes.
+
+    Raises `ValueError` naming the config field when BLOOM's architecture cannot hold the model exactly.
+    """
+    config = model.config
+    check_bloom_exportable(config)
+    n_head, n_embd = config.n_head, config.n_embd
     bloom_config = BloomConfig(
         vocab_size=config.vocab_size,
         hidden_size=n_embd,

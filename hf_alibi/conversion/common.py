@@ -81,6 +81,81 @@ def linear_from_conv1d(weight: torch.Tensor) -> torch.Tensor:
     return weight.t()
 
 
+def load_config(source: str | os.PathLike, **config_kwargs):
+    """The config of the checkpoint at `source`, a local folder or a Hub id; `ValueError` naming `source` when it
+    holds none (no such folder, no config.json, unreadable safetensors, a Hub id unavailable or, offline, not cached).
+    `config_kwargs` go to `AutoConfig.from_pretrained` (e.g. `trust_remote_code`).
+    """
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+    from transformers import AutoConfig
+
+    path = Path(source)
+    if path.exists():
+        check_checkpoint_folder(path)
+        try:
+            return AutoConfig.from_pretrained(path, **config_kwargs)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path / 'config.json'}: not a readable transformers config ({exc})") from exc
+    try:
+        validate_repo_id(str(source))
+    except HFValidationError:
+        raise ValueError(f"{str(source)!r}: no such folder") from None
+    try:
+        return AutoConfig.from_pretrained(source, **config_kwargs)
+    except OSError as exc:
+        where = "in the local Hub cache (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE else "on the Hub"
+        raise ValueError(f"{str(source)!r}: no such folder, and no model of that id {where}") from exc
+
+
+def check_checkpoint_folder(path: Path) -> None:
+    """`ValueError` naming `path` (or the file at fault) unless it is a folder with a config.json whose safetensors
+    files all open (a truncated or corrupt file fails here, not deep inside the loader)."""
+    from safetensors import safe_open
+
+    if not path.is_dir():
+        raise ValueError(f"{str(path)!r} is a file, not a checkpoint folder")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{str(path)!r} has no config.json: not a saved checkpoint folder")
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(file, "pt"):
+                pass
+        except Exception as exc:  # noqa: BLE001  (safetensors raises its own SafetensorError for every defect)
+            raise ValueError(f"{file}: not a readable safetensors file, truncated or corrupt ({exc})") from exc
+
+
+LICENSE_FIELDS = ("license", "license_name", "license_link")
+
+
+def source_card_metadata(source: str | os.PathLike) -> dict:
+    """The licence and `base_model` fields of the model card at `source` (a local folder's README.md, or a Hub id's
+    from the local Hub cache: no network); `{}` when there is no card or it names neither."""
+    from huggingface_hub import ModelCard, try_to_load_from_cache
+
+    readme = Path(source) / "README.md"
+    if not readme.is_file():
+        try:
+            cached = None if Path(source).exists() else try_to_load_from_cache(str(source), "README.md")
+        except ValueError:  # not a valid Hub id either
+            cached = None
+        if not isinstance(cached, str):
+            return {}
+        readme = Path(cached)
+    try:
+        data = ModelCard.load(readme).data.to_dict()
+    except (OSError, ValueError):
+        return {}
+    return {key: data[key] for key in (*LICENSE_FIELDS, "base_model") if data.get(key)}
+
+
+def checkpoint_name(source: str | os.PathLike) -> str:
+    """What a checkpoint is called in metadata: a Hub id as is, a local folder by its own name (never its path)."""
+    path = Path(source)
+    return path.resolve().name if path.exists() else str(source)
+
+
 def load_tokenizer(source):
     """The tokenizer saved at `source` (folder or Hub id), or None when there is no real vocabulary there."""
     from transformers import AutoTokenizer
@@ -93,14 +168,28 @@ def load_tokenizer(source):
     return tokenizer if len(tokenizer) > len(tokenizer.all_special_tokens) else None
 
 
+def check_destination(destination: str | os.PathLike, *, file_suffix: str | None = None) -> Path:
+    """`destination` as a `Path` if it can be written: a folder that is absent or empty (or, with `file_suffix`, an
+    absent file of that suffix); else `ValueError` naming it. Checked before any work, and again by the writers."""
+    destination = Path(destination)
+    if file_suffix is not None:
+        if destination.suffix != file_suffix:
+            raise ValueError(f"destination {str(destination)!r} should end in {file_suffix}")
+        if destination.exists():
+            raise ValueError(f"destination {str(destination)!r} exists")
+    elif destination.is_file():
+        raise ValueError(f"destination {str(destination)!r} is a file; give a folder that is absent or empty")
+    elif destination.exists() and any(destination.iterdir()):
+        raise ValueError(f"destination {str(destination)!r} exists and is not empty")
+    return destination
+
+
 def write_folder_atomically(destination, write) -> Path:
     """Call `write(staging_folder)`, then rename the folder to `destination` (absent or empty); nothing half-written.
 
     The staging folder sits beside `destination`, so the rename stays on one file system.
     """
-    destination = Path(destination)
-    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
-        raise ValueError(f"destination {str(destination)!r} exists and is not empty")
+    destination = check_destination(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=destination.parent))
     try:

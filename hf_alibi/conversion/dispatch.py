@@ -14,13 +14,14 @@ from pathlib import Path
 
 from transformers import BloomForCausalLM, FalconForCausalLM, GPT2LMHeadModel, MptForCausalLM, PreTrainedModel
 
+from ..configuration_alibi_gpt2 import AlibiGPT2Config
 from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .bloom import convert_bloom, export_bloom
-from .common import load_tokenizer, write_folder_atomically
+from .bloom import check_bloom_exportable, convert_bloom, export_bloom
+from .common import check_destination, load_config, load_tokenizer, write_folder_atomically
 from .falcon import convert_falcon
-from .gguf_export import write_gguf
+from .gguf_export import check_gguf_exportable, write_gguf
 from .gpt2 import convert_gpt2
-from .mpt import convert_mpt, export_mpt
+from .mpt import check_mpt_exportable, convert_mpt, export_mpt
 
 # model_type -> (transformers class that loads the checkpoint, import into ALiBi GPT-2)
 FAMILIES = {
@@ -30,7 +31,13 @@ FAMILIES = {
     "falcon": (FalconForCausalLM, convert_falcon),
 }
 EXACT_FAMILIES = ("bloom", "mpt", "falcon")  # imported without any change of function: no fine-tuning needed
-LAYOUTS = ("bloom", "mpt", "gguf")
+# layout -> check(config, max_seq_len) raising ValueError naming what the layout cannot hold
+EXPORTABLE = {
+    "bloom": lambda config, max_seq_len: check_bloom_exportable(config),
+    "mpt": check_mpt_exportable,
+    "gguf": lambda config, max_seq_len: check_gguf_exportable(config),
+}
+LAYOUTS = tuple(EXPORTABLE)
 
 
 def load_source(source: PreTrainedModel | str | os.PathLike) -> PreTrainedModel:
@@ -41,11 +48,9 @@ def load_source(source: PreTrainedModel | str | os.PathLike) -> PreTrainedModel:
     """
     if isinstance(source, PreTrainedModel):
         return source
-    from transformers import AutoConfig
-
-    model_type = AutoConfig.from_pretrained(source).model_type
+    model_type = load_config(source).model_type
     if model_type not in FAMILIES:
-        raise ValueError(f"cannot import model_type {model_type!r}: hf_alibi imports {sorted(FAMILIES)}")
+        raise ValueError(f"{source}: cannot import model_type {model_type!r}: hf_alibi imports {sorted(FAMILIES)}")
     model, info = FAMILIES[model_type][0].from_pretrained(source, dtype="auto", output_loading_info=True)
     if info["unexpected_keys"] or info["missing_keys"]:
         raise ValueError(
@@ -63,15 +68,18 @@ def convert(source: PreTrainedModel | str | os.PathLike, **gpt2_alibi_kwargs) ->
     embeddings: `gpt2_alibi_kwargs` (e.g. `alibi_max_bias`) choose its slopes, and it warns that it must be
     fine-tuned. Raises `ValueError` naming any field of the source that ALiBi GPT-2 cannot hold exactly.
     """
-    model = load_source(source)
-    model_type = model.config.model_type
+    config = source.config if isinstance(source, PreTrainedModel) else load_config(source)
+    model_type = config.model_type
     if model_type not in FAMILIES:
-        raise ValueError(f"cannot import model_type {model_type!r}: hf_alibi imports {sorted(FAMILIES)}")
+        raise ValueError(f"{source}: cannot import model_type {model_type!r}: hf_alibi imports {sorted(FAMILIES)}")
     if model_type != "gpt2" and gpt2_alibi_kwargs:
         raise ValueError(
             f"{model_type} imports copy the checkpoint's own slopes; ALiBi settings {sorted(gpt2_alibi_kwargs)} apply "
             "to GPT-2 only"
         )
+    if gpt2_alibi_kwargs:
+        AlibiGPT2Config(**gpt2_alibi_kwargs)  # bad values fail before the checkpoint loads
+    model = load_source(source)
     return FAMILIES[model_type][1](model, **gpt2_alibi_kwargs)
 
 
@@ -92,17 +100,21 @@ def export(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "bloom" and max_seq_len is not None:
+        raise ValueError(f"max_seq_len={max_seq_len} applies to the mpt and gguf layouts; BLOOM has no length cap")
+    if layout == "gguf" and destination is None:
+        raise ValueError("a gguf export writes a file: pass destination='model.gguf'")
+    if destination is not None:  # refused before the model loads
+        check_destination(destination, file_suffix=".gguf" if layout == "gguf" else None)
+    config = model.config if isinstance(model, PreTrainedModel) else load_config(model)
+    if config.model_type != "alibi_gpt2":
+        raise ValueError(f"export expects an ALiBi GPT-2 model, got model_type={config.model_type!r} ({model})")
+    EXPORTABLE[layout](config, max_seq_len)  # a refusal comes before the weights load
     if not isinstance(model, PreTrainedModel):
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
         model = AlibiGPT2LMHeadModel.from_pretrained(model, dtype="auto").eval()
-    if model.config.model_type != "alibi_gpt2":
-        raise ValueError(f"export expects an ALiBi GPT-2 model, got model_type={model.config.model_type!r}")
     if layout == "gguf":
-        if destination is None:
-            raise ValueError("a gguf export writes a file: pass destination='model.gguf'")
         return write_gguf(model, destination, tokenizer, context_length=max_seq_len)
-    if layout == "bloom" and max_seq_len is not None:
-        raise ValueError("max_seq_len applies to the mpt and gguf layouts; BLOOM has no length cap")
     exported = export_bloom(model) if layout == "bloom" else export_mpt(model, max_seq_len)
     if destination is None:
         return exported

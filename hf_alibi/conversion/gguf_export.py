@@ -15,8 +15,10 @@ import numpy as np
 import torch
 
 from ..alibi import get_alibi_slopes, slopes_from_config
+from ..configuration_alibi_gpt2 import AlibiGPT2Config
+from ..import_utils import require_extra
 from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import TANH_GELUS
+from .common import TANH_GELUS, check_destination, checkpoint_name, source_card_metadata
 
 # The pre-tokenizers llama.cpp implements that byte-level BPE tokenizers of these families use (llama-vocab.cpp).
 _BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"
@@ -26,9 +28,9 @@ _LAYERS = {
 }  # fmt: skip
 
 
-def check_gguf_exportable(model: AlibiGPT2LMHeadModel) -> float:
-    """The `max_alibi_bias` llama.cpp needs to compute `model`'s slopes; `ValueError` naming what it cannot hold."""
-    config = model.config
+def check_gguf_exportable(config: AlibiGPT2Config) -> float:
+    """The `max_alibi_bias` llama.cpp needs to compute the slopes of a model of `config`; `ValueError` naming what
+    it cannot hold."""
     if config.activation_function not in TANH_GELUS:
         raise ValueError(
             f"llama.cpp's mpt graph uses the tanh GELU; activation_function={config.activation_function!r} would run "
@@ -37,7 +39,7 @@ def check_gguf_exportable(model: AlibiGPT2LMHeadModel) -> float:
     for field, value in {"embedding_layernorm": False, "scale_attn_weights": True}.items():
         if getattr(config, field) != value:
             raise ValueError(f"llama.cpp's mpt graph needs {field}={value!r}, the model has {getattr(config, field)!r}")
-    slopes = slopes_from_config(model.config)
+    slopes = slopes_from_config(config)
     if torch.all(slopes == 0):
         return 0.0  # llama.cpp: max_alibi_bias 0 means no ALiBi at all
     # llama.cpp derives every slope from max_alibi_bias and the head count; other slopes are not representable
@@ -107,23 +109,20 @@ def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, 
     `context_length` (default: the model's `n_positions`) is the `mpt.context_length` llama.cpp reads as the training
     length; ALiBi itself runs past it (`llama-cli -c N`).
     """
+    require_extra("gguf", "a gguf export (llama.cpp)")
     import gguf
 
+    path = check_destination(path, file_suffix=".gguf")
+    max_alibi_bias = check_gguf_exportable(model.config)
     if tokenizer is None:
         raise ValueError("a gguf needs the model's tokenizer (llama.cpp reads text through it); pass tokenizer=")
-    max_alibi_bias = check_gguf_exportable(model)
     config = model.config
-    path = Path(path)
-    if path.suffix != ".gguf":
-        raise ValueError(f"gguf destination should end in .gguf, got {str(path)!r}")
-    if path.exists():
-        raise ValueError(f"destination {str(path)!r} exists")
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, staging = tempfile.mkstemp(prefix=".export-", suffix=".gguf", dir=path.parent)
     os.close(handle)
     try:
         writer = gguf.GGUFWriter(staging, "mpt")
-        writer.add_name(getattr(config, "_name_or_path", "") or "alibi_gpt2")
+        add_general_fields(writer, model)
         writer.add_context_length(context_length or config.n_positions)
         writer.add_embedding_length(config.n_embd)
         writer.add_block_count(config.n_layer)
@@ -147,6 +146,29 @@ def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, 
         Path(staging).unlink(missing_ok=True)
         raise
     return path
+
+
+def add_general_fields(writer, model: AlibiGPT2LMHeadModel) -> None:
+    """llama.cpp's `general.*` fields: the model folder's name (not its path), type, size label and, where the
+    folder's model card names them, licence and base model."""
+    import gguf
+
+    source = getattr(model.config, "_name_or_path", "") or ""
+    writer.add_type("model")
+    writer.add_name(checkpoint_name(source) if source else "alibi_gpt2")
+    writer.add_size_label(gguf.size_label(sum(p.numel() for p in model.parameters()), 0, 0, 0))
+    card = source_card_metadata(source) if source else {}
+    for field, add in (("license", writer.add_license), ("license_name", writer.add_license_name),
+                       ("license_link", writer.add_license_link)):  # fmt: skip
+        if field in card:
+            add(card[field])
+    base_models = card.get("base_model", [])
+    base_models = [base_models] if isinstance(base_models, str) else base_models
+    if base_models:
+        writer.add_base_model_count(len(base_models))
+        for index, repo in enumerate(base_models):
+            writer.add_base_model_name(index, repo.split("/")[-1])
+            writer.add_base_model_repo_url(index, f"https://huggingface.co/{repo}")
 
 
 def gguf_tensors(model: AlibiGPT2LMHeadModel) -> dict[str, np.ndarray]:

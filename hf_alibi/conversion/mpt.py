@@ -92,14 +92,9 @@ def convert_mpt(model: MptForCausalLM) -> AlibiGPT2LMHeadModel:
     return build_alibi_model(alibi_config, state, model)
 
 
-def export_mpt(model: AlibiGPT2LMHeadModel, max_seq_len: int | None = None) -> MptForCausalLM:
-    """A transformers `MptForCausalLM` computing exactly what `model` computes, for inputs up to `max_seq_len`.
-
-    `max_seq_len` (default: the model's `n_positions`) is the longest input MPT loaders accept: transformers, vLLM
-    and TGI build their bias for that length and refuse anything longer. Raises `ValueError` naming the config field
-    when MPT's architecture cannot hold the model exactly.
-    """
-    config = model.config
+def check_mpt_exportable(config: AlibiGPT2Config, max_seq_len: int | None = None) -> int:
+    """The `max_seq_len` to export (default `n_positions`); `ValueError` naming the config field when MPT's
+    architecture cannot hold a model of `config` exactly."""
     max_seq_len = config.n_positions if max_seq_len is None else max_seq_len
     if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len <= 0:
         raise ValueError(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
@@ -115,6 +110,19 @@ def export_mpt(model: AlibiGPT2LMHeadModel, max_seq_len: int | None = None) -> M
             f"MPT computes its slopes for {n_head} heads at max bias 8; this model's alibi_slopes/alibi_max_bias give "
             f"{slopes_from_config(config).tolist()}"
         )
+    return max_seq_len
+
+
+def export_mpt(model: AlibiGPT2LMHeadModel, max_seq_len: int | None = None) -> MptForCausalLM:
+    """A transformers `MptForCausalLM` computing exactly what `model` computes, for inputs up to `max_seq_len`.
+
+    `max_seq_len` (default: the model's `n_positions`) is the longest input MPT loaders accept: transformers, vLLM
+    and TGI build their bias for that length and refuse anything longer. Raises `ValueError` naming the config field
+    when MPT's architecture cannot hold the model exactly.
+    """
+    config = model.config
+    max_seq_len = check_mpt_exportable(config, max_seq_len)
+    n_head, n_embd = config.n_head, config.n_embd
     mpt_config = MptConfig(
         d_model=n_embd,
         n_heads=n_head,

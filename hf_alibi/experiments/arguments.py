@@ -1,5 +1,6 @@
-"""Recipe arguments: what an experiment varies (`ExperimentArguments`), and a flat YAML file as defaults for
-`HfArgumentParser` dataclasses, overridden by the command line (`parse_args`)."""
+"""Recipe arguments: what an experiment varies (`ExperimentArguments`), and a flat YAML file (a path or the name of
+a shipped config, `configs/*.yaml`) as defaults for `HfArgumentParser` dataclasses, overridden by the command line
+(`parse_args`): the one parser of `hf-alibi train` and `hf-alibi evaluate`."""
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,26 +183,59 @@ def batch_size_at(experiment: ExperimentArguments, training: TrainingArguments, 
     return tokens // length
 
 
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # package data: shipped in the wheel
+CLONE_CONFIGS = ("recipes", "configs")  # where a clone's commands (README, Makefile) used to find them
 
 
-def parse_args(argv: list[str], *dataclass_types):
-    """Parse `--config FILE.yaml` plus overrides into `(*dataclass_types, TrainingArguments)` instances.
+def shipped_configs() -> list[str]:
+    """Names of the configs shipped with the package (`cpu_demo`, `smoke`, ...), each usable as `--config NAME`."""
+    return sorted(path.stem for path in CONFIGS_DIR.glob("*.yaml"))
 
-    Unknown YAML keys raise a `ValueError` naming them (a typo must not silently fall back to a default).
+
+def resolve_config(value: str) -> Path:
+    """The YAML file `--config value` means: an existing file, else a shipped config named `value` (`cpu_demo`,
+    `cpu_demo.yaml`, or `recipes/configs/cpu_demo.yaml` as a clone's commands write it)."""
+    path = Path(value)
+    if path.is_file():
+        return path
+    if path.suffix in ("", ".yaml") and (len(path.parts) == 1 or path.parent.parts[-2:] == CLONE_CONFIGS):
+        shipped = CONFIGS_DIR / f"{path.stem}.yaml"
+        if shipped.is_file():
+            return shipped
+    names = ", ".join(shipped_configs())
+    raise ValueError(f"config {value!r}: no such file, and not a shipped config (shipped: {names})")
+
+
+class ArgumentParser(HfArgumentParser):
+    """`HfArgumentParser` whose usage errors raise `ValueError` (the `hf-alibi` command prints them on one line)."""
+
+    def error(self, message: str):
+        raise ValueError(f"{message} (see --help)")
+
+
+def parse_args(argv: list[str], *dataclass_types, training_arguments: bool = True, prog: str | None = None):
+    """Parse `--config FILE_OR_NAME` plus overrides into `(*dataclass_types, TrainingArguments)` instances.
+
+    The config is a flat YAML file of argument names (`resolve_config`); the command line overrides it. Without
+    `training_arguments`, only `dataclass_types` are parsed. Unknown YAML keys and bad options raise a `ValueError`
+    naming them (a typo must not silently fall back to a default). `prog` names the command in `--help`.
     """
-    parser = HfArgumentParser((*dataclass_types, TrainingArguments))
-    config_path, rest = _split_config(argv)
-    if config_path is not None:
-        path = Path(config_path)
-        if not path.is_file():
-            raise ValueError(f"config file {config_path!r} does not exist")
+    types = (*dataclass_types, TrainingArguments) if training_arguments else dataclass_types
+    description = (
+        "--config FILE_OR_NAME: a flat YAML file of these arguments, or a shipped config "
+        f"({', '.join(shipped_configs())}); options given here override it."
+    )
+    parser = ArgumentParser(types, prog=prog, description=description)
+    config_value, rest = _split_config(argv)
+    if config_value is not None:
+        path = resolve_config(config_value)
         defaults = yaml.safe_load(path.read_text()) or {}
         if not isinstance(defaults, dict):
-            raise ValueError(f"config file {config_path!r} must hold a flat mapping of argument names to values")
+            raise ValueError(f"config file {str(path)!r} must hold a flat mapping of argument names to values")
         known = {action.dest for action in parser._actions}
         unknown = sorted(set(defaults) - known)
         if unknown:
-            raise ValueError(f"config file {config_path!r} has unknown keys {unknown}")
+            raise ValueError(f"config file {str(path)!r} has unknown keys {unknown}")
         parser.set_defaults(**defaults)
         # A YAML default satisfies a required argument (e.g. output_dir).
         for action in parser._actions:
@@ -217,7 +251,7 @@ def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
         if arg == "--config":
             config = next(iterator, None)
             if config is None:
-                raise ValueError("--config needs a YAML file path")
+                raise ValueError("--config needs a YAML file path or a shipped config name")
         elif arg.startswith("--config="):
             config = arg.split("=", 1)[1]
         else:

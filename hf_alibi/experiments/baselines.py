@@ -15,7 +15,7 @@
 Every checkpoint loads with plain `AutoModelForCausalLM.from_pretrained` (ALiBi/NoPE through `hf_alibi`). Each
 config records `position_encoding` and `train_length`. A `"sinusoidal_paper"` checkpoint is a plain GPT-2 whose
 token-embedding multiplier lives in a forward hook, not in the weights: call `restore_position_encoding(model)`
-after loading it (`recipes/evaluate_length.py` does).
+after loading it (`hf_alibi.experiments.evaluate_length` does).
 
 The two sinusoidal variants differ only in the scale of the embedding sum. `"sinusoidal"` (the default in every
 config) keeps GPT-2's std-0.02 token embeddings and scales the table by 0.02 (same token:position ratio as the

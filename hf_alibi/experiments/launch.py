@@ -7,9 +7,9 @@
         ...                                     # train, evaluate, write
 
 Two launch mistakes that are silent otherwise, both caught before anything is written:
-- `torchrun --nproc_per_node 2 -m recipes.train_short_test_long ...` on CPU without `--use_cpu true`: transformers
-  sets up the gloo process group only with `use_cpu`, so two separate one-process experiments run and write the
-  same output folder at once.
+- `torchrun --nproc_per_node 2 -m hf_alibi.experiments.train_short_test_long ...` on CPU without `--use_cpu true`:
+  transformers sets up the gloo process group only with `use_cpu`, so two separate one-process experiments run and
+  write the same output folder at once.
 - `accelerate launch --cpu --num_processes 2 ...`: accelerate's CPU launcher starts one process, not two.
 
 The lock is `<output_dir>/.hf_alibi.lock`, held with `fcntl.flock` for the run's lifetime (the kernel releases it
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = ".hf_alibi.lock"
 # The launchers' world-size variables, in accelerate's order: torchrun / accelerate, then the MPI launchers.
 WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-TORCHRUN_FIX = "torchrun --nproc_per_node N -m recipes.train_short_test_long ... --use_cpu true"
+TORCHRUN_FIX = "torchrun --nproc_per_node N -m hf_alibi.experiments.train_short_test_long ... --use_cpu true"
 
 
 def launched_world_size(environ: Mapping[str, str] = os.environ) -> tuple[int, str | None]:
@@ -84,13 +84,14 @@ def output_dir_lock(output_dir: str | os.PathLike, state=None) -> Iterator[Path 
     Only the main process (rank 0) takes the lock; with several processes its outcome is broadcast so every rank
     raises the same error. A lock file left by a dead run (the flock is free) is taken over with a warning, so an
     interrupted run resumes. If the block leaves `output_dir` empty and it did not exist before, it is removed:
-    a run that fails early leaves nothing behind. Yields the lock path on the main process, else None.
+    a run that fails early leaves nothing behind (nor the empty parents it created). Yields the lock path on the main
+    process, else None.
     """
     folder = Path(output_dir)
     is_main = state is None or state.is_main_process
-    handle, error, created = None, None, False
+    handle, error, created = None, None, []
     if is_main:
-        created = not folder.exists()
+        created = [path for path in (folder, *folder.parents) if not path.exists()]  # deepest first
         try:
             handle = _acquire(folder)
         except ValueError as exc:
@@ -100,16 +101,14 @@ def output_dir_lock(output_dir: str | os.PathLike, state=None) -> Iterator[Path 
 
         error = broadcast_object_list([error], from_process=0)[0]
     if error is not None:
-        if created:
-            _remove_if_empty(folder)
+        _remove_if_empty(created)
         raise ValueError(error)
     try:
         yield folder / LOCK_FILE if is_main else None
     finally:
         if handle is not None:
             _release(folder / LOCK_FILE, handle)
-        if created:
-            _remove_if_empty(folder)
+        _remove_if_empty(created)
 
 
 def _acquire(folder: Path) -> int | None:
@@ -165,11 +164,15 @@ def _read_owner(path: Path) -> dict:
         return {}
 
 
-def _remove_if_empty(folder: Path) -> None:
-    try:
-        folder.rmdir()
-    except OSError:
-        pass  # not empty (or already gone): something else lives there now
+def _remove_if_empty(folders: list[Path]) -> None:
+    """Remove `folders` (deepest first) while they are empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return  # not empty: something else lives there now
 
 
 __all__ = ["LOCK_FILE", "check_process_group", "launched_world_size", "output_dir_lock"]

@@ -83,6 +83,8 @@ def render_card(
     window_plot_file: str | None = None,
     window_table: str = "",
     license: str = "apache-2.0",
+    base_model: str | None = None,
+    source_license: Mapping[str, str] | None = None,
     template_path: str | os.PathLike | None = None,
 ) -> ModelCard:
     """Render the card of one ALiBi model from its length evaluation.
@@ -101,6 +103,10 @@ def render_card(
         bias_plot_file: the bias/slope figure (`hf_alibi.experiments.plots.plot_alibi_bias`), relative to the card.
         window_plot_file, window_table: the measured effective window per head (`attention_window`): its figure
             and markdown table; empty: the card has no such section.
+        license: the licence of a model trained from scratch (this project's).
+        base_model: the checkpoint it was fine-tuned from (a Hub id or a folder's name), if any; its card metadata
+            `source_license` (`license`, `license_name`, `license_link`) becomes this card's licence, and when it
+            has none the card says the licence is unknown (`license: other`, `license_name: unknown`).
         template_path: the jinja template; see `find_template`.
     """
     if not isinstance(evaluation, ModelEvaluation):
@@ -111,9 +117,13 @@ def render_card(
     measured = [r for r in evaluation.lengths if not r.unsupported]
     if not measured:
         raise ValueError(f"{model_name}: the evaluation has no measured length (all unsupported): nothing to report")
+    licence = {"license": license}
+    if base_model is not None:
+        licence = dict(source_license or {}) or {"license": "other", "license_name": "unknown"}
     card_data = ModelCardData(
         model_name=model_name,
-        license=license,
+        base_model=base_model,
+        **licence,
         library_name="transformers",
         pipeline_tag="text-generation",
         tags=list(CARD_TAGS),
@@ -147,8 +157,15 @@ def render_card(
         window_plot_file=window_plot_file,
         window_table=window_table,
         architecture=dict(architecture or {}),
-        training=dict(training or {}),
+        training={key: _as_given(value) for key, value in (training or {}).items()},
+        base_model=base_model,
+        licence=licence.get("license_name") or licence["license"],
     )
+
+
+def _as_given(value):
+    """A whole-number float as the integer it was given as (`warmup_steps: 0` comes back from argparse as 0.0)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def save_card(

@@ -1,6 +1,6 @@
 """Train short, test long: train each position encoding with `transformers.Trainer` at one length, evaluate at many.
 
-The recipe `recipes/train_short_test_long.py` is a thin `main()` over `run_experiment`. A model is named by its
+`hf-alibi train` (`train_short_test_long.main`) is a thin `main()` over `run_experiment`. A model is named by its
 position encoding (`learned`: trained at `train_length`) or by encoding and training length (`learned@512`). Every
 model sees the same number of training tokens: at `k x train_length` the batch holds `1/k` as many sequences (same
 steps, same tokens per step, same schedule). Layout of a run:
@@ -80,6 +80,10 @@ def prepare_data(experiment: ExperimentArguments, state: PartialState):
     the same training documents; `max_train_blocks` caps the blocks of `train_length` and the others to the same
     number of tokens.
     """
+    if experiment.init_from is not None:
+        from ..conversion.common import load_config
+
+        load_config(experiment.init_from)  # a missing folder or an uncached Hub id fails here, by name
     corpus = load_text_corpus(
         experiment.dataset_name,
         experiment.dataset_config,
@@ -381,11 +385,25 @@ def write_cards(experiment, training, evaluations, metadata, windows=None) -> No
             window_table=window_table(windows[name]) if name in windows else "",
             model_name=training.hub_model_id or f"alibi-gpt2-{encoding}-{length}",
             repo_id=training.hub_model_id,
-            architecture={k: getattr(experiment, k) for k in ("n_embd", "n_layer", "n_head", "vocab_size")},
+            architecture={k: getattr(config, k) for k in ("n_embd", "n_layer", "n_head", "vocab_size")},
+            **fine_tuned_from(experiment.init_from),
             training={**metadata["training"], **metadata.get(f"{name}_training", {}),
                       "corpus_fingerprint": metadata["corpus_fingerprint"]},
             compare_with=others,
         )  # fmt: skip
+
+
+def fine_tuned_from(init_from: str | None) -> dict:
+    """`render_card`'s `base_model` and `source_license` for a model fine-tuned from `init_from` ({} if none): the
+    Hub id or folder name, and the licence fields of the source's own model card."""
+    if init_from is None:
+        return {}
+    from ..conversion.common import LICENSE_FIELDS, checkpoint_name, source_card_metadata
+
+    card = source_card_metadata(init_from)
+    base_model = card.get("base_model") if Path(init_from).exists() else None  # a local import names its source
+    base_model = base_model if isinstance(base_model, str) else checkpoint_name(init_from)
+    return {"base_model": base_model, "source_license": {k: card[k] for k in LICENSE_FIELDS if k in card}}
 
 
 def push_alibi_model(experiment, training) -> str:

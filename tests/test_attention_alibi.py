@@ -1,9 +1,10 @@
 """Every attention backend against the formula written out in plain PyTorch, then backend selection in the model.
 
-Reference: softmax(q . k / sqrt(d) - m_h * (i - j)) @ v over keys j <= i that are not padding, in float64, with
-query i sitting at absolute position offset + row (offset = cached tokens).
+Reference (`alibi_reference.py`): softmax(q . k / sqrt(d) - m_h * (i - j)) @ v over keys j <= i that are not padding,
+in float64, with query i sitting at absolute position offset + row (offset = cached tokens).
 """
 
+import alibi_reference
 import pytest
 import torch
 
@@ -15,18 +16,11 @@ SCALE = DIM**-0.5
 
 
 def reference_attention(query, key, value, slopes, key_padding=None):
-    """(B, H, q, D) x (B, H, kv, D) -> output (B, q, H, D), weights (B, H, q, kv), has_keys (B, 1, q, 1); float64."""
-    query, key, value = query.double(), key.double(), value.double()
-    q_len, kv_len = query.shape[2], key.shape[2]
-    i = torch.arange(kv_len - q_len, kv_len)[:, None]  # (q, 1) absolute query positions
-    j = torch.arange(kv_len)[None, :]  # (1, kv)
-    scores = query @ key.transpose(-1, -2) * SCALE - slopes.double()[:, None, None] * (i - j)  # (B, H, q, kv)
-    allowed = (j <= i)[None, None]  # (1, 1, q, kv)
-    if key_padding is not None:
-        allowed = allowed & key_padding[:, None, None, :]  # (B, 1, q, kv)
-    weights = torch.softmax(scores.masked_fill(~allowed, -torch.inf), dim=-1).nan_to_num(0.0)  # (B, H, q, kv)
-    has_keys = allowed.any(-1, keepdim=True)  # (B|1, 1, q, 1): rows with no visible key have no defined output
-    return (weights @ value).transpose(1, 2), weights, has_keys
+    """`alibi_reference.reference_attention` at this scale, output (B, q, H, D) as the backends return it."""
+    output, weights, has_keys = alibi_reference.reference_attention(
+        query, key, value, slopes, scale=SCALE, key_padding=key_padding
+    )
+    return output.transpose(1, 2), weights, has_keys
 
 
 def padding_mask(lengths, total, side):

@@ -35,6 +35,7 @@ def test_static_cache_forward_gives_the_full_forward_logits_of_a_left_padded_bat
     torch.testing.assert_close(torch.cat([prefix, *rest], dim=1)[real], full[real], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_export_with_an_attention_mask_and_a_dynamic_length_matches_eager(make_model, random_ids):
     model = make_model("sdpa", use_cache=False)
     ids, mask = left_padded([random_ids(1, n)[0] for n in (9, 5)])
@@ -58,6 +59,7 @@ def test_model_declares_that_it_compiles_with_fullgraph(tiny_model):
     assert tiny_model._can_compile_fullgraph
 
 
+@pytest.mark.slow
 def test_fullgraph_compiled_training_step_matches_eager(make_model, random_ids):
     ids, mask = left_padded([random_ids(1, n)[0] for n in (20, 13)])
     ids, mask = ids.flip(1), mask.flip(1)  # right padding, as in training (a left pad's row has no keys to see)
@@ -72,6 +74,7 @@ def test_fullgraph_compiled_training_step_matches_eager(make_model, random_ids):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=0, msg=f"gradient of {name}")
 
 
+@pytest.mark.slow
 def test_fullgraph_compiled_static_cache_decoding_is_one_graph_and_matches_generate(make_model, random_ids):
     model = make_model("sdpa", initializer_range=0.3)
     ids, mask = left_padded([random_ids(1, n)[0] for n in (9, 4)])
@@ -89,6 +92,7 @@ def test_fullgraph_compiled_static_cache_decoding_is_one_graph_and_matches_gener
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1, "decoding steps recompiled"
 
 
+@pytest.mark.slow
 def test_transformers_executorch_recipe_exports_a_static_cache_decoder_that_matches_eager(tiny_model, random_ids):
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 

@@ -102,6 +102,7 @@ torch.save(result, output)
 """
 
 
+@pytest.mark.slow
 def test_fresh_process_without_hf_alibi_loads_with_trust_remote_code(saved, tmp_path, random_ids):
     model, folder = saved
     ids = random_ids(2, 30)

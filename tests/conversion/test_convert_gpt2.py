@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BloomConfig, Bloom
 
 from conftest import tiny_config_kwargs
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, convert_gpt2, get_alibi_slopes
-from hf_alibi.cli import main
+from hf_alibi.cli import run
 
 FINE_TUNE_WARNING = "(?i)fine-tune"
 
@@ -72,7 +72,7 @@ def test_cli_convert_writes_a_loadable_folder_with_the_converted_weights(gpt2_fo
     gpt2, source = gpt2_folder
     destination = tmp_path / "out" / "alibi"
     with pytest.warns(UserWarning, match=FINE_TUNE_WARNING):
-        main(["convert", str(source), str(destination), "--alibi-max-bias", "6"])
+        run(["convert", str(source), str(destination), "--alibi-max-bias", "6"])
     with safe_open(destination / "model.safetensors", "pt") as weights:
         assert not any("wpe" in key for key in weights.keys())
     assert json.loads((destination / "config.json").read_text())["model_type"] == "alibi_gpt2"
@@ -97,7 +97,7 @@ def test_cli_convert_ships_the_source_tokenizer(gpt2_folder, tmp_path):
     PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>").save_pretrained(source)
     destination = tmp_path / "alibi"
     with pytest.warns(UserWarning, match=FINE_TUNE_WARNING):
-        main(["convert", str(source), str(destination)])
+        run(["convert", str(source), str(destination)])
     assert AutoTokenizer.from_pretrained(destination)("hello world")["input_ids"] == [1, 2]
 
 
@@ -106,7 +106,7 @@ def test_cli_convert_accepts_an_existing_empty_destination(gpt2_folder, tmp_path
     destination = tmp_path / "empty"
     destination.mkdir()
     with pytest.warns(UserWarning, match=FINE_TUNE_WARNING):
-        main(["convert", str(source), str(destination)])
+        run(["convert", str(source), str(destination)])
     assert (destination / "model.safetensors").is_file()
 
 
@@ -116,7 +116,7 @@ def test_cli_convert_refuses_a_non_empty_destination(gpt2_folder, tmp_path):
     destination.mkdir()
     (destination / "keep.txt").write_text("mine")
     with pytest.raises(ValueError, match="not empty"):
-        main(["convert", str(source), str(destination)])
+        run(["convert", str(source), str(destination)])
     assert [p.name for p in destination.iterdir()] == ["keep.txt"]
     assert (destination / "keep.txt").read_text() == "mine"
 
@@ -132,11 +132,11 @@ def test_cli_convert_failure_leaves_no_partial_destination(gpt2_folder, tmp_path
 
     monkeypatch.setattr(AlibiGPT2LMHeadModel, "save_pretrained", save_then_fail)
     with pytest.warns(UserWarning, match=FINE_TUNE_WARNING), pytest.raises(OSError, match="disk full"):
-        main(["convert", str(source), str(parent / "alibi")])
+        run(["convert", str(source), str(parent / "alibi")])
     assert list(parent.iterdir()) == [], f"left behind: {list(parent.iterdir())}"
 
 
 def test_cli_convert_of_a_missing_source_creates_nothing(tmp_path):
     with pytest.raises((OSError, ValueError)):
-        main(["convert", str(tmp_path / "no_such_model"), str(tmp_path / "alibi")])
+        run(["convert", str(tmp_path / "no_such_model"), str(tmp_path / "alibi")])
     assert not (tmp_path / "alibi").exists()

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from tokenizers import ByteLevelBPETokenizer
 from transformers import AutoModelForCausalLM, BloomConfig, BloomForCausalLM, PreTrainedTokenizerFast
 
@@ -11,7 +12,7 @@ from hf_alibi import AlibiGPT2LMHeadModel, convert
 from hf_alibi.experiments.arguments import parse_args
 from hf_alibi.experiments.runner import ExperimentArguments, apply_smoke, run_experiment
 
-SMOKE_YAML = Path(__file__).resolve().parents[1] / "recipes" / "configs" / "smoke.yaml"
+SMOKE_YAML = "smoke"  # the shipped config, by name
 
 
 @pytest.fixture
@@ -27,16 +28,19 @@ def bloom_folder(tmp_path):
     folder = tmp_path / "bloom"
     bloom.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    (folder / "README.md").write_text("---\nlicense: bigscience-bloom-rail-1.0\n---\n# a tiny BLOOM\n")
     return folder
 
 
-def test_recipe_fine_tunes_an_imported_bloom_with_its_own_tokenizer(bloom_folder, tmp_path):
+@pytest.mark.slow
+def test_recipe_fine_tunes_an_imported_bloom_with_its_own_tokenizer_and_a_true_card(bloom_folder, tmp_path):
     experiment, training = parse_args(
-        ["--config", str(SMOKE_YAML), "--output_dir", str(tmp_path / "run"), "--models", "alibi",
+        ["--config", SMOKE_YAML, "--output_dir", str(tmp_path / "run"), "--models", "alibi",
          "--init_from", str(bloom_folder)],
         ExperimentArguments,
     )  # fmt: skip
     apply_smoke(experiment, training)
+    training.warmup_steps = 0.0  # what argparse makes of "--warmup_steps 0"
     evaluations = run_experiment(experiment, training)
     assert set(evaluations) == {"alibi"}
     tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "alibi" / "final")
@@ -45,6 +49,12 @@ def test_recipe_fine_tunes_an_imported_bloom_with_its_own_tokenizer(bloom_folder
     torch.testing.assert_close(tuned.transformer.alibi_slopes, start.transformer.alibi_slopes, atol=0, rtol=0)
     assert not torch.equal(tuned.transformer.wte.weight, start.transformer.wte.weight)  # it was trained
     assert (tmp_path / "run" / "alibi" / "final" / "tokenizer.json").exists()
+    card = ModelCard.load(tmp_path / "run" / "alibi" / "final" / "README.md")
+    assert card.data.base_model == "bloom" and card.data.license == "bigscience-bloom-rail-1.0"
+    assert str(tmp_path) not in str(card.data.to_dict())
+    for line in ("- n_embd: 32", "- n_layer: 2", "- n_head: 4", "- vocab_size: 320", "- warmup_steps: 0\n"):
+        assert line in card.text, line  # the model's own architecture, not the recipe's sizes; arguments as given
+    assert "under the source's licence:\n`bigscience-bloom-rail-1.0`" in card.text
 
 
 def test_old_init_from_gpt2_name_still_works_and_conflicts_are_refused(tmp_path):

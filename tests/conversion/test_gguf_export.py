@@ -113,16 +113,35 @@ def test_gguf_needs_a_tokenizer(make_model, tmp_path):
 
 
 def test_cli_export_gguf_takes_the_folders_tokenizer(make_model, tokenizer, tmp_path):
-    from hf_alibi.cli import main
+    from hf_alibi.cli import run
 
     gguf_model(make_model).save_pretrained(tmp_path / "alibi")
     tokenizer.save_pretrained(tmp_path / "alibi")
     destination = str(tmp_path / "out" / "model.gguf")
-    main(["export", str(tmp_path / "alibi"), destination, "--to", "gguf", "--max-seq-len", "99"])
+    run(["export", str(tmp_path / "alibi"), destination, "--to", "gguf", "--max-seq-len", "99"])
     fields, tensors = read_fields(tmp_path / "out" / "model.gguf")
     assert fields["general.architecture"] == "mpt" and fields["mpt.context_length"] == 99
     assert len(fields["tokenizer.ggml.tokens"]) == 272 and "blk.1.ffn_down.weight" in tensors
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["model.gguf"]  # no temporary left behind
+
+
+def test_gguf_general_fields_name_the_folder_not_its_path_with_its_card_licence(make_model, tokenizer, tmp_path):
+    from hf_alibi.cli import run
+
+    folder = tmp_path / "deep" / "my-alibi"
+    gguf_model(make_model).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "README.md").write_text(
+        "---\nlicense: bigscience-bloom-rail-1.0\nbase_model: bigscience/bloom-560m\n---\n# my-alibi\n"
+    )
+    run(["export", str(folder), str(tmp_path / "model.gguf"), "--to", "gguf"])
+    fields, _ = read_fields(tmp_path / "model.gguf")
+    assert fields["general.name"] == "my-alibi", fields["general.name"]  # llama.cpp and Ollama show it
+    assert str(tmp_path) not in json.dumps({k: v for k, v in fields.items() if k.startswith("general.")}, default=str)
+    assert fields["general.type"] == "model" and fields["general.size_label"].endswith("K")
+    assert fields["general.license"] == "bigscience-bloom-rail-1.0"
+    assert fields["general.base_model.count"] == 1
+    assert fields["general.base_model.0.repo_url"] == "https://huggingface.co/bigscience/bloom-560m"
 
 
 def test_zero_slopes_are_written_as_max_alibi_bias_zero(make_model, tokenizer, tmp_path):

@@ -89,3 +89,19 @@ def test_card_of_a_model_with_no_measured_length_is_refused(evaluations):
     )
     with pytest.raises(ValueError, match="no measured length"):
         render_card(short_only, model_name="s")
+
+
+def test_card_of_a_fine_tuned_model_names_its_base_and_says_when_the_licence_is_unknown(evaluations):
+    card = render_card(evaluations["alibi-tiny"], model_name="alibi-tiny", base_model="org/source")
+    assert card.data.base_model == "org/source"
+    assert (card.data.license, card.data.license_name) == ("other", "unknown")  # never this project's apache-2.0
+    assert "licence:\nunknown" in card.text
+    card = render_card(evaluations["alibi-tiny"], model_name="alibi-tiny", base_model="org/source",
+                       source_license={"license": "openrail"})  # fmt: skip
+    assert card.data.license == "openrail" and "`openrail`" in card.text
+    assert render_card(evaluations["alibi-tiny"], model_name="alibi-tiny").data.license == "apache-2.0"
+
+
+def test_training_arguments_print_as_given(evaluations):
+    card = render_card(evaluations["alibi-tiny"], model_name="t", training={"warmup_steps": 0.0, "lr": 0.0003})
+    assert "- warmup_steps: 0\n" in card.text and "- lr: 0.0003" in card.text

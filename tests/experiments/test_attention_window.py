@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
-from hf_alibi.cli import main as cli_main
+from hf_alibi.cli import run as cli_run
 from hf_alibi.experiments.attention_window import (
     EffectiveWindow,
     mass_beyond_distance,
@@ -124,15 +124,15 @@ def test_bias_heads_pick_the_steepest_middle_and_flattest_slope():
 
 def test_plot_bias_from_a_saved_model_and_from_a_head_count(tmp_path):
     pure_bias_model().save_pretrained(tmp_path / "model")
-    cli_main(["plot-bias", str(tmp_path / "model"), "--output", str(tmp_path / "saved.png"), "--heads", "0", "3"])
-    cli_main(["plot-bias", "--n-head", "12", "--output", str(tmp_path / "twelve.png")])
+    cli_run(["plot-bias", str(tmp_path / "model"), "--output", str(tmp_path / "saved.png"), "--heads", "0", "3"])
+    cli_run(["plot-bias", "--n-head", "12", "--output", str(tmp_path / "twelve.png")])
     assert (tmp_path / "saved.png").stat().st_size > 0 and (tmp_path / "twelve.png").stat().st_size > 0
     assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_plot_bias_rejects_missing_or_double_sources_and_bad_heads(tmp_path):
     with pytest.raises(ValueError, match="not both or neither"):
-        cli_main(["plot-bias", "--output", str(tmp_path / "x.png")])
+        cli_run(["plot-bias", "--output", str(tmp_path / "x.png")])
     with pytest.raises(ValueError, match=r"\[4\]"):
         plot_alibi_bias(SLOPES, tmp_path / "x.png", heads=[4])
     assert not (tmp_path / "x.png").exists()

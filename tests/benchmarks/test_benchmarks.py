@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not part of the installed package
     sys.path.insert(0, str(ROOT))
 
@@ -39,6 +39,7 @@ def tiny_run(tmp_path_factory):
     return returned, json.loads((out / "results.json").read_text()), (out / "table.md").read_text()
 
 
+@pytest.mark.slow
 def test_results_json_has_every_cell_and_contestant(tiny_run):
     returned, results, _ = tiny_run
     assert results == json.loads(json.dumps(returned))  # the file is the final report
@@ -55,6 +56,7 @@ def test_results_json_has_every_cell_and_contestant(tiny_run):
     assert results["settings"]["shape"] == {"n_embd": 96, "n_layer": 2, "n_head": 12, "vocab_size": 512}
 
 
+@pytest.mark.slow
 def test_ratios_are_against_gpt2_sdpa_of_the_same_cell(tiny_run):
     _, results, _ = tiny_run
     measured = [cell for cell in results["cells"] if cell["suite"] != "forward"]
@@ -72,6 +74,7 @@ def test_ratios_are_against_gpt2_sdpa_of_the_same_cell(tiny_run):
     assert math.isclose(generate["tokens_per_s"], 2 * (8 - 1) / generate["median_s"])  # batch 2, decode 8
 
 
+@pytest.mark.slow
 def test_failing_and_unsupported_contestants_are_recorded_not_raised(tiny_run):
     _, results, markdown = tiny_run
     for cell in results["cells"]:
@@ -85,13 +88,14 @@ def test_failing_and_unsupported_contestants_are_recorded_not_raised(tiny_run):
     assert "alibi-flash" not in results["workers"]  # unsupported everywhere: its worker was never started
 
 
+@pytest.mark.slow
 def test_markdown_has_machine_command_tables_and_targets(tiny_run):
     _, results, markdown = tiny_run
     assert results["command"] in markdown and results["machine"]["cpu"] in markdown
     header = "| measurement | `gpt2-sdpa` | `alibi-sdpa` | `alibi-flash` |"
     assert markdown.count(header) == 3  # train, forward, generate
     assert "| train L=32 B=4 | " in markdown and " tok/s) · 1.00x · " in markdown
-    assert "## Issue 4 targets" in markdown
+    assert "## Budget targets" in markdown
     targets = {row["target"]: row for row in results["targets"] if row["contestant"] == "alibi-sdpa"}
     assert len(targets) == 9
     assert targets["forward L=8192 <= 1.3x gpt2-sdpa time"]["status"] == "n/a"  # not measured at tiny lengths
@@ -135,6 +139,7 @@ DUMMY_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a worker process per case
 @pytest.mark.parametrize("op, status", [("hang", "timeout"), ("crash", "crashed"), ("raise", "error")])
 def test_worker_timeout_crash_and_exception_become_statuses(tmp_path, op, status):
     worker = bench_alibi.Worker([sys.executable, "-c", DUMMY_WORKER], tmp_path / "worker.log")
@@ -169,11 +174,11 @@ def test_reference_flag_names_the_gpt2_every_ratio_is_against(capsys):
 
 
 def test_prepared_gpu_script_passes_valid_arguments(monkeypatch):
-    """benchmarks/gpu_issue10.sh runs where no CI does (a lent GPU): its commands must at least parse here."""
+    """benchmarks/gpu_parity.sh runs where no CI does (a lent GPU): its commands must at least parse here."""
     import re
     import shlex
 
-    script = (ROOT / "benchmarks" / "gpu_issue10.sh").read_text().replace("\\\n", " ")
+    script = (ROOT / "benchmarks" / "gpu_parity.sh").read_text().replace("\\\n", " ")
     base = shlex.split(re.search(r'^B="python -m benchmarks.bench_alibi (.*?)"$', script, re.M | re.S).group(1))
     lines = [line[3:].replace('"$dest', '"/tmp') for line in script.splitlines() if line.startswith("$B ")]
     commands = [shlex.split(line) for line in lines]
@@ -181,7 +186,7 @@ def test_prepared_gpu_script_passes_valid_arguments(monkeypatch):
     monkeypatch.setattr(bench_alibi, "unsupported_reason", lambda *args: None)  # no CUDA or flash-attn here
     for command in commands:
         args = bench_alibi.parse_args(base + command)
-        assert (args.device, args.dtype, args.reference, args.targets) == ("cuda", "bf16", "gpt2-flash", "issue10")
+        assert (args.device, args.dtype, args.reference, args.targets) == ("cuda", "bf16", "gpt2-flash", "parity")
         assert args.contestants[0] == "gpt2-flash" and "alibi-flash" in args.contestants
 
 
@@ -192,9 +197,9 @@ def test_ratios_and_targets_follow_the_named_reference():
     assert math.isclose(results["alibi-flash"]["mem_ratio"], 52 / 50)
     assert math.isclose(results["gpt2-sdpa"]["time_ratio"], 2.0)
     cell = {"suite": "forward", "length": 4096, "batch": 1, "name": "forward L=4096 B=1", "results": results}
-    rows = report.evaluate_targets([cell], "alibi-flash", "issue10", "gpt2-flash")
+    rows = report.evaluate_targets([cell], "alibi-flash", "parity", "gpt2-flash")
     assert [(row["target"], row["status"]) for row in rows] == [("forward L=4096 B=1 within 1.05x gpt2-flash", "met")]
-    rows = report.evaluate_targets([cell], "alibi-flash", "issue4", "gpt2-flash")
+    rows = report.evaluate_targets([cell], "alibi-flash", "budget", "gpt2-flash")
     assert "forward L=8192 <= 1.3x gpt2-flash time" in {row["target"] for row in rows}
 
 
@@ -222,7 +227,7 @@ def test_processes_combine_to_medians_with_their_spread():
     assert combined["bloom-eager"]["processes_ok"] == 0
 
 
-def test_issue10_targets_need_time_and_whole_process_memory_within_5_percent():
+def test_parity_targets_need_time_and_whole_process_memory_within_5_percent():
     def cell(suite, length, alibi, bloom=None):
         results = {"gpt2-sdpa": _run(1.0, 10, 100), "alibi-sdpa": alibi}
         if bloom is not None:
@@ -237,7 +242,7 @@ def test_issue10_targets_need_time_and_whole_process_memory_within_5_percent():
         cell("train", 2048, _run(1.0, 10, 100)),
         cell("train", 64, _run(2.0, 10, 100)),  # below the issue's lengths: no target
     ]
-    rows = {row["target"]: row for row in report.evaluate_targets(cells, "alibi-sdpa", "issue10")}
+    rows = {row["target"]: row for row in report.evaluate_targets(cells, "alibi-sdpa", "parity")}
     assert set(rows) == {
         "forward L=512 B=1 within 1.05x gpt2-sdpa", "forward L=4096 B=1 within 1.05x gpt2-sdpa",
         "forward L=4096 B=1: bloom-eager >= 3x slower", "forward L=16384 B=1 within 1.05x gpt2-sdpa",
@@ -251,11 +256,12 @@ def test_issue10_targets_need_time_and_whole_process_memory_within_5_percent():
     assert rows["forward L=16384 B=1: bloom-eager >= 3x slower"]["status"] == "met"  # it ran out of memory
 
 
+@pytest.mark.slow
 def test_processes_mode_measures_each_cell_in_fresh_processes(tmp_path):
     out = tmp_path / "results.json"
     argv = ["--preset", "tiny", "--suite", "forward", "--contestants", "alibi-sdpa", "--lengths", "32",
             "--repeats", "1", "--warmup", "0", "--threads", "1", "--settle", "0", "--processes", "2",
-            "--targets", "issue10", "--out", str(out), "--markdown", str(tmp_path / "table.md")]
+            "--targets", "parity", "--out", str(out), "--markdown", str(tmp_path / "table.md")]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_HUB_OFFLINE", "1")
         results = bench_alibi.main(argv)
@@ -267,5 +273,5 @@ def test_processes_mode_measures_each_cell_in_fresh_processes(tmp_path):
         assert result["median_s"] == statistics.median(p["median_s"] for p in result["processes"])
         # the whole process (torch, model, call) holds far more than the call's own growth
         assert result["process_peak_bytes"] > 50 * 2**20 > result["peak_mem_bytes"]
-    assert results["settings"]["processes"] == 2 and results["target_set"] == "issue10"
+    assert results["settings"]["processes"] == 2 and results["target_set"] == "parity"
     assert "[min, max over processes]" in (tmp_path / "table.md").read_text()

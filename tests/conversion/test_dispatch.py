@@ -23,7 +23,7 @@ from transformers import (
 )
 
 from hf_alibi import AlibiGPT2LMHeadModel, convert
-from hf_alibi.cli import main
+from hf_alibi.cli import run
 
 SOURCES = {
     "bloom": lambda: BloomForCausalLM(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)),
@@ -50,7 +50,7 @@ def test_cli_convert_imports_each_family_exactly_with_tokenizer_and_generation_c
     save_with_tokenizer(source, tmp_path / "source")
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no fine-tune warning: the import is exact
-        main(["convert", str(tmp_path / "source"), str(tmp_path / "alibi")])
+        run(["convert", str(tmp_path / "source"), str(tmp_path / "alibi")])
     assert f"exact import of the {family} model" in capsys.readouterr().out
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "alibi").eval()
     assert type(loaded) is AlibiGPT2LMHeadModel
@@ -87,8 +87,8 @@ def test_alibi_settings_are_refused_for_exact_imports():
 def test_cli_export_to_mpt_writes_a_folder_mpt_loads_with_tokenizer(tmp_path):
     mpt = perturb(SOURCES["mpt"]())
     save_with_tokenizer(mpt, tmp_path / "source")
-    main(["convert", str(tmp_path / "source"), str(tmp_path / "alibi")])
-    main(["export", str(tmp_path / "alibi"), str(tmp_path / "mpt"), "--to", "mpt", "--max-seq-len", "4096"])
+    run(["convert", str(tmp_path / "source"), str(tmp_path / "alibi")])
+    run(["export", str(tmp_path / "alibi"), str(tmp_path / "mpt"), "--to", "mpt", "--max-seq-len", "4096"])
     assert json.loads((tmp_path / "mpt" / "config.json").read_text())["max_seq_len"] == 4096
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "mpt").eval()
     assert type(loaded) is MptForCausalLM
@@ -99,9 +99,9 @@ def test_cli_export_to_mpt_writes_a_folder_mpt_loads_with_tokenizer(tmp_path):
 
 def test_cli_export_refusal_names_the_switch_and_writes_nothing(tmp_path):
     save_with_tokenizer(perturb(SOURCES["mpt"]()), tmp_path / "source")
-    main(["convert", str(tmp_path / "source"), str(tmp_path / "alibi")])
+    run(["convert", str(tmp_path / "source"), str(tmp_path / "alibi")])
     with pytest.raises(ValueError, match="embedding_layernorm"):
-        main(["export", str(tmp_path / "alibi"), str(tmp_path / "bloom"), "--to", "bloom"])
+        run(["export", str(tmp_path / "alibi"), str(tmp_path / "bloom"), "--to", "bloom"])
     with pytest.raises(ValueError, match="activation_function"):
-        main(["export", str(tmp_path / "alibi"), str(tmp_path / "model.gguf"), "--to", "gguf"])
+        run(["export", str(tmp_path / "alibi"), str(tmp_path / "model.gguf"), "--to", "gguf"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alibi", "source"]

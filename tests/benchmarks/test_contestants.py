@@ -1,4 +1,4 @@
-"""Issue 8's benchmark contestant: `alibi-from-bloom` times the very function `bloom-eager` times."""
+"""The imported-BLOOM benchmark contestant: `alibi-from-bloom` times the very function `bloom-eager` times."""
 
 import sys
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not part of the installed package
     sys.path.insert(0, str(ROOT))
 

@@ -133,6 +133,7 @@ def word_tokenizer(texts) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<eos>")
 
 
+@pytest.mark.slow
 def test_evaluate_length_recipe_writes_results_for_a_saved_checkpoint(tmp_path, capsys):
     from recipes.evaluate_length import main
 

@@ -15,8 +15,8 @@ from hf_alibi.experiments.arguments import parse_args
 from hf_alibi.experiments.launch import LOCK_FILE, output_dir_lock
 from hf_alibi.experiments.runner import ExperimentArguments, apply_smoke, run_experiment
 
-REPO = Path(__file__).resolve().parents[1]
-SMOKE_YAML = REPO / "recipes" / "configs" / "smoke.yaml"
+REPO = Path(__file__).resolve().parents[2]
+SMOKE_YAML = "smoke"  # the shipped config, by name
 # The lock holder loads launch.py by path: a real second process that holds the lock, without importing torch.
 HOLDER = """
 import importlib.util, sys, time
@@ -31,7 +31,7 @@ with launch.output_dir_lock(sys.argv[2]):
 
 def _args(output_dir, *extra):
     experiment, training = parse_args(
-        ["--config", str(SMOKE_YAML), "--output_dir", str(output_dir), "--models", "alibi", *extra],
+        ["--config", SMOKE_YAML, "--output_dir", str(output_dir), "--models", "alibi", *extra],
         ExperimentArguments,
     )
     apply_smoke(experiment, training)
@@ -70,7 +70,7 @@ def test_launcher_world_size_that_is_not_a_number_is_named():
 def test_real_two_process_torchrun_without_use_cpu_exits_non_zero_naming_the_fix_and_writes_nothing(tmp_path):
     output_dir = tmp_path / "ddp"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-               "-m", "recipes.train_short_test_long", "--config", str(SMOKE_YAML), "--output_dir", str(output_dir),
+               "-m", "recipes.train_short_test_long", "--config", SMOKE_YAML, "--output_dir", str(output_dir),
                "--models", "alibi"]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
@@ -93,6 +93,7 @@ def live_holder(tmp_path):
         holder.wait()
 
 
+@pytest.mark.slow
 def test_second_run_into_a_folder_held_by_a_live_run_refuses_naming_folder_and_pid(live_holder):
     folder, holder = live_holder
     experiment, training = _args(folder)
@@ -102,6 +103,7 @@ def test_second_run_into_a_folder_held_by_a_live_run_refuses_naming_folder_and_p
     assert json.loads((folder / LOCK_FILE).read_text())["pid"] == holder.pid
 
 
+@pytest.mark.slow
 def test_lock_left_by_a_killed_run_is_taken_over_with_a_warning_and_released(live_holder, caplog):
     folder, holder = live_holder
     holder.kill()  # SIGKILL: no cleanup runs, the lock file stays behind with the dead pid

@@ -11,13 +11,13 @@ from hf_alibi.experiments.arguments import parse_args
 from hf_alibi.experiments.launch import LOCK_FILE
 from hf_alibi.experiments.runner import ExperimentArguments, apply_smoke, run_experiment
 
-REPO = Path(__file__).resolve().parents[1]
-SMOKE_YAML = REPO / "recipes" / "configs" / "smoke.yaml"
+REPO = Path(__file__).resolve().parents[2]
+SMOKE_YAML = "smoke"  # the shipped config, by name
 
 
 def _args(tmp_path, *extra):
     experiment, training = parse_args(
-        ["--config", str(SMOKE_YAML), "--output_dir", str(tmp_path / "run"), *extra], ExperimentArguments
+        ["--config", SMOKE_YAML, "--output_dir", str(tmp_path / "run"), *extra], ExperimentArguments
     )
     apply_smoke(experiment, training)
     return experiment, training
@@ -32,6 +32,7 @@ def smoke_run(tmp_path_factory):
     return Path(training.output_dir), evaluations, experiment
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_every_result_file_and_no_temporaries(smoke_run):
     output_dir, evaluations, experiment = smoke_run
     assert set(evaluations) == {"alibi", "learned", "sinusoidal", "rotary", "learned@64"}
@@ -48,6 +49,7 @@ def test_smoke_run_writes_every_result_file_and_no_temporaries(smoke_run):
             assert result.unsupported is None and result.ppl_nonoverlapping > 1, (name, result)
 
 
+@pytest.mark.slow
 def test_smoke_run_saves_loadable_models_with_a_card_for_alibi(smoke_run):
     from transformers import AutoModelForCausalLM
 
@@ -64,6 +66,7 @@ def test_smoke_run_saves_loadable_models_with_a_card_for_alibi(smoke_run):
         assert model.config.train_length == (64 if name == "learned@64" else 32), name
 
 
+@pytest.mark.slow
 def test_models_at_twice_the_length_see_the_same_tokens_and_report_their_cost(smoke_run):
     output_dir, evaluations, experiment = smoke_run
     facts = {name: json.loads((output_dir / name / "evaluation.json").read_text())["training"] for name in evaluations}
@@ -86,10 +89,11 @@ def test_models_at_twice_the_length_see_the_same_tokens_and_report_their_cost(sm
     assert window["length"] == experiment.window_length and len(window["measured"]) == experiment.n_layer
 
 
+@pytest.mark.slow
 def test_finished_run_is_not_overwritten_without_resume(smoke_run):
     output_dir, _, _ = smoke_run
     experiment, training = parse_args(
-        ["--config", str(SMOKE_YAML), "--output_dir", str(output_dir)], ExperimentArguments
+        ["--config", SMOKE_YAML, "--output_dir", str(output_dir)], ExperimentArguments
     )
     apply_smoke(experiment, training)
     with pytest.raises(ValueError, match="resume_from_checkpoint"):
@@ -107,6 +111,7 @@ class _Interrupt(TrainerCallback):
             raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_past_its_stale_lock_and_ends_like_an_uninterrupted_one(tmp_path):
     straight_exp, straight_train = _args(tmp_path / "straight", "--models", "alibi")
     straight = run_experiment(straight_exp, straight_train)
@@ -164,6 +169,7 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
         parse_args(["--config", str(config)], ExperimentArguments)
 
 
+@pytest.mark.slow
 def test_push_to_hub_uploads_exactly_the_final_alibi_folder(smoke_run, monkeypatch):
     from huggingface_hub import HfApi
 
@@ -187,24 +193,26 @@ def test_push_to_hub_uploads_exactly_the_final_alibi_folder(smoke_run, monkeypat
     assert needed <= uploaded, needed - uploaded
 
 
+@pytest.mark.slow
 def test_recipe_main_smoke_prints_the_summary(tmp_path, capsys, monkeypatch):
     from recipes import train_short_test_long
 
     monkeypatch.setattr(sys, "argv", ["train_short_test_long"])
     train_short_test_long.main(
-        ["--config", str(SMOKE_YAML), "--output_dir", str(tmp_path / "main"), "--models", "alibi"]
+        ["--config", SMOKE_YAML, "--output_dir", str(tmp_path / "main"), "--models", "alibi"]
     )
     out = capsys.readouterr().out
     assert "alibi" in out and "results written to" in out
 
 
+@pytest.mark.slow
 def test_two_process_ddp_training_runs_two_ranks(tmp_path):
     """`torchrun --nproc_per_node 2` on CPU is real 2-process gloo DDP (accelerate's --cpu flag would run one)."""
     import subprocess
 
     output_dir = tmp_path / "ddp"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-               "-m", "recipes.train_short_test_long", "--config", str(SMOKE_YAML), "--output_dir", str(output_dir),
+               "-m", "recipes.train_short_test_long", "--config", SMOKE_YAML, "--output_dir", str(output_dir),
                "--models", "alibi", "--use_cpu", "true"]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,0 +1,28 @@
+"""Optional dependencies: which install extra brings which packages, and one check that names the missing extra.
+
+`pip install hf_alibi` is the model (torch, transformers, safetensors); `hf_alibi[experiments]` adds the
+train-short/test-long experiment's packages, `hf_alibi[gguf]` the GGUF writer. The table below and pyproject's
+`[project.optional-dependencies]` say the same (`tests/test_packaging.py` checks it in the built wheel).
+"""
+
+import importlib.util
+
+# extra -> {module imported: distribution installed}
+EXTRAS = {
+    "experiments": {"datasets": "datasets", "evaluate": "evaluate", "accelerate": "accelerate",
+                    "matplotlib": "matplotlib", "yaml": "pyyaml"},
+    "gguf": {"gguf": "gguf"},
+}  # fmt: skip
+
+
+def require_extra(extra: str, feature: str) -> None:
+    """Raise `ImportError` naming `feature`, the missing packages and `pip install 'hf_alibi[extra]'`."""
+    missing = [dist for module, dist in EXTRAS[extra].items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise ImportError(
+            f"{feature} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed: "
+            f"pip install 'hf_alibi[{extra}]'"
+        )
+
+
+__all__ = ["EXTRAS", "require_extra"]
