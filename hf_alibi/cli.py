@@ -7,8 +7,9 @@ hf-alibi export SRC model.gguf --to gguf # -> one llama.cpp file (architecture m
 hf-alibi plot-bias [MODEL_OR_CONFIG | --n-head N] --output FILE.png   # bias matrices and slope schedule
 hf-alibi train --config cpu_demo [--KEY VALUE ...]    # train short, test long (a shipped config or a YAML file)
 hf-alibi evaluate --model FOLDER [FOLDER ...]         # any checkpoint at 1x-16x its training length
+hf-alibi sweep --config budget_sweep                  # the 16L/L ratio of every model at several training budgets
 
-train, evaluate and plot-bias need `pip install 'hf_alibi[experiments]'`; `export --to gguf` needs `hf_alibi[gguf]`.
+train, evaluate, sweep and plot-bias need `pip install 'hf_alibi[experiments]'`; `export --to gguf` needs `hf_alibi[gguf]`.
 `hf-alibi train --help` and `hf-alibi evaluate --help` list every argument. An error prints one line,
 `hf-alibi: error: ...`, and exits with status 2, having written nothing; `--debug` (or HF_ALIBI_DEBUG=1) shows the
 traceback instead.
@@ -119,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     # train and evaluate parse their own arguments (HfArgumentParser dataclasses, --config YAML): see their --help
     commands.add_parser("train", add_help=False, help="train short, test long (--config NAME_OR_YAML; see --help)")
     commands.add_parser("evaluate", add_help=False, help="evaluate checkpoints at multiples of their training length")
+    commands.add_parser("sweep", add_help=False, help="train short, test long at several training budgets")
     return parser
 
 
@@ -129,6 +131,10 @@ def run(argv: list[str]) -> None:
         from .experiments.train_short_test_long import main as train
 
         return train(rest)
+    if args.command == "sweep":
+        from .experiments.budget_sweep import main as sweep
+
+        return sweep(rest)
     if args.command == "evaluate":
         from .experiments.evaluate_length import main as evaluate
 

@@ -1,7 +1,8 @@
 """When does position use set in? Each encoding's longest-length / training-length perplexity ratio at several
 training budgets, one experiment per budget.
 
-    HF_HUB_OFFLINE=1 python -m recipes.budget_sweep --config recipes/configs/budget_sweep.yaml
+    HF_HUB_OFFLINE=1 hf-alibi sweep --config budget_sweep        # or, in a clone: python -m recipes.budget_sweep ...
+    HF_HUB_OFFLINE=1 hf-alibi sweep --config budget_sweep --smoke --budgets 2 4 --output_dir runs/sweep_smoke  # seconds
 
 A model that has not learned to rely on position has nothing to lose when positions go out of range: its ratio
 stays near 1 whatever its encoding. The sweep trains the same models at each budget (`max_steps`, the same batch),
@@ -15,6 +16,8 @@ each budget a whole `run_experiment` in `<output_dir>/steps_<budget>/`, and writ
 from __future__ import annotations
 
 import json
+import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,6 +128,19 @@ def write_sweep(output_dir: Path, table: dict[int, dict[str, dict]]) -> None:
     plot_sweep(table, output_dir / "budget_sweep.png")
 
 
+def main(argv: list[str] | None = None) -> None:
+    """`hf-alibi sweep`: parse `argv` (ExperimentArguments, SweepArguments, TrainingArguments) and run the sweep.
+    `--smoke` shrinks the model and data to the smoke budget; the budgets stay as given."""
+    from .arguments import ExperimentArguments, apply_smoke, parse_args
+
+    argv = sys.argv[1:] if argv is None else argv
+    experiment, sweep, training = parse_args(argv, ExperimentArguments, SweepArguments, prog="hf-alibi sweep")
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    if experiment.smoke:
+        apply_smoke(experiment, training)
+    run_budget_sweep(experiment, training, sweep)
+
+
 def _tokens(row: dict[str, dict]) -> str:
     tokens = next(iter(row.values()))["train_tokens"]
     if tokens is None:
@@ -132,4 +148,4 @@ def _tokens(row: dict[str, dict]) -> str:
     return f"{tokens / 1e6:.2f}M tokens" if tokens >= 100_000 else f"{tokens:,} tokens"
 
 
-__all__ = ["SweepArguments", "budget_training_args", "position_use", "run_budget_sweep", "write_sweep"]
+__all__ = ["SweepArguments", "main", "budget_training_args", "position_use", "run_budget_sweep", "write_sweep"]

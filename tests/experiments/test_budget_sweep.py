@@ -44,10 +44,10 @@ def test_each_budget_trains_in_its_own_folder_with_its_own_steps(tmp_path):
 
 @pytest.mark.slow
 def test_budget_sweep_recipe_on_the_smoke_budget_writes_its_table(tmp_path):
-    from recipes.budget_sweep import main
+    from hf_alibi.experiments.budget_sweep import main
 
     out = tmp_path / "sweep"
-    main(["--config", "recipes/configs/budget_sweep.yaml", "--smoke", "--budgets", "2", "3", "--output_dir", str(out)])
+    main(["--config", "budget_sweep", "--smoke", "--budgets", "2", "3", "--output_dir", str(out)])
     table = json.loads((out / "budget_sweep.json").read_text())
     assert list(table) == ["2", "3"]
     for budget, rows in table.items():
