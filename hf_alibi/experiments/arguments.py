@@ -56,7 +56,7 @@ class ExperimentArguments:
         default=2048, metadata={"help": "Input length of the effective-window measurement (windows up to half of it)."}
     )
     cost_steps: int = field(
-        default=10,
+        default=20,
         metadata={"help": "After training, timed training steps per model, interleaved across models, for the "
                           "training-cost table (hf_alibi/experiments/training_cost.py); 0 skips it."},
     )

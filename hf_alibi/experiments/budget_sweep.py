@@ -116,7 +116,7 @@ def plot_sweep(table: dict[int, dict[str, dict]], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("training tokens per model")
     ax.set_ylabel(f"perplexity at {first['longest']} / at {first['train_length']}")
-    ax.set_title("When models start to rely on position: extrapolation ratio by training budget")
+    ax.set_title("When models start to rely on position (16L / L perplexity)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     _atomic_savefig(figure, path)
