@@ -112,7 +112,8 @@ class ExperimentArguments:
             raise ValueError(f"window_eps must be in (0, 1), got {self.window_eps}")
         if self.cost_steps < 0 or self.cost_warmup_steps < 1:
             raise ValueError(
-                f"cost_steps must be >= 0 and cost_warmup_steps >= 1, got {self.cost_steps} and {self.cost_warmup_steps}"
+                "cost_steps must be >= 0 and cost_warmup_steps >= 1, "
+                f"got {self.cost_steps} and {self.cost_warmup_steps}"
             )
         if self.window_length < 2:
             raise ValueError(f"window_length must be at least 2, got {self.window_length}")

@@ -95,8 +95,10 @@ def sweep_markdown(table: dict[int, dict[str, dict]]) -> str:
         cells = []
         for budget in budgets:
             row = table[budget].get(name)
-            cells.append("-" if row is None else
-                         f"{row['ppl_train_length']:.2f} -> {row['ppl_longest']:.2f} (**{row['ratio']:.2f}x**)")  # fmt: skip
+            if row is None:
+                cells.append("-")
+            else:
+                cells.append(f"{row['ppl_train_length']:.2f} -> {row['ppl_longest']:.2f} (**{row['ratio']:.2f}x**)")
         lines.append("| " + " | ".join([name] + cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -180,8 +180,9 @@ def training_cost_table(results: Mapping[str, ModelEvaluation], metadata: Mappin
                  if isinstance(metadata.get(f"{name}_cost"), Mapping)}  # fmt: skip
     note = ""
     if protocols - {None}:
+        protocol = "; ".join(sorted(protocols - {None}))
         note = ("\n\nTokens/s, step time and peak memory: every model measured the same way after training (fresh "
-                f"models, {'; '.join(sorted(protocols - {None}))}; peak memory: process growth while building the model "
+                f"models, {protocol}; peak memory: process growth while building the model "
                 "and running its warm-up steps). Train seconds: the training run's own wall clock (checkpoints and "
                 "logging included; whatever else ran on the machine then, too).")  # fmt: skip
     return "\n".join([header, *rows]) + note
