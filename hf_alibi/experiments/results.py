@@ -133,6 +133,11 @@ def results_markdown(results: Mapping[str, ModelEvaluation], *, metadata: Mappin
 
 def perplexity_table(results: Mapping[str, ModelEvaluation], key: str = "ppl_nonoverlapping") -> str:
     """One markdown table of `key` (`ppl_nonoverlapping` or `ppl_sliding`), like the paper's Table 1 layout."""
+    return _length_table(results, lambda r: _cell(r, key))
+
+
+def _length_table(results: Mapping[str, ModelEvaluation], cell) -> str:
+    """Models as rows, evaluation lengths as columns; `cell(LengthResult or None)` formats each entry."""
     lengths = _all_lengths(results)
     train_length = _train_length(results)
     mixed = _mixed_train_lengths(results)
@@ -140,8 +145,7 @@ def perplexity_table(results: Mapping[str, ModelEvaluation], key: str = "ppl_non
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * len(lengths) + "|"]
     for name, evaluation in results.items():
         by_length = evaluation.by_length()
-        cells = [_cell(by_length.get(length), key) for length in lengths]
-        lines.append("| " + " | ".join([name] + cells) + " |")
+        lines.append("| " + " | ".join([name] + [cell(by_length.get(length)) for length in lengths]) + " |")
     return "\n".join(lines)
 
 
@@ -191,20 +195,12 @@ def training_cost_table(results: Mapping[str, ModelEvaluation], metadata: Mappin
 def bits_table(results: Mapping[str, ModelEvaluation], bytes_per_token: float | None,
                key: str = "ppl_nonoverlapping") -> str:
     """Markdown table of bits per byte (`log2(ppl) / bytes_per_token`), or bits per token when it is unknown."""
-    lengths = _all_lengths(results)
-    train_length = _train_length(results)
-    mixed = _mixed_train_lengths(results)
-    header = ["Model"] + [_length_label(length, train_length, not mixed) for length in lengths]
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * len(lengths) + "|"]
-    for name, evaluation in results.items():
-        by_length = evaluation.by_length()
-        cells = []
-        for length in lengths:
-            r = by_length.get(length)
-            value = None if r is None or r.unsupported else getattr(r, key)
-            cells.append(_cell(r, key) if value is None else f"{bits(value, bytes_per_token):.3f}")
-        lines.append("| " + " | ".join([name] + cells) + " |")
-    return "\n".join(lines)
+
+    def cell(r: LengthResult | None) -> str:
+        value = None if r is None or r.unsupported else getattr(r, key)
+        return _cell(r, key) if value is None else f"{bits(value, bytes_per_token):.3f}"
+
+    return _length_table(results, cell)
 
 
 def bits(perplexity_value: float, bytes_per_token: float | None = None) -> float:
