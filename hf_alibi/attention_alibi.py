@@ -120,10 +120,21 @@ def prepare_alibi_attention(
             "(restarting position_ids or cu_seq_lens) cannot be combined with a cache"
         )
     key_padding = _key_padding(attention_mask, key_length)
+    # A static cache hands every layer its whole buffer and counts its tokens in a 0-d tensor. Outside compilation a
+    # prefill (or any multi-row step) reads that count once, so its keys are the filled ones only: the rest are
+    # unwritten and causally hidden, and a bias over them would cost (q, max_cache_len) per head. One-row steps keep
+    # the tensor: their bias is per key anyway, and reading the count would sync a device on every decoding step.
+    if isinstance(query_offset, torch.Tensor) and query_length > 1 and not torch.compiler.is_compiling():
+        query_offset = int(query_offset)
+    filled = query_offset + query_length if isinstance(query_offset, int) else key_length
+    if _is_static(filled) and _is_static(key_length) and filled < key_length:
+        key_length = filled  # `alibi_attention` reads keys [0, filled) of the buffer
+        key_padding = None if key_padding is None else key_padding[:, :filled]
     inputs = AlibiAttentionInputs(
         implementation, slopes.float(), query_length, key_length, query_offset, key_padding, documents
     )
-    # The chunked bank needs plain ints and queries that end at the last key (dynamic caches, no cache).
+    # The split and the bank need plain ints and queries that end at the last key: no cache, dynamic caches, and
+    # static caches outside compilation once cut to their filled part (above).
     bottom_right = (
         isinstance(query_offset, int)
         and _is_static(query_length)
@@ -131,7 +142,8 @@ def prepare_alibi_attention(
         and query_offset + query_length == key_length
     )
     if implementation == "eager" or (implementation == "sdpa" and not bottom_right):
-        # One (B|1, H, q, kv) bias: the reference, and SDPA's one-mask path for static caches and symbolic lengths.
+        # One (B|1, H, q, kv) bias: the reference, and SDPA's one-mask path for a static cache's compiled steps and
+        # symbolic lengths (torch.export); a compiled decoding step has q = 1, so its bias is per key.
         bias = alibi_causal_bias(inputs.slopes, query_length, key_length, query_offset)[None]  # (1, H, q, kv)
         keep = visible_keys(inputs)  # (B, 1, q|1, kv) or None
         if keep is not None:
@@ -158,9 +170,15 @@ def alibi_attention(
     Weights (post-softmax, (B, H, q, kv)) are returned only by the eager path or when `output_attentions` asks for
     them, in which case the eager path runs for this call.
     """
+    buffer = key.shape[2]
+    if _is_static(alibi.key_length) and buffer > alibi.key_length:  # a static cache's buffer: its filled part only
+        key, value = key[:, :, : alibi.key_length], value[:, :, : alibi.key_length]  # (B, H, kv, D) views
     if output_attentions or alibi.implementation == "eager":
         bias = alibi.bias if alibi.implementation == "eager" else None
-        return eager_alibi_attention(query, key, value, alibi, scaling, dropout, bias)
+        output, weights = eager_alibi_attention(query, key, value, alibi, scaling, dropout, bias)
+        if output_attentions and weights.shape[-1] < buffer:  # asked for: they cover the buffer, 0 on unwritten slots
+            weights = F.pad(weights, (0, buffer - weights.shape[-1]))  # (B, H, q, buffer)
+        return output, weights
     if alibi.implementation == "sdpa":
         return sdpa_alibi_attention(query, key, value, alibi, scaling, dropout), None
     if alibi.implementation == "flex_attention":

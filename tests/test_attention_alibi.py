@@ -15,10 +15,10 @@ HEADS, DIM = 12, 8
 SCALE = DIM**-0.5
 
 
-def reference_attention(query, key, value, slopes, key_padding=None):
+def reference_attention(query, key, value, slopes, key_padding=None, offset=None):
     """`alibi_reference.reference_attention` at this scale, output (B, q, H, D) as the backends return it."""
     output, weights, has_keys = alibi_reference.reference_attention(
-        query, key, value, slopes, scale=SCALE, key_padding=key_padding
+        query, key, value, slopes, scale=SCALE, offset=offset, key_padding=key_padding
     )
     return output.transpose(1, 2), weights, has_keys
 
@@ -44,15 +44,16 @@ SCENARIOS = {
 BACKENDS = ["eager", "sdpa", "sdpa_chunked", "flex_attention"]
 
 
-def run_backend(backend, query, key, value, slopes, mask, monkeypatch):
+def run_backend(backend, query, key, value, slopes, mask, monkeypatch, offset=None, output_attentions=False):
+    """The backend's output; with `output_attentions`, (output, weights, the prepared inputs)."""
     if backend == "sdpa_chunked":  # the bias-bank path (packed rows, dropout, compilation, other devices)
         monkeypatch.setattr(attention_alibi, "SDPA_SPLIT", False)
         monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)  # several chunks, the last one partial
         backend = "sdpa"
-    inputs = prepare_alibi_attention(backend, slopes, mask, query.shape[2], key.shape[2])
+    inputs = prepare_alibi_attention(backend, slopes, mask, query.shape[2], key.shape[2], offset)
     with torch.no_grad():  # FlexAttention has no CPU backward
-        output, _ = alibi_attention(query, key, value, inputs, SCALE)
-    return output
+        output, weights = alibi_attention(query, key, value, inputs, SCALE, output_attentions=output_attentions)
+    return (output, weights, inputs) if output_attentions else output
 
 
 def qkv(batch, q_len, kv_len, dtype=torch.float32):
@@ -103,6 +104,32 @@ def test_backend_matches_reference_in_bf16(backend, scenario, monkeypatch):
     output = run_backend(backend, query, key, value, slopes, mask, monkeypatch)
     assert output.dtype == torch.bfloat16
     assert_matches_reference(output, expected, has_keys, atol=2e-2)
+
+
+@pytest.mark.parametrize("output_attentions", [False, True], ids=["plain", "output_attentions"])
+@pytest.mark.parametrize("offset", [0, 6], ids=["prefill", "second_chunk"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_static_cache_buffer_matches_reference_and_only_its_filled_keys_are_used(
+    backend, offset, output_attentions, monkeypatch
+):
+    """A static cache hands over its whole buffer (unwritten slots: anything) and its length as a 0-d tensor."""
+    q_len, buffer = 23, 50
+    filled = offset + q_len
+    mask = padding_mask([filled, 14, 4], filled, "left")
+    mask = torch.cat([mask, torch.ones(3, buffer - filled, dtype=mask.dtype)], dim=1)  # generate pads it with ones
+    query, key, value = qkv(3, q_len, buffer)
+    key[:, :, filled:], value[:, :, filled:] = 1e3, 1e3  # must never be read
+    slopes = get_alibi_slopes(HEADS)
+    expected, expected_weights, has_keys = reference_attention(query, key, value, slopes, mask.bool(), offset)
+    offset = torch.tensor(offset)  # what the model reads from a static cache
+    result = run_backend(backend, query, key, value, slopes, mask, monkeypatch, offset, output_attentions)
+    output, weights, inputs = result if output_attentions else (result, None, None)
+    assert_matches_reference(output, expected, has_keys, atol=1e-5)
+    if output_attentions:  # weights cover the buffer, as the cache's keys do, with 0 on the unwritten slots
+        assert inputs.key_length == filled and (inputs.bias is None or inputs.bias.shape[-1] == filled)
+        assert weights.shape == (3, HEADS, q_len, buffer)
+        difference = (weights.double() - expected_weights).abs().masked_fill(~has_keys, 0).max().item()
+        assert difference <= 1e-6, f"largest weight difference {difference:.3g}"
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
