@@ -177,3 +177,20 @@ def test_generate_calls_our_create_masks_for_generate_with_a_static_cache(monkey
                        cache_implementation="static", pad_token_id=0)  # fmt: skip
     assert seen, "generate did not call AlibiGPT2LMHeadModel.create_masks_for_generate"
     assert all(mask.dim() == 2 and mask.shape == seen[0].shape for mask in seen), [tuple(m.shape) for m in seen]
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpt", "falcon"])
+def test_model_files_alibi_tensor_builders_still_give_each_familys_slopes(family):
+    """`hf_alibi.conversion` reads each source's own slopes from a function inside transformers' model file
+    (`modeling_bloom.build_alibi_tensor`, `modeling_mpt.build_mpt_alibi_tensor`, `modeling_falcon.build_alibi_tensor`):
+    not public API, so a change of its layout or meaning must fail here, not in a converted checkpoint."""
+    from hf_alibi.conversion import bloom, falcon, mpt
+
+    exact = get_alibi_slopes(12)
+    if family == "falcon":  # m_h rounded to bf16, then divided by sqrt(head_dim)
+        got, want, atol = falcon.falcon_slopes(12, 16), exact / 4, 1e-2 * float(exact.max())
+    else:
+        got, want, atol = (bloom.bloom_slopes if family == "bloom" else mpt.mpt_slopes)(12), exact, 1e-7
+    assert got.shape == (12,), f"{family}'s alibi tensor builder changed its layout: {tuple(got.shape)}"
+    difference = (got - want).abs().max().item()
+    assert difference <= atol, f"{family}'s alibi tensor builder no longer gives its slopes (largest diff {difference})"
