@@ -135,7 +135,8 @@ def main(argv=None) -> None:
         for index in range(args.processes):
             for cache in CACHES if index % 2 == 0 else CACHES[::-1]:
                 runs.append(run_child(cache, prompt, argv))
-                print(f"{cache:>7} {prompt:>6} tokens: peak {runs[-1]['process_peak_bytes'] / MIB:,.0f} MiB", flush=True)
+                peak = runs[-1]["process_peak_bytes"] / MIB
+                print(f"{cache:>7} {prompt:>6} tokens: peak {peak:,.0f} MiB", flush=True)
         expected = next(run["tokens"] for run in runs if run["prompt"] == prompt and run["cache"] == "dynamic")
         if any(run["tokens"] != expected for run in runs if run["prompt"] == prompt):
             raise SystemExit(f"at {prompt} tokens the static cache generated other tokens than the dynamic cache")

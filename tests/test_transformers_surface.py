@@ -60,7 +60,7 @@ def test_deprecate_kwarg_renames_past_key_values_to_cache_and_warns():
         cache = model(ids, use_cache=True).cache
         with pytest.warns(FutureWarning, match="past_key_values"):
             out = model(torch.tensor([[6]]), past_key_values=cache)
-    assert out.cache is cache and cache.get_seq_length() == 4, "deprecate_kwarg did not hand past_key_values on as cache"
+    assert out.cache is cache and cache.get_seq_length() == 4, "deprecate_kwarg did not pass past_key_values as cache"
 
 
 def test_can_set_attn_implementation_cached_value_is_the_flag_transformers_reads():
