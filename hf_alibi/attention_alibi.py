@@ -18,12 +18,9 @@ from .attention_sdpa_split import sdpa_alibi_split
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 
-# SDPA's default path on CPU (`attention_sdpa_split`): no bias tensor at all, per-key biases for the keys left of
-# each query chunk plus small causal blocks on the diagonal, merged exactly by their log-sum-exps. It serves
-# unpacked, dropout-free calls of more than one query row outside compilation; everything else takes the bank.
-SDPA_SPLIT = True
-# The bank path processes queries in chunks of this many rows: each chunk's float mask is a view into one
-# (H, chunk, kv) bias bank, so the bias never costs H * L * L memory and keys right of a chunk are never computed.
+# Rows per query chunk of SDPA's bias-bank path (`AlibiAttentionInputs.query_chunk`; the config's
+# `alibi_sdpa_query_chunk`): each chunk's float mask is a view into one (H, chunk, kv) bias bank, so the bias never
+# costs H * L * L memory and keys right of a chunk are never computed.
 SDPA_QUERY_CHUNK = 256
 
 
@@ -42,6 +39,10 @@ class AlibiAttentionInputs:
     chunked: bool = False  # sdpa, queries ending at the last key: the split, or a bank sliced per query chunk
     padding_in_bias: bool = False  # chunked sdpa: the bank already hides padded keys (one chunk)
     block_mask: object | None = None  # flex_attention only
+    # SDPA's path for multi-row, unpacked, dropout-free CPU calls outside compilation: the split (no bias tensor,
+    # `attention_sdpa_split`) or the bias bank that every other SDPA call takes; and the bank's rows per chunk.
+    sdpa_split: bool = True
+    query_chunk: int = SDPA_QUERY_CHUNK
 
     def bias_as(self, dtype: torch.dtype) -> torch.Tensor:
         """The prebuilt bias in the layers' compute dtype (autocast decides it), cast once per forward."""
@@ -100,12 +101,16 @@ def prepare_alibi_attention(
     key_length: int,
     query_offset: int | torch.Tensor | None = None,
     documents: torch.Tensor | None = None,
+    sdpa_split: bool = True,
+    query_chunk: int = SDPA_QUERY_CHUNK,
 ) -> AlibiAttentionInputs:
     """Build, once per forward, what `implementation` needs for ALiBi over `query_length` of `key_length` keys.
 
     `attention_mask` is the usual 2-D `(B, kv)` mask of 1 (real) and 0 (padding), or None. `query_offset` is the
     number of cached tokens (default `key_length - query_length`). `documents` (B, kv) numbers the documents of
-    packed rows (no cache: `query_length == key_length`); a query only sees keys of its own document.
+    packed rows (no cache: `query_length == key_length`); a query only sees keys of its own document. For
+    `"sdpa"`: `sdpa_split=False` sends the calls the split would serve to the bias bank instead, whose chunks have
+    `query_chunk` rows (the config's `alibi_sdpa_split` and `alibi_sdpa_query_chunk`).
     """
     if implementation not in SUPPORTED_ATTENTION:
         raise ValueError(
@@ -131,8 +136,9 @@ def prepare_alibi_attention(
         key_length = filled  # `alibi_attention` reads keys [0, filled) of the buffer
         key_padding = None if key_padding is None else key_padding[:, :filled]
     inputs = AlibiAttentionInputs(
-        implementation, slopes.float(), query_length, key_length, query_offset, key_padding, documents
-    )
+        implementation, slopes.float(), query_length, key_length, query_offset, key_padding, documents,
+        sdpa_split=sdpa_split, query_chunk=query_chunk,
+    )  # fmt: skip
     # The split and the bank need plain ints and queries that end at the last key: no cache, dynamic caches, and
     # static caches outside compilation once cut to their filled part (above).
     bottom_right = (
@@ -203,7 +209,7 @@ def eager_alibi_attention(query, key, value, alibi, scaling, dropout=0.0, bias=N
 def _sdpa_bank(alibi: AlibiAttentionInputs, dtype: torch.dtype) -> torch.Tensor:
     """The bias of the last `chunk` queries against all keys, built once per forward; chunks' masks slice it."""
     if alibi.bias is None:
-        chunk = min(alibi.query_length, SDPA_QUERY_CHUNK)
+        chunk = min(alibi.query_length, alibi.query_chunk)
         bank = alibi_causal_bias(alibi.slopes, chunk, alibi.key_length)[None]  # (1, H, chunk, kv) fp32
         if chunk == alibi.query_length:  # one chunk (decoding, short inputs): fold padding and documents in once
             keep = visible_keys(alibi)
@@ -216,7 +222,7 @@ def _sdpa_bank(alibi: AlibiAttentionInputs, dtype: torch.dtype) -> torch.Tensor:
 
 def _use_split(alibi: AlibiAttentionInputs, query: torch.Tensor, dropout: float) -> bool:
     return (
-        SDPA_SPLIT
+        alibi.sdpa_split
         and alibi.documents is None
         and alibi.query_length > 1  # decoding: one row, whose once-per-forward bank row is already a per-key bias
         and dropout == 0.0  # the CPU flash kernel has no dropout

@@ -44,13 +44,12 @@ SCENARIOS = {
 BACKENDS = ["eager", "sdpa", "sdpa_chunked", "flex_attention"]
 
 
-def run_backend(backend, query, key, value, slopes, mask, monkeypatch, offset=None, output_attentions=False):
+def run_backend(backend, query, key, value, slopes, mask, offset=None, output_attentions=False):
     """The backend's output; with `output_attentions`, (output, weights, the prepared inputs)."""
+    path = {}
     if backend == "sdpa_chunked":  # the bias-bank path (packed rows, dropout, compilation, other devices)
-        monkeypatch.setattr(attention_alibi, "SDPA_SPLIT", False)
-        monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)  # several chunks, the last one partial
-        backend = "sdpa"
-    inputs = prepare_alibi_attention(backend, slopes, mask, query.shape[2], key.shape[2], offset)
+        backend, path = "sdpa", dict(sdpa_split=False, query_chunk=16)  # several chunks, the last one partial
+    inputs = prepare_alibi_attention(backend, slopes, mask, query.shape[2], key.shape[2], offset, **path)
     with torch.no_grad():  # FlexAttention has no CPU backward
         output, weights = alibi_attention(query, key, value, inputs, SCALE, output_attentions=output_attentions)
     return (output, weights, inputs) if output_attentions else output
@@ -72,36 +71,36 @@ def assert_matches_reference(output, expected, has_keys, atol):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_backend_matches_reference_formula_fp32(backend, scenario, monkeypatch):
+def test_backend_matches_reference_formula_fp32(backend, scenario):
     q_len, kv_len, mask = SCENARIOS[scenario]
     batch = 1 if mask is None else mask.shape[0]
     query, key, value = qkv(batch, q_len, kv_len)
     slopes = get_alibi_slopes(HEADS)
     expected, _, has_keys = reference_attention(query, key, value, slopes, None if mask is None else mask.bool())
-    output = run_backend(backend, query, key, value, slopes, mask, monkeypatch)
+    output = run_backend(backend, query, key, value, slopes, mask)
     assert output.shape == (batch, q_len, HEADS, DIM)
     assert_matches_reference(output, expected, has_keys, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_backend_matches_reference_with_steep_custom_slopes(backend, monkeypatch):
+def test_backend_matches_reference_with_steep_custom_slopes(backend):
     slopes = torch.tensor([0.0, 2.0, 0.5, 1e-3, 0.9, 0.0, 3.0, 0.1, 0.25, 0.7, 0.05, 1.5])
     mask = padding_mask([30, 17], 30, "left")
     query, key, value = qkv(2, 9, 30)
     expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool())
-    output = run_backend(backend, query, key, value, slopes, mask, monkeypatch)
+    output = run_backend(backend, query, key, value, slopes, mask)
     assert_matches_reference(output, expected, has_keys, atol=1e-5)
 
 
 @pytest.mark.parametrize("scenario", ["left_padding_with_cache", "fully_padded_sequence"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_backend_matches_reference_in_bf16(backend, scenario, monkeypatch):
+def test_backend_matches_reference_in_bf16(backend, scenario):
     # bf16 inputs against the float64 reference of the same (rounded) inputs; bf16 has 8 bits of mantissa
     q_len, kv_len, mask = SCENARIOS[scenario]
     query, key, value = qkv(mask.shape[0], q_len, kv_len, torch.bfloat16)
     slopes = get_alibi_slopes(HEADS)
     expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool())
-    output = run_backend(backend, query, key, value, slopes, mask, monkeypatch)
+    output = run_backend(backend, query, key, value, slopes, mask)
     assert output.dtype == torch.bfloat16
     assert_matches_reference(output, expected, has_keys, atol=2e-2)
 
@@ -109,9 +108,7 @@ def test_backend_matches_reference_in_bf16(backend, scenario, monkeypatch):
 @pytest.mark.parametrize("output_attentions", [False, True], ids=["plain", "output_attentions"])
 @pytest.mark.parametrize("offset", [0, 6], ids=["prefill", "second_chunk"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_static_cache_buffer_matches_reference_and_only_its_filled_keys_are_used(
-    backend, offset, output_attentions, monkeypatch
-):
+def test_static_cache_buffer_matches_reference_and_only_its_filled_keys_are_used(backend, offset, output_attentions):
     """A static cache hands over its whole buffer (unwritten slots: anything) and its length as a 0-d tensor."""
     q_len, buffer = 23, 50
     filled = offset + q_len
@@ -122,7 +119,7 @@ def test_static_cache_buffer_matches_reference_and_only_its_filled_keys_are_used
     slopes = get_alibi_slopes(HEADS)
     expected, expected_weights, has_keys = reference_attention(query, key, value, slopes, mask.bool(), offset)
     offset = torch.tensor(offset)  # what the model reads from a static cache
-    result = run_backend(backend, query, key, value, slopes, mask, monkeypatch, offset, output_attentions)
+    result = run_backend(backend, query, key, value, slopes, mask, offset, output_attentions)
     output, weights, inputs = result if output_attentions else (result, None, None)
     assert_matches_reference(output, expected, has_keys, atol=1e-5)
     if output_attentions:  # weights cover the buffer, as the cache's keys do, with 0 on the unwritten slots
@@ -130,6 +127,16 @@ def test_static_cache_buffer_matches_reference_and_only_its_filled_keys_are_used
         assert weights.shape == (3, HEADS, q_len, buffer)
         difference = (weights.double() - expected_weights).abs().masked_fill(~has_keys, 0).max().item()
         assert difference <= 1e-6, f"largest weight difference {difference:.3g}"
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_config_alibi_sdpa_split_selects_the_sdpa_path(split, make_model, random_ids, monkeypatch):
+    calls, real_split = [], attention_alibi.sdpa_alibi_split
+    monkeypatch.setattr(attention_alibi, "sdpa_alibi_split", lambda *args: calls.append(1) or real_split(*args))
+    model = make_model("sdpa", alibi_sdpa_split=split, alibi_sdpa_query_chunk=16)
+    with torch.no_grad():
+        model(random_ids(2, 40), attention_mask=padding_mask([40, 23], 40, "left"))
+    assert len(calls) == (model.config.n_layer if split else 0), f"the split ran {len(calls)} times"
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
@@ -145,24 +152,19 @@ def test_returned_attention_weights_match_reference_softmax(implementation):
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "sdpa_bank", "flex_attention"])
-def test_whole_model_logits_agree_across_backends_beyond_n_positions(backend, make_model, random_ids, monkeypatch):
-    monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)
-    if backend == "sdpa_bank":
-        monkeypatch.setattr(attention_alibi, "SDPA_SPLIT", False)
-        backend = "sdpa"
+def test_whole_model_logits_agree_across_backends_beyond_n_positions(backend, make_model, random_ids):
+    path = dict(alibi_sdpa_query_chunk=16, alibi_sdpa_split=backend != "sdpa_bank")
     ids = random_ids(3, 70)  # n_positions is 16
     mask = padding_mask([70, 41, 9], 70, "left")
     with torch.no_grad():
         expected = make_model("eager")(ids, attention_mask=mask).logits
-        logits = make_model(backend)(ids, attention_mask=mask).logits
+        logits = make_model(backend.removesuffix("_bank"), **path)(ids, attention_mask=mask).logits
     real = mask.bool()
     torch.testing.assert_close(logits[real], expected[real], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("split", [True, False], ids=["split", "bank"])
-def test_sdpa_backward_gradients_match_eager(split, make_model, random_ids, monkeypatch):
-    monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)
-    monkeypatch.setattr(attention_alibi, "SDPA_SPLIT", split)
+def test_sdpa_backward_gradients_match_eager(split, make_model, random_ids):
     ids = random_ids(2, 40)
     # Right padding, as in training batches. (With left padding the last pad's logits predict the first real token
     # from a fully masked row, whose output is arbitrary and backend-dependent.)
@@ -170,7 +172,7 @@ def test_sdpa_backward_gradients_match_eager(split, make_model, random_ids, monk
     labels = ids.masked_fill(mask == 0, -100)
     gradients = {}
     for backend in ("eager", "sdpa"):
-        model = make_model(backend).train()
+        model = make_model(backend, alibi_sdpa_split=split, alibi_sdpa_query_chunk=16).train()
         model(ids, attention_mask=mask, labels=labels).loss.backward()
         gradients[backend] = {name: p.grad for name, p in model.named_parameters()}
     for name, expected in gradients["eager"].items():

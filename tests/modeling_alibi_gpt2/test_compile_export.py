@@ -62,7 +62,7 @@ def test_static_cache_prefill_builds_nothing_of_prompt_by_buffer_size_and_matche
     prompt, buffer = 40, 300  # neither is a batch, head, head-dim or vocabulary size of the tiny model
     ids, mask = left_padded([random_ids(1, n)[0] for n in (prompt, 23)])
     prepared, prepare = [], modeling_alibi_gpt2.prepare_alibi_attention
-    record = lambda *args: prepared.append(prepare(*args)) or prepared[-1]  # noqa: E731
+    record = lambda *args, **kwargs: prepared.append(prepare(*args, **kwargs)) or prepared[-1]  # noqa: E731
     monkeypatch.setattr(modeling_alibi_gpt2, "prepare_alibi_attention", record)
     cache = StaticCache(config=model.config, max_cache_len=buffer)
     # FlexAttention is a higher-order op that a dispatch mode cannot see into: its block mask's size is checked instead
