@@ -8,7 +8,7 @@ and, in packed rows, it belongs to the same document. ALiBi depends on `i - j` a
 position shift and a packed document sees exactly the distances it would see alone: masking is all it takes.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -43,12 +43,15 @@ class AlibiAttentionInputs:
     # `attention_sdpa_split`) or the bias bank that every other SDPA call takes; and the bank's rows per chunk.
     sdpa_split: bool = True
     query_chunk: int = SDPA_QUERY_CHUNK
+    bias_casts: dict = field(default_factory=dict)  # dtype -> `bias` cast to it; `bias` itself stays fp32
 
     def bias_as(self, dtype: torch.dtype) -> torch.Tensor:
-        """The prebuilt bias in the layers' compute dtype (autocast decides it), cast once per forward."""
-        if self.bias.dtype != dtype:  # clamp first: fp32's minimum would become -inf in fp16 (NaN on empty rows)
-            self.bias = self.bias.clamp(min=torch.finfo(dtype).min).to(dtype)
-        return self.bias
+        """The prebuilt bias in the layers' compute dtype (autocast decides it), cast once per forward and dtype."""
+        if self.bias.dtype == dtype:
+            return self.bias
+        if dtype not in self.bias_casts:  # clamp first: fp32's minimum would become -inf in fp16 (NaN on empty rows)
+            self.bias_casts[dtype] = self.bias.clamp(min=torch.finfo(dtype).min).to(dtype)
+        return self.bias_casts[dtype]
 
 
 def _masked_min(dtype: torch.dtype) -> float:

@@ -129,6 +129,25 @@ def test_static_cache_buffer_matches_reference_and_only_its_filled_keys_are_used
         assert difference <= 1e-6, f"largest weight difference {difference:.3g}"
 
 
+@pytest.mark.parametrize("path", ["bank", "one_mask"])
+def test_a_call_in_a_wider_dtype_after_a_narrower_one_gets_the_exact_fp32_bias(path):
+    """The layers of one forward share the prepared bias: a bf16 call (autocast, a bf16 layer) must not leave the
+    bf16-rounded bias behind for a later fp32 call."""
+    slopes, mask = get_alibi_slopes(HEADS), padding_mask([40, 23], 40, "left")
+    if path == "bank":  # several chunks of the bias bank
+        q_len, offset, path_arguments = 40, None, dict(sdpa_split=False, query_chunk=16)
+    else:  # a static cache's decoding step: its count is a 0-d tensor, its one mask is (B, H, 1, kv)
+        q_len, offset, path_arguments = 1, torch.tensor(39), {}
+    query, key, value = qkv(2, q_len, 40)
+    inputs = prepare_alibi_attention("sdpa", slopes, mask, q_len, 40, offset, **path_arguments)
+    with torch.no_grad():
+        alibi_attention(query.bfloat16(), key.bfloat16(), value.bfloat16(), inputs, SCALE)
+        output, _ = alibi_attention(query, key, value, inputs, SCALE)
+    assert inputs.bias.dtype == torch.float32, f"the shared bias was replaced by its {inputs.bias.dtype} copy"
+    expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool())
+    assert_matches_reference(output, expected, has_keys, atol=1e-5)
+
+
 @pytest.mark.parametrize("split", [True, False])
 def test_config_alibi_sdpa_split_selects_the_sdpa_path(split, make_model, random_ids, monkeypatch):
     calls, real_split = [], attention_alibi.sdpa_alibi_split
