@@ -28,6 +28,16 @@ def test_static_cache_generates_the_dynamic_cache_tokens(backend, output_attenti
         torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)))
 
 
+def test_static_cache_generates_the_dynamic_cache_tokens_with_prompts_past_one_split_block(make_model, random_ids):
+    """300- and 170-token prompts: the prefill runs the split's 256-row blocks over the filled part of the buffer."""
+    model = make_model("sdpa", initializer_range=0.3)
+    ids, mask = left_padded([random_ids(1, n)[0] for n in (300, 170)])
+    settings = dict(max_new_tokens=4, min_new_tokens=4)
+    dynamic = generate(model, ids, mask, **settings)
+    static = generate(model, ids, mask, cache_implementation="static", **settings)
+    assert torch.equal(static, dynamic), f"{static[:, 300:]} vs {dynamic[:, 300:]}"
+
+
 def test_static_cache_forward_gives_the_full_forward_logits_of_a_left_padded_batch(tiny_model, random_ids):
     ids, mask = left_padded([random_ids(1, n)[0] for n in (14, 9)])
     cache = StaticCache(config=tiny_model.config, max_cache_len=24)
