@@ -84,7 +84,7 @@ class AlibiGPT2Config(PretrainedConfig):
         alibi_sdpa_split (`bool`, *optional*, defaults to `True`):
             Which SDPA path serves multi-row, unpacked, dropout-free calls on CPU outside compilation: `True` the
             split (no bias tensor; `hf_alibi/attention_sdpa_split.py`), `False` the bias bank that every other SDPA
-            call takes. Both compute the same attention (tests and benchmarks compare them); a runtime choice.
+            call takes. Both compute the same attention (the tests compare them); a runtime choice.
         alibi_sdpa_query_chunk (`int`, *optional*, defaults to 256):
             Query rows per chunk of the bias-bank path: its mask is `(B|1, H, chunk, kv)` floats, built once per
             forward. A positive integer; a runtime choice (small values make tests cross chunk boundaries).
