@@ -1,4 +1,5 @@
-"""Every attention backend against the formula written out in plain PyTorch, then backend selection in the model.
+"""Every attention backend against the formula written out in plain PyTorch (backend selection in the model:
+`modeling_alibi_gpt2/test_backend_selection.py`).
 
 Reference (`alibi_reference.py`): softmax(q . k / sqrt(d) - m_h * (i - j)) @ v over keys j <= i that are not padding,
 in float64, with query i sitting at absolute position offset + row (offset = cached tokens).
@@ -8,7 +9,7 @@ import alibi_reference
 import pytest
 import torch
 
-from hf_alibi import AlibiGPT2LMHeadModel, attention_alibi, get_alibi_slopes
+from hf_alibi import get_alibi_slopes
 from hf_alibi.attention_alibi import alibi_attention, prepare_alibi_attention
 
 HEADS, DIM = 12, 8
@@ -148,16 +149,6 @@ def test_a_call_in_a_wider_dtype_after_a_narrower_one_gets_the_exact_fp32_bias(p
     assert_matches_reference(output, expected, has_keys, atol=1e-5)
 
 
-@pytest.mark.parametrize("split", [True, False])
-def test_config_alibi_sdpa_split_selects_the_sdpa_path(split, make_model, random_ids, monkeypatch):
-    calls, real_split = [], attention_alibi.sdpa_alibi_split
-    monkeypatch.setattr(attention_alibi, "sdpa_alibi_split", lambda *args: calls.append(1) or real_split(*args))
-    model = make_model("sdpa", alibi_sdpa_split=split, alibi_sdpa_query_chunk=16)
-    with torch.no_grad():
-        model(random_ids(2, 40), attention_mask=padding_mask([40, 23], 40, "left"))
-    assert len(calls) == (model.config.n_layer if split else 0), f"the split ran {len(calls)} times"
-
-
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 def test_returned_attention_weights_match_reference_softmax(implementation):
     mask = padding_mask([25, 11], 25, "left")
@@ -198,72 +189,6 @@ def test_sdpa_backward_gradients_match_eager(split, make_model, random_ids):
         scale = expected.abs().max().item()
         difference = (gradients["sdpa"][name] - expected).abs().max().item()
         assert difference <= 1e-5 * max(scale, 1e-3), f"{name}: largest gradient difference {difference:.3g}"
-
-
-class BackendSpy:
-    """Records which backend function each attention call reaches."""
-
-    def __init__(self, monkeypatch):
-        self.calls = []
-        for name in ("eager_alibi_attention", "sdpa_alibi_attention", "flex_alibi_attention"):
-            monkeypatch.setattr(attention_alibi, name, self._wrap(name, getattr(attention_alibi, name)))
-
-    def _wrap(self, name, function):
-        def spy(*args, **kwargs):
-            self.calls.append(name.removesuffix("_alibi_attention"))
-            return function(*args, **kwargs)
-
-        return spy
-
-    def backends_used_by(self, model, ids):
-        self.calls.clear()
-        with torch.no_grad():
-            model(ids)
-        return set(self.calls)
-
-
-@pytest.mark.parametrize("backend", ["eager", "sdpa", "flex_attention"])
-def test_attn_implementation_selects_backend_in_from_config_and_from_pretrained(
-    backend, make_config, random_ids, tmp_path, monkeypatch
-):
-    from transformers import AutoModelForCausalLM
-
-    spy = BackendSpy(monkeypatch)
-    expected = {backend.removesuffix("_attention")}
-    model = AutoModelForCausalLM.from_config(make_config(), attn_implementation=backend)
-    assert model.config._attn_implementation == backend
-    assert spy.backends_used_by(model, random_ids(1, 9)) == expected
-    model.save_pretrained(tmp_path)
-    loaded = AlibiGPT2LMHeadModel.from_pretrained(tmp_path, attn_implementation=backend)
-    assert spy.backends_used_by(loaded, random_ids(1, 9)) == expected
-
-
-def test_set_attn_implementation_switches_backend(tiny_model, random_ids, monkeypatch):
-    spy = BackendSpy(monkeypatch)
-    ids = random_ids(1, 9)
-    for backend in ("eager", "flex_attention", "sdpa", "eager"):
-        tiny_model.set_attn_implementation(backend)
-        assert spy.backends_used_by(tiny_model, ids) == {backend.removesuffix("_attention")}
-
-
-def test_unsupported_attn_implementation_raises_clear_error(make_config, random_ids):
-    from transformers import AutoModelForCausalLM
-
-    with pytest.raises(ValueError, match="not_a_backend"):
-        AutoModelForCausalLM.from_config(make_config(), attn_implementation="not_a_backend")
-    # transformers accepts its paged names; the model must refuse them by name rather than compute garbage
-    model = AutoModelForCausalLM.from_config(make_config(), attn_implementation="paged|eager")
-    with pytest.raises(ValueError, match=r"paged\|eager"):
-        model(random_ids(1, 5))
-
-
-def test_flash_attention_2_without_flash_attn_or_cuda_raises_clear_error(make_config, random_ids):
-    from transformers import AutoModelForCausalLM
-
-    # flash-attn missing: transformers refuses at build time; installed but CPU tensors: the model refuses
-    with pytest.raises((ImportError, ValueError), match="(?i)flash"):
-        model = AutoModelForCausalLM.from_config(make_config(), attn_implementation="flash_attention_2")
-        model(random_ids(1, 5))
 
 
 # GPU only: FlashAttention-2 (its own alibi_slopes) and compiled FlexAttention, bf16, left padding, a KV cache.
