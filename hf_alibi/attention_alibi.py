@@ -8,7 +8,7 @@ and, in packed rows, it belongs to the same document. ALiBi depends on `i - j` a
 position shift and a packed document sees exactly the distances it would see alone: masking is all it takes.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -18,12 +18,9 @@ from .attention_sdpa_split import sdpa_alibi_split
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 
-# SDPA's default path on CPU (`attention_sdpa_split`): no bias tensor at all, per-key biases for the keys left of
-# each query chunk plus small causal blocks on the diagonal, merged exactly by their log-sum-exps. It serves
-# unpacked, dropout-free calls of more than one query row outside compilation; everything else takes the bank.
-SDPA_SPLIT = True
-# The bank path processes queries in chunks of this many rows: each chunk's float mask is a view into one
-# (H, chunk, kv) bias bank, so the bias never costs H * L * L memory and keys right of a chunk are never computed.
+# Rows per query chunk of SDPA's bias-bank path (`AlibiAttentionInputs.query_chunk`; the config's
+# `alibi_sdpa_query_chunk`): each chunk's float mask is a view into one (H, chunk, kv) bias bank, so the bias never
+# costs H * L * L memory and keys right of a chunk are never computed.
 SDPA_QUERY_CHUNK = 256
 
 
@@ -42,12 +39,19 @@ class AlibiAttentionInputs:
     chunked: bool = False  # sdpa, queries ending at the last key: the split, or a bank sliced per query chunk
     padding_in_bias: bool = False  # chunked sdpa: the bank already hides padded keys (one chunk)
     block_mask: object | None = None  # flex_attention only
+    # SDPA's path for multi-row, unpacked, dropout-free CPU calls outside compilation: the split (no bias tensor,
+    # `attention_sdpa_split`) or the bias bank that every other SDPA call takes; and the bank's rows per chunk.
+    sdpa_split: bool = True
+    query_chunk: int = SDPA_QUERY_CHUNK
+    bias_casts: dict = field(default_factory=dict)  # dtype -> `bias` cast to it; `bias` itself stays fp32
 
     def bias_as(self, dtype: torch.dtype) -> torch.Tensor:
-        """The prebuilt bias in the layers' compute dtype (autocast decides it), cast once per forward."""
-        if self.bias.dtype != dtype:  # clamp first: fp32's minimum would become -inf in fp16 (NaN on empty rows)
-            self.bias = self.bias.clamp(min=torch.finfo(dtype).min).to(dtype)
-        return self.bias
+        """The prebuilt bias in the layers' compute dtype (autocast decides it), cast once per forward and dtype."""
+        if self.bias.dtype == dtype:
+            return self.bias
+        if dtype not in self.bias_casts:  # clamp first: fp32's minimum would become -inf in fp16 (NaN on empty rows)
+            self.bias_casts[dtype] = self.bias.clamp(min=torch.finfo(dtype).min).to(dtype)
+        return self.bias_casts[dtype]
 
 
 def _masked_min(dtype: torch.dtype) -> float:
@@ -100,12 +104,16 @@ def prepare_alibi_attention(
     key_length: int,
     query_offset: int | torch.Tensor | None = None,
     documents: torch.Tensor | None = None,
+    sdpa_split: bool = True,
+    query_chunk: int = SDPA_QUERY_CHUNK,
 ) -> AlibiAttentionInputs:
     """Build, once per forward, what `implementation` needs for ALiBi over `query_length` of `key_length` keys.
 
     `attention_mask` is the usual 2-D `(B, kv)` mask of 1 (real) and 0 (padding), or None. `query_offset` is the
     number of cached tokens (default `key_length - query_length`). `documents` (B, kv) numbers the documents of
-    packed rows (no cache: `query_length == key_length`); a query only sees keys of its own document.
+    packed rows (no cache: `query_length == key_length`); a query only sees keys of its own document. For
+    `"sdpa"`: `sdpa_split=False` sends the calls the split would serve to the bias bank instead, whose chunks have
+    `query_chunk` rows (the config's `alibi_sdpa_split` and `alibi_sdpa_query_chunk`).
     """
     if implementation not in SUPPORTED_ATTENTION:
         raise ValueError(
@@ -120,10 +128,22 @@ def prepare_alibi_attention(
             "(restarting position_ids or cu_seq_lens) cannot be combined with a cache"
         )
     key_padding = _key_padding(attention_mask, key_length)
+    # A static cache hands every layer its whole buffer and counts its tokens in a 0-d tensor. Outside compilation a
+    # prefill (or any multi-row step) reads that count once, so its keys are the filled ones only: the rest are
+    # unwritten and causally hidden, and a bias over them would cost (q, max_cache_len) per head. One-row steps keep
+    # the tensor: their bias is per key anyway, and reading the count would sync a device on every decoding step.
+    if isinstance(query_offset, torch.Tensor) and query_length > 1 and not torch.compiler.is_compiling():
+        query_offset = int(query_offset)
+    filled = query_offset + query_length if isinstance(query_offset, int) else key_length
+    if _is_static(filled) and _is_static(key_length) and filled < key_length:
+        key_length = filled  # `alibi_attention` reads keys [0, filled) of the buffer
+        key_padding = None if key_padding is None else key_padding[:, :filled]
     inputs = AlibiAttentionInputs(
-        implementation, slopes.float(), query_length, key_length, query_offset, key_padding, documents
-    )
-    # The chunked bank needs plain ints and queries that end at the last key (dynamic caches, no cache).
+        implementation, slopes.float(), query_length, key_length, query_offset, key_padding, documents,
+        sdpa_split=sdpa_split, query_chunk=query_chunk,
+    )  # fmt: skip
+    # The split and the bank need plain ints and queries that end at the last key: no cache, dynamic caches, and
+    # static caches outside compilation once cut to their filled part (above).
     bottom_right = (
         isinstance(query_offset, int)
         and _is_static(query_length)
@@ -131,7 +151,8 @@ def prepare_alibi_attention(
         and query_offset + query_length == key_length
     )
     if implementation == "eager" or (implementation == "sdpa" and not bottom_right):
-        # One (B|1, H, q, kv) bias: the reference, and SDPA's one-mask path for static caches and symbolic lengths.
+        # One (B|1, H, q, kv) bias: the reference, and SDPA's one-mask path for a static cache's compiled steps and
+        # symbolic lengths (torch.export); a compiled decoding step has q = 1, so its bias is per key.
         bias = alibi_causal_bias(inputs.slopes, query_length, key_length, query_offset)[None]  # (1, H, q, kv)
         keep = visible_keys(inputs)  # (B, 1, q|1, kv) or None
         if keep is not None:
@@ -158,9 +179,15 @@ def alibi_attention(
     Weights (post-softmax, (B, H, q, kv)) are returned only by the eager path or when `output_attentions` asks for
     them, in which case the eager path runs for this call.
     """
+    buffer = key.shape[2]
+    if _is_static(alibi.key_length) and buffer > alibi.key_length:  # a static cache's buffer: its filled part only
+        key, value = key[:, :, : alibi.key_length], value[:, :, : alibi.key_length]  # (B, H, kv, D) views
     if output_attentions or alibi.implementation == "eager":
         bias = alibi.bias if alibi.implementation == "eager" else None
-        return eager_alibi_attention(query, key, value, alibi, scaling, dropout, bias)
+        output, weights = eager_alibi_attention(query, key, value, alibi, scaling, dropout, bias)
+        if output_attentions and weights.shape[-1] < buffer:  # asked for: they cover the buffer, 0 on unwritten slots
+            weights = F.pad(weights, (0, buffer - weights.shape[-1]))  # (B, H, q, buffer)
+        return output, weights
     if alibi.implementation == "sdpa":
         return sdpa_alibi_attention(query, key, value, alibi, scaling, dropout), None
     if alibi.implementation == "flex_attention":
@@ -185,7 +212,7 @@ def eager_alibi_attention(query, key, value, alibi, scaling, dropout=0.0, bias=N
 def _sdpa_bank(alibi: AlibiAttentionInputs, dtype: torch.dtype) -> torch.Tensor:
     """The bias of the last `chunk` queries against all keys, built once per forward; chunks' masks slice it."""
     if alibi.bias is None:
-        chunk = min(alibi.query_length, SDPA_QUERY_CHUNK)
+        chunk = min(alibi.query_length, alibi.query_chunk)
         bank = alibi_causal_bias(alibi.slopes, chunk, alibi.key_length)[None]  # (1, H, chunk, kv) fp32
         if chunk == alibi.query_length:  # one chunk (decoding, short inputs): fold padding and documents in once
             keep = visible_keys(alibi)
@@ -198,7 +225,7 @@ def _sdpa_bank(alibi: AlibiAttentionInputs, dtype: torch.dtype) -> torch.Tensor:
 
 def _use_split(alibi: AlibiAttentionInputs, query: torch.Tensor, dropout: float) -> bool:
     return (
-        SDPA_SPLIT
+        alibi.sdpa_split
         and alibi.documents is None
         and alibi.query_length > 1  # decoding: one row, whose once-per-forward bank row is already a per-key bias
         and dropout == 0.0  # the CPU flash kernel has no dropout

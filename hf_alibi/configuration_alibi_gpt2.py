@@ -81,6 +81,13 @@ class AlibiGPT2Config(PretrainedConfig):
         clip_qkv (`float`, *optional*):
             Clamp the fused query/key/value projection to `[-clip_qkv, clip_qkv]` before attention (MPT's
             `clip_qkv`, e.g. 6 in mpt-30b-chat). `None` means no clamp. Must be positive and finite.
+        alibi_sdpa_split (`bool`, *optional*, defaults to `True`):
+            Which SDPA path serves multi-row, unpacked, dropout-free calls on CPU outside compilation: `True` the
+            split (no bias tensor; `hf_alibi/attention_sdpa_split.py`), `False` the bias bank that every other SDPA
+            call takes. Both compute the same attention (the tests compare them); a runtime choice.
+        alibi_sdpa_query_chunk (`int`, *optional*, defaults to 256):
+            Query rows per chunk of the bias-bank path: its mask is `(B|1, H, chunk, kv)` floats, built once per
+            forward. A positive integer; a runtime choice (small values make tests cross chunk boundaries).
 
     Example:
 
@@ -124,6 +131,8 @@ class AlibiGPT2Config(PretrainedConfig):
     embedding_layernorm: bool = False
     bias: bool = True
     clip_qkv: float | None = None
+    alibi_sdpa_split: bool = True
+    alibi_sdpa_query_chunk: int = 256
 
     def __post_init__(self, **kwargs):
         if "max_position_embeddings" in kwargs:  # GPT-2-style name for the training length: not an attribute here
@@ -165,7 +174,10 @@ class AlibiGPT2Config(PretrainedConfig):
                 if not isinstance(slope, (int, float)) or not math.isfinite(slope) or slope < 0:
                     raise ValueError(f"alibi_slopes must be finite and >= 0, got {slope!r} in {slopes}")
             self.alibi_slopes = [float(s) for s in slopes]
-        for name in ("embedding_layernorm", "bias"):
+        chunk = self.alibi_sdpa_query_chunk
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+            raise ValueError(f"alibi_sdpa_query_chunk must be a positive integer, got {chunk!r}")
+        for name in ("embedding_layernorm", "bias", "alibi_sdpa_split"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         clip = self.clip_qkv

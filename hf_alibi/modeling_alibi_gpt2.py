@@ -239,8 +239,9 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         if output_attentions and implementation in SUPPORTED_ATTENTION:
             implementation = "eager"  # weights come from the eager path in every layer: build its bias once, here
         alibi = prepare_alibi_attention(
-            implementation, self.alibi_slopes, attention_mask, query_length, key_length, past_length, documents
-        )
+            implementation, self.alibi_slopes, attention_mask, query_length, key_length, past_length, documents,
+            sdpa_split=self.config.alibi_sdpa_split, query_chunk=self.config.alibi_sdpa_query_chunk,
+        )  # fmt: skip
 
         hidden_states = self.drop(inputs_embeds)
         all_hidden_states = () if output_hidden_states else None

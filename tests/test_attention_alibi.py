@@ -1,4 +1,5 @@
-"""Every attention backend against the formula written out in plain PyTorch, then backend selection in the model.
+"""Every attention backend against the formula written out in plain PyTorch (backend selection in the model:
+`modeling_alibi_gpt2/test_backend_selection.py`).
 
 Reference (`alibi_reference.py`): softmax(q . k / sqrt(d) - m_h * (i - j)) @ v over keys j <= i that are not padding,
 in float64, with query i sitting at absolute position offset + row (offset = cached tokens).
@@ -8,17 +9,17 @@ import alibi_reference
 import pytest
 import torch
 
-from hf_alibi import AlibiGPT2LMHeadModel, attention_alibi, get_alibi_slopes
+from hf_alibi import get_alibi_slopes
 from hf_alibi.attention_alibi import alibi_attention, prepare_alibi_attention
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5
 
 
-def reference_attention(query, key, value, slopes, key_padding=None):
+def reference_attention(query, key, value, slopes, key_padding=None, offset=None):
     """`alibi_reference.reference_attention` at this scale, output (B, q, H, D) as the backends return it."""
     output, weights, has_keys = alibi_reference.reference_attention(
-        query, key, value, slopes, scale=SCALE, key_padding=key_padding
+        query, key, value, slopes, scale=SCALE, offset=offset, key_padding=key_padding
     )
     return output.transpose(1, 2), weights, has_keys
 
@@ -44,15 +45,15 @@ SCENARIOS = {
 BACKENDS = ["eager", "sdpa", "sdpa_chunked", "flex_attention"]
 
 
-def run_backend(backend, query, key, value, slopes, mask, monkeypatch):
+def run_backend(backend, query, key, value, slopes, mask, offset=None, output_attentions=False):
+    """The backend's output; with `output_attentions`, (output, weights, the prepared inputs)."""
+    path = {}
     if backend == "sdpa_chunked":  # the bias-bank path (packed rows, dropout, compilation, other devices)
-        monkeypatch.setattr(attention_alibi, "SDPA_SPLIT", False)
-        monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)  # several chunks, the last one partial
-        backend = "sdpa"
-    inputs = prepare_alibi_attention(backend, slopes, mask, query.shape[2], key.shape[2])
+        backend, path = "sdpa", dict(sdpa_split=False, query_chunk=16)  # several chunks, the last one partial
+    inputs = prepare_alibi_attention(backend, slopes, mask, query.shape[2], key.shape[2], offset, **path)
     with torch.no_grad():  # FlexAttention has no CPU backward
-        output, _ = alibi_attention(query, key, value, inputs, SCALE)
-    return output
+        output, weights = alibi_attention(query, key, value, inputs, SCALE, output_attentions=output_attentions)
+    return (output, weights, inputs) if output_attentions else output
 
 
 def qkv(batch, q_len, kv_len, dtype=torch.float32):
@@ -71,38 +72,81 @@ def assert_matches_reference(output, expected, has_keys, atol):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_backend_matches_reference_formula_fp32(backend, scenario, monkeypatch):
+def test_backend_matches_reference_formula_fp32(backend, scenario):
     q_len, kv_len, mask = SCENARIOS[scenario]
     batch = 1 if mask is None else mask.shape[0]
     query, key, value = qkv(batch, q_len, kv_len)
     slopes = get_alibi_slopes(HEADS)
     expected, _, has_keys = reference_attention(query, key, value, slopes, None if mask is None else mask.bool())
-    output = run_backend(backend, query, key, value, slopes, mask, monkeypatch)
+    output = run_backend(backend, query, key, value, slopes, mask)
     assert output.shape == (batch, q_len, HEADS, DIM)
     assert_matches_reference(output, expected, has_keys, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_backend_matches_reference_with_steep_custom_slopes(backend, monkeypatch):
+def test_backend_matches_reference_with_steep_custom_slopes(backend):
     slopes = torch.tensor([0.0, 2.0, 0.5, 1e-3, 0.9, 0.0, 3.0, 0.1, 0.25, 0.7, 0.05, 1.5])
     mask = padding_mask([30, 17], 30, "left")
     query, key, value = qkv(2, 9, 30)
     expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool())
-    output = run_backend(backend, query, key, value, slopes, mask, monkeypatch)
+    output = run_backend(backend, query, key, value, slopes, mask)
     assert_matches_reference(output, expected, has_keys, atol=1e-5)
 
 
 @pytest.mark.parametrize("scenario", ["left_padding_with_cache", "fully_padded_sequence"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_backend_matches_reference_in_bf16(backend, scenario, monkeypatch):
+def test_backend_matches_reference_in_bf16(backend, scenario):
     # bf16 inputs against the float64 reference of the same (rounded) inputs; bf16 has 8 bits of mantissa
     q_len, kv_len, mask = SCENARIOS[scenario]
     query, key, value = qkv(mask.shape[0], q_len, kv_len, torch.bfloat16)
     slopes = get_alibi_slopes(HEADS)
     expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool())
-    output = run_backend(backend, query, key, value, slopes, mask, monkeypatch)
+    output = run_backend(backend, query, key, value, slopes, mask)
     assert output.dtype == torch.bfloat16
     assert_matches_reference(output, expected, has_keys, atol=2e-2)
+
+
+@pytest.mark.parametrize("output_attentions", [False, True], ids=["plain", "output_attentions"])
+@pytest.mark.parametrize("offset", [0, 6], ids=["prefill", "second_chunk"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_static_cache_buffer_matches_reference_and_only_its_filled_keys_are_used(backend, offset, output_attentions):
+    """A static cache hands over its whole buffer (unwritten slots: anything) and its length as a 0-d tensor."""
+    q_len, buffer = 23, 50
+    filled = offset + q_len
+    mask = padding_mask([filled, 14, 4], filled, "left")
+    mask = torch.cat([mask, torch.ones(3, buffer - filled, dtype=mask.dtype)], dim=1)  # generate pads it with ones
+    query, key, value = qkv(3, q_len, buffer)
+    key[:, :, filled:], value[:, :, filled:] = 1e3, 1e3  # must never be read
+    slopes = get_alibi_slopes(HEADS)
+    expected, expected_weights, has_keys = reference_attention(query, key, value, slopes, mask.bool(), offset)
+    offset = torch.tensor(offset)  # what the model reads from a static cache
+    result = run_backend(backend, query, key, value, slopes, mask, offset, output_attentions)
+    output, weights, inputs = result if output_attentions else (result, None, None)
+    assert_matches_reference(output, expected, has_keys, atol=1e-5)
+    if output_attentions:  # weights cover the buffer, as the cache's keys do, with 0 on the unwritten slots
+        assert inputs.key_length == filled and (inputs.bias is None or inputs.bias.shape[-1] == filled)
+        assert weights.shape == (3, HEADS, q_len, buffer)
+        difference = (weights.double() - expected_weights).abs().masked_fill(~has_keys, 0).max().item()
+        assert difference <= 1e-6, f"largest weight difference {difference:.3g}"
+
+
+@pytest.mark.parametrize("path", ["bank", "one_mask"])
+def test_a_call_in_a_wider_dtype_after_a_narrower_one_gets_the_exact_fp32_bias(path):
+    """The layers of one forward share the prepared bias: a bf16 call (autocast, a bf16 layer) must not leave the
+    bf16-rounded bias behind for a later fp32 call."""
+    slopes, mask = get_alibi_slopes(HEADS), padding_mask([40, 23], 40, "left")
+    if path == "bank":  # several chunks of the bias bank
+        q_len, offset, path_arguments = 40, None, dict(sdpa_split=False, query_chunk=16)
+    else:  # a static cache's decoding step: its count is a 0-d tensor, its one mask is (B, H, 1, kv)
+        q_len, offset, path_arguments = 1, torch.tensor(39), {}
+    query, key, value = qkv(2, q_len, 40)
+    inputs = prepare_alibi_attention("sdpa", slopes, mask, q_len, 40, offset, **path_arguments)
+    with torch.no_grad():
+        alibi_attention(query.bfloat16(), key.bfloat16(), value.bfloat16(), inputs, SCALE)
+        output, _ = alibi_attention(query, key, value, inputs, SCALE)
+    assert inputs.bias.dtype == torch.float32, f"the shared bias was replaced by its {inputs.bias.dtype} copy"
+    expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool())
+    assert_matches_reference(output, expected, has_keys, atol=1e-5)
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
@@ -118,24 +162,19 @@ def test_returned_attention_weights_match_reference_softmax(implementation):
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "sdpa_bank", "flex_attention"])
-def test_whole_model_logits_agree_across_backends_beyond_n_positions(backend, make_model, random_ids, monkeypatch):
-    monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)
-    if backend == "sdpa_bank":
-        monkeypatch.setattr(attention_alibi, "SDPA_SPLIT", False)
-        backend = "sdpa"
+def test_whole_model_logits_agree_across_backends_beyond_n_positions(backend, make_model, random_ids):
+    path = dict(alibi_sdpa_query_chunk=16, alibi_sdpa_split=backend != "sdpa_bank")
     ids = random_ids(3, 70)  # n_positions is 16
     mask = padding_mask([70, 41, 9], 70, "left")
     with torch.no_grad():
         expected = make_model("eager")(ids, attention_mask=mask).logits
-        logits = make_model(backend)(ids, attention_mask=mask).logits
+        logits = make_model(backend.removesuffix("_bank"), **path)(ids, attention_mask=mask).logits
     real = mask.bool()
     torch.testing.assert_close(logits[real], expected[real], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("split", [True, False], ids=["split", "bank"])
-def test_sdpa_backward_gradients_match_eager(split, make_model, random_ids, monkeypatch):
-    monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)
-    monkeypatch.setattr(attention_alibi, "SDPA_SPLIT", split)
+def test_sdpa_backward_gradients_match_eager(split, make_model, random_ids):
     ids = random_ids(2, 40)
     # Right padding, as in training batches. (With left padding the last pad's logits predict the first real token
     # from a fully masked row, whose output is arbitrary and backend-dependent.)
@@ -143,79 +182,13 @@ def test_sdpa_backward_gradients_match_eager(split, make_model, random_ids, monk
     labels = ids.masked_fill(mask == 0, -100)
     gradients = {}
     for backend in ("eager", "sdpa"):
-        model = make_model(backend).train()
+        model = make_model(backend, alibi_sdpa_split=split, alibi_sdpa_query_chunk=16).train()
         model(ids, attention_mask=mask, labels=labels).loss.backward()
         gradients[backend] = {name: p.grad for name, p in model.named_parameters()}
     for name, expected in gradients["eager"].items():
         scale = expected.abs().max().item()
         difference = (gradients["sdpa"][name] - expected).abs().max().item()
         assert difference <= 1e-5 * max(scale, 1e-3), f"{name}: largest gradient difference {difference:.3g}"
-
-
-class BackendSpy:
-    """Records which backend function each attention call reaches."""
-
-    def __init__(self, monkeypatch):
-        self.calls = []
-        for name in ("eager_alibi_attention", "sdpa_alibi_attention", "flex_alibi_attention"):
-            monkeypatch.setattr(attention_alibi, name, self._wrap(name, getattr(attention_alibi, name)))
-
-    def _wrap(self, name, function):
-        def spy(*args, **kwargs):
-            self.calls.append(name.removesuffix("_alibi_attention"))
-            return function(*args, **kwargs)
-
-        return spy
-
-    def backends_used_by(self, model, ids):
-        self.calls.clear()
-        with torch.no_grad():
-            model(ids)
-        return set(self.calls)
-
-
-@pytest.mark.parametrize("backend", ["eager", "sdpa", "flex_attention"])
-def test_attn_implementation_selects_backend_in_from_config_and_from_pretrained(
-    backend, make_config, random_ids, tmp_path, monkeypatch
-):
-    from transformers import AutoModelForCausalLM
-
-    spy = BackendSpy(monkeypatch)
-    expected = {backend.removesuffix("_attention")}
-    model = AutoModelForCausalLM.from_config(make_config(), attn_implementation=backend)
-    assert model.config._attn_implementation == backend
-    assert spy.backends_used_by(model, random_ids(1, 9)) == expected
-    model.save_pretrained(tmp_path)
-    loaded = AlibiGPT2LMHeadModel.from_pretrained(tmp_path, attn_implementation=backend)
-    assert spy.backends_used_by(loaded, random_ids(1, 9)) == expected
-
-
-def test_set_attn_implementation_switches_backend(tiny_model, random_ids, monkeypatch):
-    spy = BackendSpy(monkeypatch)
-    ids = random_ids(1, 9)
-    for backend in ("eager", "flex_attention", "sdpa", "eager"):
-        tiny_model.set_attn_implementation(backend)
-        assert spy.backends_used_by(tiny_model, ids) == {backend.removesuffix("_attention")}
-
-
-def test_unsupported_attn_implementation_raises_clear_error(make_config, random_ids):
-    from transformers import AutoModelForCausalLM
-
-    with pytest.raises(ValueError, match="not_a_backend"):
-        AutoModelForCausalLM.from_config(make_config(), attn_implementation="not_a_backend")
-    # transformers accepts its paged names; the model must refuse them by name rather than compute garbage
-    model = AutoModelForCausalLM.from_config(make_config(), attn_implementation="paged|eager")
-    with pytest.raises(ValueError, match=r"paged\|eager"):
-        model(random_ids(1, 5))
-
-
-def test_flash_attention_2_without_flash_attn_or_cuda_raises_clear_error(make_config, random_ids):
-    from transformers import AutoModelForCausalLM
-
-    # flash-attn missing: transformers refuses at build time; installed but CPU tensors: the model refuses
-    with pytest.raises((ImportError, ValueError), match="(?i)flash"):
-        model = AutoModelForCausalLM.from_config(make_config(), attn_implementation="flash_attention_2")
-        model(random_ids(1, 5))
 
 
 # GPU only: FlashAttention-2 (its own alibi_slopes) and compiled FlexAttention, bf16, left padding, a KV cache.

@@ -59,6 +59,9 @@ BAD_VALUES = [
     (dict(n_head=4, alibi_slopes=[0.5, -0.25, 0.125, 0.1]), ["-0.25"]),
     (dict(n_head=4, alibi_slopes=[0.5, math.nan, 0.125, 0.1]), ["nan"]),
     (dict(n_head=4, alibi_slopes=[0.5, 0.25, math.inf, 0.1]), ["inf"]),
+    (dict(alibi_sdpa_query_chunk=0), ["alibi_sdpa_query_chunk", "0"]),
+    (dict(alibi_sdpa_query_chunk=16.0), ["alibi_sdpa_query_chunk", "16.0"]),
+    (dict(alibi_sdpa_split="no"), ["alibi_sdpa_split", "'no'"]),
 ]
 
 

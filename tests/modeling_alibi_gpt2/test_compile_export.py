@@ -1,12 +1,16 @@
 """Static caches on every backend, torch.export with a mask and a dynamic length, and torch.compile(fullgraph=True)
 for a training forward and a static-cache decoding step (what transformers' compiled generation runs)."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import StaticCache
 
 from conftest import PAD
+from hf_alibi import modeling_alibi_gpt2
 from test_generation import generate, left_padded
 
 
@@ -24,6 +28,16 @@ def test_static_cache_generates_the_dynamic_cache_tokens(backend, output_attenti
         torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)))
 
 
+def test_static_cache_generates_the_dynamic_cache_tokens_with_prompts_past_one_split_block(make_model, random_ids):
+    """300- and 170-token prompts: the prefill runs the split's 256-row blocks over the filled part of the buffer."""
+    model = make_model("sdpa", initializer_range=0.3)
+    ids, mask = left_padded([random_ids(1, n)[0] for n in (300, 170)])
+    settings = dict(max_new_tokens=4, min_new_tokens=4)
+    dynamic = generate(model, ids, mask, **settings)
+    static = generate(model, ids, mask, cache_implementation="static", **settings)
+    assert torch.equal(static, dynamic), f"{static[:, 300:]} vs {dynamic[:, 300:]}"
+
+
 def test_static_cache_forward_gives_the_full_forward_logits_of_a_left_padded_batch(tiny_model, random_ids):
     ids, mask = left_padded([random_ids(1, n)[0] for n in (14, 9)])
     cache = StaticCache(config=tiny_model.config, max_cache_len=24)
@@ -33,6 +47,49 @@ def test_static_cache_forward_gives_the_full_forward_logits_of_a_left_padded_bat
         rest = [tiny_model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=cache).logits for t in range(10, 14)]
     real = mask.bool()
     torch.testing.assert_close(torch.cat([prefix, *rest], dim=1)[real], full[real], atol=1e-5, rtol=0)
+
+
+class ShapeRecorder(TorchDispatchMode):
+    """Records the shape of every tensor any aten op returns (the bias, masks, scores, kernel outputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        self.shapes += [tuple(t.shape) for t in torch.utils._pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+        return result
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "flex_attention"])
+def test_static_cache_prefill_builds_nothing_of_prompt_by_buffer_size_and_matches_full_logits(
+    backend, make_model, random_ids, monkeypatch
+):
+    """Keys past the prompt are unwritten slots of the buffer: a prefill that sized anything by them (a (q, buffer)
+    bias, mask or scores per head) would cost what the buffer costs, whatever the prompt."""
+    model = make_model(backend)
+    prompt, buffer = 40, 300  # neither is a batch, head, head-dim or vocabulary size of the tiny model
+    ids, mask = left_padded([random_ids(1, n)[0] for n in (prompt, 23)])
+    prepared, prepare = [], modeling_alibi_gpt2.prepare_alibi_attention
+    record = lambda *args, **kwargs: prepared.append(prepare(*args, **kwargs)) or prepared[-1]  # noqa: E731
+    monkeypatch.setattr(modeling_alibi_gpt2, "prepare_alibi_attention", record)
+    cache = StaticCache(config=model.config, max_cache_len=buffer)
+    # FlexAttention is a higher-order op that a dispatch mode cannot see into: its block mask's size is checked instead
+    recorder = ShapeRecorder() if backend != "flex_attention" else contextlib.nullcontext(None)
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).logits
+        with recorder:
+            logits = model(ids, attention_mask=F.pad(mask, (0, buffer - prompt), value=1), cache=cache).logits
+    assert prepared[-1].key_length == prompt, f"the prefill attends {prepared[-1].key_length} keys, not {prompt}"
+    if backend == "flex_attention":
+        assert prepared[-1].block_mask.seq_lengths == (prompt, prompt)
+    else:
+        sized_by_both = sorted({s for s in recorder.shapes if prompt in s and buffer in s})
+        assert not sized_by_both, f"the prefill built tensors sized by prompt and buffer: {sized_by_both}"
+        assert any(buffer in s for s in recorder.shapes), "the recorder saw no cache buffer: it recorded nothing"
+    real = mask.bool()
+    torch.testing.assert_close(logits[real], expected[real], atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow

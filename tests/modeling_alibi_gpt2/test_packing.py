@@ -10,17 +10,14 @@ import pytest
 import torch
 from transformers import DataCollatorWithFlattening
 
-from hf_alibi import attention_alibi
 
 DOC_LENGTHS = (5, 23, 1, 11)  # a one-token document, and lengths that straddle the 16-row SDPA chunks below
 BACKENDS = ["eager", "sdpa", "sdpa_chunked", "flex_attention"]
 
 
-def build(make_model, backend, monkeypatch):
+def build(make_model, backend):
     if backend == "sdpa_chunked":  # the bias bank over several chunks, documents across them
-        monkeypatch.setattr(attention_alibi, "SDPA_SPLIT", False)
-        monkeypatch.setattr(attention_alibi, "SDPA_QUERY_CHUNK", 16)
-        backend = "sdpa"
+        return make_model("sdpa", alibi_sdpa_split=False, alibi_sdpa_query_chunk=16)
     return make_model(backend)
 
 
@@ -31,8 +28,8 @@ def packed_row(documents):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_packed_row_gives_each_document_its_own_logits(backend, make_model, random_ids, monkeypatch):
-    model = build(make_model, backend, monkeypatch)
+def test_packed_row_gives_each_document_its_own_logits(backend, make_model, random_ids):
+    model = build(make_model, backend)
     documents = [random_ids(1, n) for n in DOC_LENGTHS]
     ids, positions = packed_row(documents)
     with torch.no_grad():
@@ -43,10 +40,10 @@ def test_packed_row_gives_each_document_its_own_logits(backend, make_model, rand
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "sdpa_chunked"])  # FlexAttention has no CPU backward
-def test_packed_row_gives_the_gradients_of_the_documents_alone(backend, make_model, random_ids, monkeypatch):
+def test_packed_row_gives_the_gradients_of_the_documents_alone(backend, make_model, random_ids):
     documents = [random_ids(1, n) for n in DOC_LENGTHS]
     ids, positions = packed_row(documents)
-    packed_model, alone_model = build(make_model, backend, monkeypatch), build(make_model, backend, monkeypatch)
+    packed_model, alone_model = build(make_model, backend), build(make_model, backend)
     packed_model(ids, position_ids=positions).logits.square().mean(-1).sum().backward()
     sum(alone_model(d).logits.square().mean(-1).sum() for d in documents).backward()
     for (name, packed), (_, alone) in zip(packed_model.named_parameters(), alone_model.named_parameters()):

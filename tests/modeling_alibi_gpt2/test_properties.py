@@ -4,14 +4,12 @@ backend gives each sequence the logits it gets alone, unpadded, unpacked and unc
 `pytest tests/test_properties.py --hypothesis-show-statistics` prints how many cases ran.
 """
 
-from unittest import mock
-
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache, StaticCache
 
-from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, attention_alibi
+from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
 EXAMPLES = 40
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -20,8 +18,8 @@ ATOL = 1e-5
 
 @st.composite
 def models(draw, backends=("eager", "sdpa", "flex_attention")):
-    """A tiny random model, its backend, and an SDPA query chunk (small ones exercise the chunked bank; the split
-    path serves SDPA's multi-row calls, the bank its decoding rows)."""
+    """A tiny random model with a random backend and SDPA query chunk (small ones exercise the chunked bank; the
+    split path serves SDPA's multi-row calls, the bank its decoding rows)."""
     heads = draw(st.integers(1, 6))
     config = AlibiGPT2Config(
         vocab_size=64,
@@ -36,11 +34,11 @@ def models(draw, backends=("eager", "sdpa", "flex_attention")):
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=1,
+        alibi_sdpa_query_chunk=draw(st.sampled_from([3, 8, 256])),
     )
     backend = draw(st.sampled_from(backends))
     torch.manual_seed(draw(st.integers(0, 2**16)))
-    model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation=backend).eval()
-    return model, draw(st.sampled_from([3, 8, 256]))
+    return AlibiGPT2LMHeadModel._from_config(config, attn_implementation=backend).eval()
 
 
 def token_ids(length: int, seed: int) -> torch.Tensor:
@@ -55,14 +53,14 @@ def assert_close(actual, expected, what):
 @PROPERTY
 @given(models(), st.lists(st.integers(1, 20), min_size=1, max_size=4), st.sampled_from(["left", "right"]), st.data())
 def test_padded_batch_rows_equal_each_sequence_alone(drawn, lengths, side, data):
-    (model, chunk), seed = drawn, data.draw(st.integers(0, 2**16))
+    model, seed = drawn, data.draw(st.integers(0, 2**16))
     sequences = [token_ids(n, seed + i) for i, n in enumerate(lengths)]
     width = max(lengths)
     ids, mask = torch.zeros(len(lengths), width, dtype=torch.long), torch.zeros(len(lengths), width, dtype=torch.long)
     for row, sequence in enumerate(sequences):
         place = slice(width - sequence.shape[1], width) if side == "left" else slice(0, sequence.shape[1])
         ids[row, place], mask[row, place] = sequence[0], 1
-    with mock.patch.object(attention_alibi, "SDPA_QUERY_CHUNK", chunk), torch.no_grad():
+    with torch.no_grad():
         batched = model(ids, attention_mask=mask).logits
         for row, sequence in enumerate(sequences):
             assert_close(batched[row][mask[row].bool()], model(sequence).logits[0], f"row {row}")
@@ -71,11 +69,11 @@ def test_padded_batch_rows_equal_each_sequence_alone(drawn, lengths, side, data)
 @PROPERTY
 @given(models(), st.lists(st.integers(1, 12), min_size=1, max_size=5), st.data())
 def test_packed_row_equals_each_document_alone(drawn, lengths, data):
-    (model, chunk), seed = drawn, data.draw(st.integers(0, 2**16))
+    model, seed = drawn, data.draw(st.integers(0, 2**16))
     documents = [token_ids(n, seed + i) for i, n in enumerate(lengths)]
     ids = torch.cat(documents, dim=1)
     positions = torch.cat([torch.arange(n) for n in lengths])[None]
-    with mock.patch.object(attention_alibi, "SDPA_QUERY_CHUNK", chunk), torch.no_grad():
+    with torch.no_grad():
         packed = model(ids, position_ids=positions).logits[0]
         alone = torch.cat([model(d).logits[0] for d in documents])
     assert_close(packed, alone, f"documents {lengths}")
@@ -92,7 +90,7 @@ def test_packed_row_equals_each_document_alone(drawn, lengths, data):
 )
 def test_cached_decoding_equals_the_full_forward(drawn, length, padding, steps, cache_kind, data):
     """A left-padded row beside an unpadded one, fed in pieces of `steps` tokens after a prefix."""
-    (model, chunk), seed = drawn, data.draw(st.integers(0, 2**16))
+    model, seed = drawn, data.draw(st.integers(0, 2**16))
     total = length + sum(steps)
     ids = torch.cat([token_ids(total, seed), token_ids(total, seed + 1)])
     mask = torch.ones_like(ids)
@@ -101,7 +99,7 @@ def test_cached_decoding_equals_the_full_forward(drawn, length, padding, steps, 
         cache = StaticCache(config=model.config, max_cache_len=total + data.draw(st.integers(0, 5)))
     else:
         cache = DynamicCache(config=model.config)
-    with mock.patch.object(attention_alibi, "SDPA_QUERY_CHUNK", chunk), torch.no_grad():
+    with torch.no_grad():
         full = model(ids, attention_mask=mask).logits
         pieces, start = [], 0
         for end in [length, *torch.tensor([length, *steps]).cumsum(0)[1:].tolist()]:

@@ -1,0 +1,196 @@
+"""The parts of transformers (and torch) that hf_alibi relies on beyond their documented public API, one test each.
+
+If upstream renames or changes one of these, the model would not fail: it would silently lose a behaviour (backend
+switching, fp32 slopes, weights kept on loading, the static-cache mask). Each test names the hook in its name and in
+its failure message, and checks both that the hook exists as used and that using it has the intended effect.
+Also: pyproject's warning filters, under which a deprecation warning pointing into hf_alibi fails the test.
+"""
+
+import inspect
+import warnings
+
+import pytest
+import torch
+from transformers import DynamicCache, GenerationMixin, PretrainedConfig, PreTrainedModel, StaticCache
+from transformers import initialization as init
+from transformers.utils.deprecation import deprecate_kwarg
+
+from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, AlibiGPT2Model, get_alibi_slopes
+from hf_alibi import modeling_alibi_gpt2
+
+
+def parameters(function) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def call_from(module_name: str, function, **kwargs):
+    """Call `function(**kwargs)` from a frame whose module is `module_name`: what `warnings` attributes a warning
+    issued with `stacklevel=2` to."""
+    namespace = {"__name__": module_name}
+    exec(compile("def call(function, **kwargs):\n    return function(**kwargs)\n", module_name, "exec"), namespace)
+    return namespace["call"](function, **kwargs)
+
+
+@deprecate_kwarg("old_name", "99.0.0", new_name="new_name")
+def renamed_argument(new_name=None):
+    return new_name
+
+
+def test_transformers_deprecation_warning_from_our_code_fails_the_test_and_from_third_party_code_does_not():
+    with pytest.raises(FutureWarning, match="old_name"):  # pyproject: error::FutureWarning:hf_alibi...
+        call_from("hf_alibi.modeling_alibi_gpt2", renamed_argument, old_name=1)
+    with pytest.raises(FutureWarning, match="old_name"):  # the remote-code copy saved beside a checkpoint
+        call_from("transformers_modules.out.modeling_alibi_gpt2", renamed_argument, old_name=1)
+    with warnings.catch_warnings(record=True) as caught:  # keeps pytest's filters; only records what they show
+        assert call_from("datasets.builder", renamed_argument, old_name=1) == 1
+        warnings.warn_explicit("old thing", DeprecationWarning, "third_party.py", 1, module="torch.serialization")
+    assert [w.category for w in caught] in ([FutureWarning], [])  # shown or deduplicated, never raised
+    with pytest.raises(DeprecationWarning):
+        warnings.warn_explicit("old thing", DeprecationWarning, "hf_alibi/alibi.py", 1, module="hf_alibi.alibi")
+
+
+def test_deprecate_kwarg_renames_past_key_values_to_cache_and_warns():
+    """`transformers.utils.deprecation.deprecate_kwarg(old_name, version, new_name=...)` on both forwards."""
+    assert parameters(deprecate_kwarg)[:3] == ["old_name", "version", "new_name"], (
+        f"transformers.utils.deprecation.deprecate_kwarg changed its signature: {parameters(deprecate_kwarg)}"
+    )
+    model = AlibiGPT2Model(AlibiGPT2Config(vocab_size=16, n_embd=8, n_layer=1, n_head=2, n_positions=8)).eval()
+    ids = torch.tensor([[3, 4, 5]])
+    with torch.no_grad():
+        cache = model(ids, use_cache=True).cache
+        with pytest.warns(FutureWarning, match="past_key_values"):
+            out = model(torch.tensor([[6]]), past_key_values=cache)
+    assert out.cache is cache and cache.get_seq_length() == 4, "deprecate_kwarg did not pass past_key_values as cache"
+
+
+def test_can_set_attn_implementation_cached_value_is_the_flag_transformers_reads():
+    """`PreTrainedModel._can_set_attn_implementation` guesses from the model file's source unless this is set."""
+    assert hasattr(PreTrainedModel, "_can_set_attn_implementation"), (
+        "transformers' PreTrainedModel._can_set_attn_implementation is gone: check what replaced "
+        "_can_set_attn_implementation_cached_value"
+    )
+
+    class Unflagged(AlibiGPT2LMHeadModel):
+        _can_set_attn_implementation_cached_value = None
+
+    Unflagged.__module__ = modeling_alibi_gpt2.__name__  # the guess reads our file: it would refuse
+    assert Unflagged._can_set_attn_implementation() is False, "the source guess now accepts our file: drop the flag?"
+    assert AlibiGPT2LMHeadModel._can_set_attn_implementation() is True, (
+        "transformers no longer reads _can_set_attn_implementation_cached_value"
+    )
+    model = AlibiGPT2LMHeadModel(AlibiGPT2Config(vocab_size=16, n_embd=8, n_layer=1, n_head=2, n_positions=8))
+    model.set_attn_implementation("eager")
+    assert model.config._attn_implementation == "eager", "set_attn_implementation no longer sets _attn_implementation"
+
+
+def test_apply_override_keeps_slopes_exact_fp32_through_every_cast(tmp_path):
+    """`torch.nn.Module._apply(fn, recurse)` is what `.to`, `.half`, `.bfloat16` and transformers' casts go through."""
+    assert parameters(torch.nn.Module._apply) == ["self", "fn", "recurse"], (
+        f"torch.nn.Module._apply changed its signature {parameters(torch.nn.Module._apply)}: our override in "
+        "AlibiGPT2Model._apply must follow"
+    )
+    config = AlibiGPT2Config(vocab_size=16, n_embd=12, n_layer=1, n_head=12, n_positions=8)
+    exact = get_alibi_slopes(12)
+    casts = {
+        "to(bfloat16)": lambda m: m.to(torch.bfloat16),
+        "to(dtype=float16)": lambda m: m.to(dtype=torch.float16),
+        "half()": lambda m: m.half(),
+        "bfloat16()": lambda m: m.bfloat16(),
+    }
+    for name, cast in casts.items():
+        model = cast(AlibiGPT2LMHeadModel(config))
+        slopes = model.transformer.alibi_slopes
+        assert slopes.dtype == torch.float32 and torch.equal(slopes, exact), f"_apply override lost the slopes: {name}"
+    AlibiGPT2LMHeadModel(config).save_pretrained(tmp_path)
+    loaded = AlibiGPT2LMHeadModel.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert loaded.lm_head.weight.dtype == torch.bfloat16
+    slopes = loaded.transformer.alibi_slopes
+    assert slopes.dtype == torch.float32 and torch.equal(slopes, exact), "from_pretrained(dtype=bfloat16) slopes"
+
+
+def test_transformers_initialization_functions_skip_tensors_already_loaded():
+    """`transformers.initialization` (`normal_`, `zeros_`, `ones_`, `copy_`) in `_init_weights`: they must leave
+    tensors that loading flagged `_is_hf_initialized` alone, or `from_pretrained` would overwrite loaded weights."""
+    for name, expected in {"normal_": ["tensor", "mean", "std"], "zeros_": ["tensor"], "ones_": ["tensor"],
+                           "copy_": ["tensor", "other"]}.items():  # fmt: skip
+        assert hasattr(init, name), f"transformers.initialization.{name} is gone"
+        assert parameters(getattr(init, name))[: len(expected)] == expected, f"transformers.initialization.{name}"
+    fresh, loaded = torch.zeros(3), torch.zeros(3)
+    loaded._is_hf_initialized = True
+    for tensor in (fresh, loaded):
+        init.copy_(tensor, torch.ones(3))
+        init.normal_(tensor, mean=5.0, std=0.0)
+    assert torch.equal(fresh, torch.full((3,), 5.0)), "transformers.initialization no longer initialises"
+    assert torch.equal(loaded, torch.zeros(3)), "transformers.initialization overwrites tensors flagged as loaded"
+
+
+def test_class_flags_we_set_are_attributes_transformers_defines():
+    """A renamed flag would leave ours set on nothing: the backend gates, compile and tying would fall back."""
+    for name in ("_supports_sdpa", "_supports_flex_attn", "_supports_flash_attn", "_compatible_flash_implementations",
+                 "_can_compile_fullgraph", "_no_split_modules", "_tied_weights_keys", "config_class",
+                 "base_model_prefix", "supports_gradient_checkpointing"):  # fmt: skip
+        assert hasattr(PreTrainedModel, name), f"transformers' PreTrainedModel no longer defines {name}"
+    assert hasattr(PretrainedConfig, "__post_init__"), "PretrainedConfig.__post_init__ (AlibiGPT2Config's hook) is gone"
+    with pytest.raises(ValueError, match="n_head"):  # our __post_init__ ran: it validates
+        AlibiGPT2Config(n_head=0)
+    config = AlibiGPT2Config(vocab_size=16, n_embd=8, n_layer=1, n_head=2, n_positions=8)
+    model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation="flex_attention")
+    assert model.config._attn_implementation == "flex_attention", "config._attn_implementation is not the backend"
+    assert model.lm_head.weight is model.transformer.wte.weight, "_tied_weights_keys no longer ties lm_head to wte"
+    assert model.loss_function.__name__ == "ForCausalLMLoss", "loss_type 'ForCausalLM' no longer picks the causal loss"
+
+
+def test_cache_get_seq_length_and_get_mask_sizes_mean_what_the_model_reads():
+    """`get_seq_length()`: cached tokens (a 0-d tensor for a static cache); `get_mask_sizes(q, layer)[0]`: keys."""
+    config = AlibiGPT2Config(vocab_size=16, n_embd=8, n_layer=1, n_head=2, n_positions=8)
+    keys = torch.zeros(1, 2, 5, 4)
+    static, dynamic = StaticCache(config=config, max_cache_len=12), DynamicCache(config=config)
+    assert parameters(static.get_mask_sizes)[:2] == ["query_length", "layer_idx"], "Cache.get_mask_sizes signature"
+    for cache in (static, dynamic):
+        cache.update(keys, keys, 0)
+    assert isinstance(static.get_seq_length(), torch.Tensor) and int(static.get_seq_length()) == 5, (
+        "StaticCache.get_seq_length() is no longer a 0-d tensor of cached tokens (compiled decoding relies on it)"
+    )
+    assert dynamic.get_seq_length() == 5
+    assert static.get_mask_sizes(1, 0)[0] == 12, "StaticCache.get_mask_sizes(q, 0)[0] is no longer its buffer length"
+    assert dynamic.get_mask_sizes(1, 0)[0] == 6, "DynamicCache.get_mask_sizes(q, 0)[0] is no longer cached + q"
+
+
+def test_generate_calls_our_create_masks_for_generate_with_a_static_cache(monkeypatch):
+    """`GenerationMixin` asks the model's `create_masks_for_generate` for compileable caches; ours keeps the mask 2-D
+    and pads it to the cache's length (one shape for every decoding step)."""
+    assert "create_masks_for_generate" in inspect.getsource(GenerationMixin), (
+        "transformers' generate no longer calls create_masks_for_generate: the static-cache mask is not padded"
+    )
+    seen, original = [], AlibiGPT2LMHeadModel.create_masks_for_generate
+
+    def spy(self, *args, **kwargs):
+        seen.append(original(self, *args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(AlibiGPT2LMHeadModel, "create_masks_for_generate", spy)
+    config = AlibiGPT2Config(vocab_size=16, n_embd=8, n_layer=1, n_head=2, n_positions=8, pad_token_id=0)
+    model = AlibiGPT2LMHeadModel(config).eval()
+    ids = torch.tensor([[0, 3, 4], [5, 6, 7]])
+    with torch.no_grad():
+        model.generate(ids, attention_mask=(ids != 0).long(), max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                       cache_implementation="static", pad_token_id=0)  # fmt: skip
+    assert seen, "generate did not call AlibiGPT2LMHeadModel.create_masks_for_generate"
+    assert all(mask.dim() == 2 and mask.shape == seen[0].shape for mask in seen), [tuple(m.shape) for m in seen]
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpt", "falcon"])
+def test_model_files_alibi_tensor_builders_still_give_each_familys_slopes(family):
+    """`hf_alibi.conversion` reads each source's own slopes from a function inside transformers' model file
+    (`modeling_bloom.build_alibi_tensor`, `modeling_mpt.build_mpt_alibi_tensor`, `modeling_falcon.build_alibi_tensor`):
+    not public API, so a change of its layout or meaning must fail here, not in a converted checkpoint."""
+    from hf_alibi.conversion import bloom, falcon, mpt
+
+    exact = get_alibi_slopes(12)
+    if family == "falcon":  # m_h rounded to bf16, then divided by sqrt(head_dim)
+        got, want, atol = falcon.falcon_slopes(12, 16), exact / 4, 1e-2 * float(exact.max())
+    else:
+        got, want, atol = (bloom.bloom_slopes if family == "bloom" else mpt.mpt_slopes)(12), exact, 1e-7
+    assert got.shape == (12,), f"{family}'s alibi tensor builder changed its layout: {tuple(got.shape)}"
+    difference = (got - want).abs().max().item()
+    assert difference <= atol, f"{family}'s alibi tensor builder no longer gives its slopes (largest diff {difference})"
