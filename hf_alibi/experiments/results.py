@@ -108,7 +108,7 @@ def results_markdown(results: Mapping[str, ModelEvaluation], *, metadata: Mappin
     lines.append("")
     lines += ["## Nonoverlapping windows", "", perplexity_table(results, "ppl_nonoverlapping"), ""]
     bytes_per_token = (metadata or {}).get("bytes_per_token")
-    unit = "Bits per byte" if bytes_per_token else "Bits per token"
+    unit = bits_unit(bytes_per_token).capitalize()
     ratio = f", divided by the evaluation text's {bytes_per_token:g} bytes per token" if bytes_per_token else ""
     lines += [f"## {unit}, nonoverlapping", "", f"log2 of the perplexity{ratio}.", "",
               bits_table(results, bytes_per_token), ""]
@@ -156,7 +156,7 @@ def training_cost_table(results: Mapping[str, ModelEvaluation], metadata: Mappin
     the same way, interleaved, warm-up excluded) when the run measured them, else from the training run's own clock
     (`metadata["<model>_training"]`, marked "run clock"); `train seconds` is always the training run's wall time.
     """
-    rows, reference = [], None
+    rows, reference, protocols = [], None, set()
     for name in results:
         facts = metadata.get(f"{name}_training")
         if not isinstance(facts, Mapping) or "train_tokens_per_second" not in facts:
@@ -165,13 +165,14 @@ def training_cost_table(results: Mapping[str, ModelEvaluation], metadata: Mappin
         length = facts.get("train_length", results[name].train_length)
         tokens = facts.get("train_tokens")
         if isinstance(cost, Mapping):
-            speed, step, peak = cost["tokens_per_second"], cost["step_seconds_median"], cost.get("peak_memory_mib")
+            speed, step, peak, source = (cost["tokens_per_second"], cost["step_seconds_median"],
+                                         cost.get("peak_memory_mib"), "")  # fmt: skip
+            protocols.add(cost.get("protocol"))
         else:
-            speed, step, peak = facts["train_tokens_per_second"], facts.get("step_seconds_median"), None
-            peak = facts.get("peak_memory_mib")
+            speed, step, peak, source = (facts["train_tokens_per_second"], facts.get("step_seconds_median"),
+                                         facts.get("peak_memory_mib"), " (run clock)")  # fmt: skip
         reference = reference if reference is not None else (name, step)
         relative = "-" if not step or not reference[1] else f"{step / reference[1]:.3f}"
-        source = "" if isinstance(cost, Mapping) else " (run clock)"
         rows.append(f"| {name} | {length} | {facts.get('per_device_train_batch_size', '-')} | "
                     f"{'-' if tokens is None else f'{tokens:,}'} | {speed:,.0f}{source} | "
                     f"{'-' if step is None else f'{step * 1000:.1f}'} | {relative} | "
@@ -180,13 +181,11 @@ def training_cost_table(results: Mapping[str, ModelEvaluation], metadata: Mappin
         return ""
     header = (f"| Model | train length | batch | training tokens | tokens/s | step (ms) | step time / {reference[0]} | "
               "peak memory (MiB) | train seconds |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
-    protocols = {metadata[f"{name}_cost"].get("protocol") for name in results
-                 if isinstance(metadata.get(f"{name}_cost"), Mapping)}  # fmt: skip
+    protocols.discard(None)
     note = ""
-    if protocols - {None}:
-        protocol = "; ".join(sorted(protocols - {None}))
+    if protocols:
         note = ("\n\nTokens/s, step time and peak memory: every model measured the same way after training (fresh "
-                f"models, {protocol}; peak memory: process growth while building the model "
+                f"models, {'; '.join(sorted(protocols))}; peak memory: process growth while building the model "
                 "and running its warm-up steps). Train seconds: the training run's own wall clock (checkpoints and "
                 "logging included; whatever else ran on the machine then, too).")  # fmt: skip
     return "\n".join([header, *rows]) + note
@@ -201,6 +200,11 @@ def bits_table(results: Mapping[str, ModelEvaluation], bytes_per_token: float | 
         return _cell(r, key) if value is None else f"{bits(value, bytes_per_token):.3f}"
 
     return _length_table(results, cell)
+
+
+def bits_unit(bytes_per_token: float | None) -> str:
+    """What `bits` measures: "bits per byte" when the evaluation text's bytes per token is known."""
+    return "bits per byte" if bytes_per_token else "bits per token"
 
 
 def bits(perplexity_value: float, bytes_per_token: float | None = None) -> float:
@@ -289,7 +293,7 @@ def plot_perplexity_vs_length(
     right.yaxis.set_major_locator(MaxNLocator(8))
     right.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3f}"))
     right.yaxis.set_minor_formatter(NullFormatter())
-    right.set_ylabel("bits per byte" if bytes_per_token else "bits per token")
+    right.set_ylabel(bits_unit(bytes_per_token))
     if mixed:  # one line per model and training length: the legend goes beside the plot
         figure.legend(*axes[-1].get_legend_handles_labels(), fontsize="small", loc="outside center right")
     else:
