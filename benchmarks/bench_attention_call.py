@@ -5,7 +5,7 @@
     python -m benchmarks.bench_attention_call --lengths 4096 --memory                               # peak RSS
 
 Contestants on (B, H, L, D) fp32 inputs: `causal` (F.scaled_dot_product_attention, is_causal=True, no bias: the
-target), `bank` (today's `sdpa_alibi_attention`, bank built once as in a forward), `split-N/n` (`sdpa_alibi_split`
+target), `bank` (the plan's `sdpa_bank` path, bank built once as in a forward), `split-N/n` (`sdpa_alibi_split`
 with chunks=(N, n)). Times are medians of `--repeats` rounds, each round timing every contestant once in turn
 (interleaved), with the ratio of medians and of the fastest rounds (the latter less disturbed by other load);
 `--mode train` times forward + backward. On a busy machine, `--threads 1 --clock cpu` (CPU time
@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.attention_alibi import prepare_alibi_attention, sdpa_alibi_attention
+from hf_alibi.attention_alibi import alibi_attention
+from hf_alibi.attention_plan import plan_alibi_attention
 from hf_alibi.attention_sdpa_split import sdpa_alibi_split
 
 
@@ -33,8 +34,8 @@ def make_call(name, heads, length, slopes):
     if name == "causal":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if name == "bank":
-        inputs = prepare_alibi_attention("sdpa", slopes, None, length, length)
-        return lambda q, k, v: sdpa_alibi_attention(q, k, v, inputs, q.shape[-1] ** -0.5)
+        plan = plan_alibi_attention("sdpa", slopes, 1, length, length, sdpa_split=False)  # batch: no mask, any
+        return lambda q, k, v: alibi_attention(q, k, v, plan, q.shape[-1] ** -0.5)[0]
     if name.startswith("split-"):
         chunks = tuple(int(rows) for rows in name.removeprefix("split-").split("/"))
         return lambda q, k, v: sdpa_alibi_split(q, k, v, slopes, 0, None, q.shape[-1] ** -0.5, chunks=chunks)

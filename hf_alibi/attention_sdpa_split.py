@@ -17,11 +17,13 @@ differentiated with the merged o and l, and the gradients are summed. The kernel
 autograd, hence the `autograd.Function`.
 
 The kernels are PyTorch's private CPU flash ops (`aten::_scaled_dot_product_flash_attention_for_cpu` and its
-backward), probed once against a float64 formula. Off CPU, with attention dropout, when the probe fails (an op
-renamed or changed) and under torch.compile / torch.export tracing, `sdpa_alibi_split` takes the public fallback:
-F.scaled_dot_product_attention over query chunks with their full float mask (exact; its dropout acts on the exact
-row probabilities, as eager attention's does). A single query row (decoding) needs no split: one public call with a
-(B|1, H, 1, kv) per-key bias.
+backward), probed once against a float64 formula (`split_kernels_work`). The attention plan (`attention_plan.py`)
+sends a call here only on CPU, without dropout, outside torch.compile / torch.export tracing, with more than one
+query row and when the probe passed; every other call takes the public bias-bank path.
+
+Key ranges (`KeyRanges`, per head and block of query rows): keys before a block's first key are left out of that
+block's calls for those heads, so skipped keys are never read. Blocks are then the chunks (one level), and each
+block's call over the keys left of it is made per run of heads that share a first key.
 
 Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/test_attention_sdpa_split.py`
 """
@@ -29,9 +31,6 @@ Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/test_attention_sdpa_split.py`
 import functools
 
 import torch
-import torch.nn.functional as F
-
-from .alibi import alibi_causal_bias
 
 # Rows per query chunk on the split path, coarse to fine (see `_SplitPlan`). Measured on one call (B=1, H=8, D=64,
 # fp32, `python -m benchmarks.bench_attention_call --threads 1 --clock cpu`, 2026-11-30): against SDPA is_causal,
@@ -39,8 +38,6 @@ from .alibi import alibi_causal_bias
 # is this machine's noise. The kernel tiles 256 query rows from 768 rows up and 64 below, so the first level keeps
 # >= 768 rows, and the 256-row diagonal blocks (and sub-blocks) are what the per-score overhead sits in.
 SPLIT_CHUNKS = (1024, 256)
-# Rows per query chunk on the public fallback, whose mask is (B|1, H, chunk, kv) floats.
-MASKED_CHUNK = 256
 
 
 def sdpa_alibi_split(
@@ -51,15 +48,16 @@ def sdpa_alibi_split(
     offset: int,
     key_padding: torch.Tensor | None = None,
     scaling: float | None = None,
-    dropout: float = 0.0,
     chunks: tuple[int, ...] = SPLIT_CHUNKS,
+    key_ranges=None,
 ) -> torch.Tensor:
     """Causal ALiBi attention of `query` (B, H, q, D) over `key`/`value` (B, H, kv, D); returns (B, H, q, D).
 
     Query row r sits at absolute position `offset + r` (`offset` = cached tokens) and sees keys j <= offset + r with
     bias -slopes[h] * (offset + r - j); keys from offset + q on are never read (a static cache may be longer).
     `key_padding` (B, kv) bool is True for real tokens. Rows with no visible key get a finite, meaningless output.
-    `scaling` defaults to D ** -0.5. `dropout` is the attention-probability dropout of training (0 at inference).
+    `scaling` defaults to D ** -0.5. `key_ranges` (`attention_plan.KeyRanges`) leaves out, per head and block of
+    query rows, the keys before the block's first key; the blocks then replace `chunks`.
     """
     batch, heads, q_len, dim = query.shape
     if key.shape != value.shape or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
@@ -72,17 +70,22 @@ def sdpa_alibi_split(
         raise ValueError(f"key_padding must have shape ({batch}, {key.shape[2]}), got {tuple(key_padding.shape)}")
     if not chunks or any(c < 1 for c in chunks) or any(a <= b for a, b in zip(chunks, chunks[1:])):
         raise ValueError(f"chunks must be decreasing positive row counts, coarse to fine, got {chunks!r}")
+    if key_ranges is not None and tuple(key_ranges.first_key.shape) != (heads, -(-q_len // key_ranges.rows)):
+        raise ValueError(
+            f"key_ranges.first_key must have shape ({heads}, {-(-q_len // key_ranges.rows)}), "
+            f"got {tuple(key_ranges.first_key.shape)}"
+        )
+    if query.device.type != "cpu":
+        raise ValueError(f"the split runs on the CPU flash kernels, got {query.device.type} tensors")
     scaling = dim**-0.5 if scaling is None else scaling
     # Biases, log-sum-exps and merges in fp32 (fp64 for fp64 inputs), whatever the inputs' dtype
     slopes = slopes.to(device=query.device, dtype=torch.promote_types(query.dtype, torch.float32))
     if q_len == 0:
         return torch.empty_like(query)
-    if q_len == 1:
-        return _single_row(query, key, value, slopes, offset, key_padding, scaling, dropout)
-    # Traced (torch.compile, torch.export): the public path, so no private op enters a compiled or exported graph
-    if dropout > 0 or query.device.type != "cpu" or torch.compiler.is_compiling() or not split_kernels_work():
-        return masked_chunks(query, key, value, slopes, offset, key_padding, scaling, dropout)
-    return _SplitAttention.apply(query, key, value, slopes, offset, key_padding, scaling, tuple(chunks))
+    first_keys = None
+    if key_ranges is not None:
+        chunks, first_keys = (key_ranges.rows,), tuple(map(tuple, key_ranges.first_key.tolist()))
+    return _SplitAttention.apply(query, key, value, slopes, offset, key_padding, scaling, tuple(chunks), first_keys)
 
 
 def _key_bias(slopes: torch.Tensor, visible: int, key_padding: torch.Tensor | None) -> torch.Tensor:
@@ -100,39 +103,6 @@ def _diagonal_bias(slopes: torch.Tensor, n: int) -> torch.Tensor:
     distance = positions[:, None] - positions[None, :]  # (n, n)
     bias = -slopes[:, None, None] * distance  # (H, n, n), the one H * n * n allocation: filled in place
     return bias.masked_fill_(distance < 0, torch.finfo(slopes.dtype).min)[None]  # (1, H, n, n)
-
-
-def _in_dtype(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # Clamp first: fp32's minimum rounds to -inf in bf16 and fp16, and a row of -inf is NaN.
-    return mask.clamp(min=torch.finfo(dtype).min).to(dtype) if dtype.itemsize < 4 else mask.to(dtype)
-
-
-def _single_row(query, key, value, slopes, offset, key_padding, scaling, dropout):
-    """One query row (decoding): its bias is per key, so one public SDPA call with a (B|1, H, 1, kv) mask."""
-    visible = offset + 1
-    bias = _in_dtype(_key_bias(slopes, visible, key_padding), query.dtype)  # (B|1, H, 1, visible)
-    return F.scaled_dot_product_attention(
-        query, key[:, :, :visible], value[:, :, :visible], attn_mask=bias, dropout_p=dropout, scale=scaling
-    )  # (B, H, 1, D)
-
-
-def masked_chunks(query, key, value, slopes, offset, key_padding, scaling, dropout=0.0, chunk=MASKED_CHUNK):
-    """The public fallback: SDPA per query chunk with the chunk's full causal ALiBi mask (B|1, H, n, visible)."""
-    outputs = []
-    for start in range(0, query.shape[2], chunk):
-        end = min(start + chunk, query.shape[2])
-        visible = offset + end  # the chunk's rows are the last end - start of these positions
-        mask = alibi_causal_bias(slopes, end - start, visible)[None]  # (1, H, n, visible) fp32
-        if key_padding is not None:
-            mask = mask.masked_fill(~key_padding[:, None, None, :visible], torch.finfo(mask.dtype).min)
-        mask = _in_dtype(mask, query.dtype)  # (B|1, H, n, visible)
-        outputs.append(
-            F.scaled_dot_product_attention(
-                query[:, :, start:end], key[:, :, :visible], value[:, :, :visible],
-                attn_mask=mask, dropout_p=dropout, scale=scaling,
-            )  # (B, H, n, D)
-        )
-    return torch.cat(outputs, dim=2)  # (B, H, q, D)
 
 
 @functools.cache
@@ -190,19 +160,25 @@ class _SplitPlan:
     own square diagonal block, which is cut the same way by the next chunk size, down to blocks of at most
     `chunks[-1]` rows that get the causal Toeplitz mask. Large first-level calls keep the kernel on its big row
     tiles (it is ~10% faster per score from 768 rows up); small last-level blocks keep the diagonal blocks' wasted
-    upper halves, and the Toeplitz mask, small.
+    upper halves, and the Toeplitz mask, small. With `first_keys` ((H, blocks) first key per head and block of
+    `chunks[0]` rows: one level), each block's call over the keys left of it is cut into runs of heads that share
+    a first key and starts there; runs whose range is empty make no call.
 
-    Calls of one shape repeat at a fixed stride (every diagonal block; the n-th sub-block of every chunk), and their
-    masks are equal: with batch 1 such a run becomes one kernel call whose batch dimension walks the sequence (a
-    strided view, no copy), so the small calls cost one parallel region instead of one each (`groups`).
+    A call is (start, end, key_start, key_end, diagonal, head_start, head_end): rows [start, end) of heads
+    [head_start, head_end) over keys [key_start, key_end). Calls of one shape repeat at a fixed stride (every
+    diagonal block; the n-th sub-block of every chunk), and their masks are equal: with batch 1 such a run becomes
+    one kernel call whose batch dimension walks the sequence (a strided view, no copy), so the small calls cost one
+    parallel region instead of one each (`groups`).
     """
 
-    def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1):
-        self.offset, self.key_padding, self.calls = offset, key_padding, []
+    def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1, first_keys=None):
+        self.offset, self.key_padding, self.heads, self.calls = offset, key_padding, slopes.shape[0], []
         self._cover(0, q_len, 0, chunks, 0)
+        if first_keys is not None:
+            self.calls = [ranged for call in self.calls for ranged in _in_key_ranges(call, first_keys, chunks[0])]
         self.groups = _group(self.calls) if batch == 1 else [(1, 0, *call) for call in self.calls]
-        # Diagonal blocks first: together they cover every row once, so their results start the running ones
-        self.groups.sort(key=lambda group: not group[-1])
+        # Diagonal blocks first: together they cover every row of every head once, so they start the running results
+        self.groups.sort(key=lambda group: not group[6])
         self.visible = offset + q_len
         self.ramp = _key_bias(slopes, self.visible, None)[0, :, 0]  # (H, visible): -m * (visible - 1 - j)
         self.diagonal = _diagonal_bias(slopes, min(chunks[-1], q_len))  # (1, H, n, n)
@@ -210,39 +186,63 @@ class _SplitPlan:
         self.row_shift = slopes[:, None] * torch.arange(longest, device=slopes.device)  # (H, rows): m * a
 
     def _cover(self, first, last, key_start, chunks, level):
-        """Calls for rows [first, last) over keys [key_start, offset + last): (rows, keys, diagonal block?)."""
-        offset = self.offset
+        """Calls for rows [first, last) over keys [key_start, offset + last), every head."""
+        offset, heads = self.offset, self.heads
         if last - first <= chunks[-1]:
             if offset + first > key_start:
-                self.calls.append((first, last, key_start, offset + first, False))
-            self.calls.append((first, last, offset + first, offset + last, True))
+                self.calls.append((first, last, key_start, offset + first, False, 0, heads))
+            self.calls.append((first, last, offset + first, offset + last, True, 0, heads))
             return
         for start in range(first, last, chunks[level]):
             end = min(start + chunks[level], last)
             if offset + start > key_start:
-                self.calls.append((start, end, key_start, offset + start, False))
+                self.calls.append((start, end, key_start, offset + start, False, 0, heads))
             self._cover(start, end, offset + start, chunks, level + 1)
 
     def views(self, group):
         """A group's mask, shift (see `mask`) and the functions that cut its rows and its keys out of a tensor."""
-        count, stride, start, end, key_start, key_end, diagonal = group
-        rows = functools.partial(_blocks, start=start, n=end - start, stride=stride, count=count)
-        keys = functools.partial(_blocks, start=key_start, n=key_end - key_start, stride=stride, count=count)
+        count, stride, start, end, key_start, key_end, diagonal, head_start, head_end = group
+        heads = head_end - head_start
+
+        def rows(tensor):  # (B|count, h, n, ...) of a (B, H, q, ...) tensor
+            return _blocks(tensor.narrow(1, head_start, heads), start, end - start, stride, count)
+
+        def keys(tensor):  # (B|count, h, keys, D) of a (B, H, kv, D) tensor
+            return _blocks(tensor.narrow(1, head_start, heads), key_start, key_end - key_start, stride, count)
+
         return (*self.mask(*group), rows, keys)
 
-    def mask(self, count, stride, start, end, key_start, key_end, diagonal):
-        """The group's mask, and the (H, n) shift from its logits' frame to the true ones (None: no shift)."""
-        n, min_value = end - start, torch.finfo(self.ramp.dtype).min
+    def mask(self, count, stride, start, end, key_start, key_end, diagonal, head_start, head_end):
+        """The group's mask, and the (h, n) shift from its logits' frame to the true ones (None: no shift)."""
+        n, min_value, heads = end - start, torch.finfo(self.ramp.dtype).min, slice(head_start, head_end)
         if diagonal:
-            mask, shift = self.diagonal[:, :, :n, :n], None  # (1, H, n, n): -m * (a - b), min above the diagonal
+            mask, shift = self.diagonal[:, heads, :n, :n], None  # (1, h, n, n): -m * (a - b), min above the diagonal
         else:  # m * (j - p) for keys j < p = key_end; ramp entry visible - 1 - p + j holds -m * (p - j)
             first = self.visible - 1 - key_end
-            mask = self.ramp[None, :, None, first + key_start : first + key_end]  # (1, H, 1, keys)
-            shift = self.row_shift[:, :n]  # (H, n): true logit = chunk-frame logit - m * a
+            mask = self.ramp[None, heads, None, first + key_start : first + key_end]  # (1, h, 1, keys)
+            shift = self.row_shift[heads, :n]  # (h, n): true logit = chunk-frame logit - m * a
         if self.key_padding is not None:
             keep = _blocks(self.key_padding[:, None, None], key_start, key_end - key_start, stride, count, dim=3)
-            mask = mask.masked_fill(~keep, min_value)  # (B|count, H, n|1, keys)
+            mask = mask.masked_fill(~keep, min_value)  # (B|count, h, n|1, keys)
         return mask, shift
+
+
+def _in_key_ranges(call, first_keys, rows):
+    """A call cut to the key ranges of its block: one call per run of heads with the same first key, if any keys."""
+    start, end, key_start, key_end, diagonal, _, heads = call
+    if diagonal:  # a block's own diagonal is always kept (first keys never pass a block's first query)
+        return [call]
+    firsts = [first_keys[head][start // rows] for head in range(heads)]
+    ranged, head = [], 0
+    while head < heads:
+        run_end = head + 1
+        while run_end < heads and firsts[run_end] == firsts[head]:
+            run_end += 1
+        begin = max(key_start, firsts[head])
+        if begin < key_end:
+            ranged.append((start, end, begin, key_end, False, head, run_end))
+        head = run_end
+    return ranged
 
 
 def _like_kernel_output(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -253,17 +253,18 @@ def _like_kernel_output(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
 
 
 def _group(calls):
-    """Runs of same-shape calls at a fixed stride: (count, stride, start, end, key_start, key_end, diagonal) each.
+    """Runs of same-shape calls at a fixed stride: (count, stride, *call) each.
 
     The stride is at least the rows and the keys of one call, so a run's blocks never overlap (gradients add into
     them in place).
     """
     buckets = {}
     for call in calls:
-        start, end, key_start, key_end, diagonal = call
-        buckets.setdefault((end - start, key_end - key_start, key_start - start, diagonal), []).append(call)
+        start, end, key_start, key_end, diagonal, head_start, head_end = call
+        shape = (end - start, key_end - key_start, key_start - start, diagonal, head_start, head_end)
+        buckets.setdefault(shape, []).append(call)
     runs = []
-    for (rows, keys, _, _), members in buckets.items():
+    for (rows, keys, *_), members in buckets.items():
         members.sort()
         runs.append([members[0]])
         for call in members[1:]:
@@ -290,14 +291,14 @@ class _SplitAttention(torch.autograd.Function):
     """The split on the CPU flash kernels, forward and backward; see the module docstring for the math."""
 
     @staticmethod
-    def forward(ctx, query, key, value, slopes, offset, key_padding, scaling, chunks):
-        plan = _SplitPlan(slopes, offset, query.shape[2], key_padding, chunks, query.shape[0])
+    def forward(ctx, query, key, value, slopes, offset, key_padding, scaling, chunks, first_keys):
+        plan = _SplitPlan(slopes, offset, query.shape[2], key_padding, chunks, query.shape[0], first_keys)
         # Running (output, log-sum-exp) of each row over the calls so far, in fp32 (fp64 for fp64 inputs); the
         # diagonal groups come first and cover every row once, so they write these, and the others merge into them
         output = _like_kernel_output(query, slopes.dtype)  # (B, H, q, D)
         lse = torch.empty(query.shape[:3], dtype=slopes.dtype, device=query.device)  # (B, H, q)
         for group in plan.groups:
-            diagonal = group[-1]
+            diagonal = group[6]
             mask, shift, rows, keys = plan.views(group)
             out, lse_call = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=diagonal)  # (., H, n, D)
             lse_call = lse_call if shift is None else lse_call - shift  # (B|count, H, n), true logits' frame
@@ -311,17 +312,21 @@ class _SplitAttention(torch.autograd.Function):
             running_lse.copy_(torch.logaddexp(running_lse, lse_call))
         output = output.to(query.dtype)
         ctx.save_for_backward(query, key, value, slopes, output, lse)
-        ctx.offset, ctx.key_padding, ctx.scaling, ctx.chunks = offset, key_padding, scaling, chunks
+        ctx.offset, ctx.key_padding, ctx.scaling, ctx.chunks, ctx.first_keys = (
+            offset, key_padding, scaling, chunks, first_keys
+        )
         return output
 
     @staticmethod
     def backward(ctx, grad_output):
         query, key, value, slopes, output, lse = ctx.saved_tensors
-        plan = _SplitPlan(slopes, ctx.offset, query.shape[2], ctx.key_padding, ctx.chunks, query.shape[0])
+        plan = _SplitPlan(
+            slopes, ctx.offset, query.shape[2], ctx.key_padding, ctx.chunks, query.shape[0], ctx.first_keys
+        )
         grad_output = grad_output.to(query.dtype)
         grads = [_like_kernel_output(t, lse.dtype).zero_() for t in (query, key, value)]  # (B, H, L, D), summed
         for group in plan.groups:
-            diagonal = group[-1]
+            diagonal = group[6]
             mask, shift, rows, keys = plan.views(group)
             lse_call = rows(lse) if shift is None else rows(lse) + shift  # (B|count, H, n), the call's frame
             dq, dk, dv = _flash_backward(rows(grad_output), rows(query), keys(key), keys(value), rows(output),
@@ -330,4 +335,4 @@ class _SplitAttention(torch.autograd.Function):
             keys(grads[1]).add_(dk)
             keys(grads[2]).add_(dv)
         grad_query, grad_key, grad_value = (g.to(t.dtype) for g, t in zip(grads, (query, key, value)))
-        return grad_query, grad_key, grad_value, None, None, None, None, None
+        return grad_query, grad_key, grad_value, None, None, None, None, None, None

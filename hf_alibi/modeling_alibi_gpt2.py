@@ -26,14 +26,8 @@ from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .alibi import slopes_from_config
-from .attention_alibi import (
-    SUPPORTED_ATTENTION,
-    AlibiAttentionInputs,
-    alibi_attention,
-    documents_from_cu_seq_lens,
-    packed_documents,
-    prepare_alibi_attention,
-)
+from .attention_alibi import alibi_attention
+from .attention_plan import SUPPORTED_ATTENTION, AlibiAttentionPlan, plan_alibi_attention
 from .configuration_alibi_gpt2 import AlibiGPT2Config
 
 logger = logging.get_logger(__name__)
@@ -63,13 +57,12 @@ class AlibiGPT2Attention(nn.Module):
         self.c_proj = AlibiGPT2Conv1D(self.embed_dim, self.embed_dim, bias=config.bias)
         # MPT's clip_qkv; Hardtanh(-c, c) is clamp(-c, c)
         self.clip_qkv = nn.Hardtanh(-config.clip_qkv, config.clip_qkv) if config.clip_qkv is not None else nn.Identity()
-        self.attn_pdrop = config.attn_pdrop
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(
         self,
         hidden_states: torch.Tensor,
-        alibi: AlibiAttentionInputs,
+        alibi: AlibiAttentionPlan,
         cache: Cache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -80,8 +73,7 @@ class AlibiGPT2Attention(nn.Module):
         )  # 3 x (B, H, q, D)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)  # (B, H, kv, D)
-        dropout = self.attn_pdrop if self.training else 0.0
-        output, weights = alibi_attention(query, key, value, alibi, self.scaling, dropout, output_attentions)
+        output, weights = alibi_attention(query, key, value, alibi, self.scaling, output_attentions)
         output = output.reshape(batch, length, self.embed_dim)  # (B, q, C)
         return self.resid_dropout(self.c_proj(output)), weights
 
@@ -223,23 +215,14 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         if isinstance(past_length, torch.Tensor):
             past_length = past_length.clone()  # the cache advances it in place during this forward
         key_length = cache.get_mask_sizes(query_length, 0)[0] if cache is not None else query_length
-        _check_attention_mask(attention_mask, batch, past_length, query_length, key_length)
-        documents = None
-        if kwargs.get("cu_seq_lens_q") is not None:
-            if batch != 1 or not isinstance(past_length, int) or past_length != 0:
-                raise ValueError(f"cu_seq_lens_q describes one flattened row without a cache, got batch {batch}")
-            documents = documents_from_cu_seq_lens(kwargs["cu_seq_lens_q"], query_length)  # (1, q)
-        elif position_ids is not None and attention_mask is None and isinstance(past_length, int) and past_length == 0:
-            if position_ids.shape[-1] != query_length:
-                raise ValueError(
-                    f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens"
-                )
-            documents = packed_documents(position_ids, batch)  # (B, q) or None
         implementation = self.config._attn_implementation or "sdpa"
         if output_attentions and implementation in SUPPORTED_ATTENTION:
-            implementation = "eager"  # weights come from the eager path in every layer: build its bias once, here
-        alibi = prepare_alibi_attention(
-            implementation, self.alibi_slopes, attention_mask, query_length, key_length, past_length, documents,
+            implementation = "eager"  # weights come from the eager path in every layer: plan it once, here
+        # One plan per forward, validated and built once; every layer only reads it (attention_plan.py)
+        alibi = plan_alibi_attention(
+            implementation, self.alibi_slopes, batch, query_length, key_length, past_length,
+            attention_mask=attention_mask, position_ids=position_ids, cu_seq_lens=kwargs.get("cu_seq_lens_q"),
+            dtype=_compute_dtype(inputs_embeds), dropout=self.config.attn_pdrop if self.training else 0.0,
             sdpa_split=self.config.alibi_sdpa_split, query_chunk=self.config.alibi_sdpa_query_chunk,
         )  # fmt: skip
 
@@ -292,20 +275,10 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         return inputs_embeds
 
 
-def _check_attention_mask(attention_mask, batch: int, past_length, query_length: int, key_length: int) -> None:
-    """A clear error for a 2-D mask that does not fit the input (instead of a shape error deep in attention)."""
-    if attention_mask is None:
-        return
-    if attention_mask.dim() != 2:
-        raise ValueError(f"attention_mask must be 2-D (batch, keys) of 0/1, got shape {tuple(attention_mask.shape)}")
-    if attention_mask.shape[0] != batch:
-        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the input has batch {batch}")
-    # Cached plus new tokens; a static cache also takes a mask as long as its buffer (generate pads it so).
-    if isinstance(past_length, int) and attention_mask.shape[1] not in (past_length + query_length, key_length):
-        raise ValueError(
-            f"attention_mask has shape {tuple(attention_mask.shape)}: it must cover the {past_length} cached and "
-            f"{query_length} new tokens ({past_length + query_length} positions)"
-        )
+def _compute_dtype(hidden_states: torch.Tensor) -> torch.dtype:
+    """The dtype the layers' projections produce: autocast's when it is on for this device, else the inputs'."""
+    device = hidden_states.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden_states.dtype
 
 
 # flash-attention style descriptions of packed rows (transformers' DataCollatorWithFlattening): for the model

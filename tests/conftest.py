@@ -1,5 +1,6 @@
 """Shared fixtures: tiny ALiBi GPT-2 configs and models (CPU, fp32, dropout 0), no network, a fixed seed."""
 
+import contextlib
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before huggingface_hub is imported: nothing in the tests may reach the Hub
@@ -96,3 +97,26 @@ def make_evaluation():
                                lengths=lengths)  # fmt: skip
 
     return make
+
+
+@contextlib.contextmanager
+def recorded_plans(model):
+    """The attention plan each attention layer reads, recorded with forward pre-hooks (public torch API)."""
+    from hf_alibi.modeling_alibi_gpt2 import AlibiGPT2Attention
+
+    plans = []
+    hooks = [
+        module.register_forward_pre_hook(lambda module, args: plans.append(args[1]))  # forward(hidden, plan, ...)
+        for module in model.modules()
+        if isinstance(module, AlibiGPT2Attention)
+    ]
+    try:
+        yield plans
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+@pytest.fixture
+def record_plans():
+    return recorded_plans

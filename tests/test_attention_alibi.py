@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.attention_alibi import alibi_attention, prepare_alibi_attention
+from hf_alibi.attention_alibi import alibi_attention
+from hf_alibi.attention_plan import plan_alibi_attention
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5
@@ -45,12 +46,22 @@ SCENARIOS = {
 BACKENDS = ["eager", "sdpa", "sdpa_chunked", "flex_attention"]
 
 
+def plan(backend, query, key, slopes, mask=None, offset=None, **options):
+    """The plan of one forward for these tensors: `backend` is an attn_implementation, or "sdpa_chunked" for SDPA's
+    bias-bank path (packed rows, dropout, compilation, other devices), here with several chunks, the last partial."""
+    if backend == "sdpa_chunked":
+        backend, options = "sdpa", dict(sdpa_split=False, query_chunk=16, **options)
+    return plan_alibi_attention(
+        backend, slopes, query.shape[0], query.shape[2], key.shape[2], offset, attention_mask=mask,
+        dtype=query.dtype, **options,
+    )  # fmt: skip
+
+
 def run_backend(backend, query, key, value, slopes, mask, offset=None, output_attentions=False):
-    """The backend's output; with `output_attentions`, (output, weights, the prepared inputs)."""
-    path = {}
-    if backend == "sdpa_chunked":  # the bias-bank path (packed rows, dropout, compilation, other devices)
-        backend, path = "sdpa", dict(sdpa_split=False, query_chunk=16)  # several chunks, the last one partial
-    inputs = prepare_alibi_attention(backend, slopes, mask, query.shape[2], key.shape[2], offset, **path)
+    """The backend's output; with `output_attentions`, (output, weights, the plan)."""
+    if output_attentions:  # the model plans the forward for the eager path when weights are asked for
+        backend = "eager"
+    inputs = plan(backend, query, key, slopes, mask, offset)
     with torch.no_grad():  # FlexAttention has no CPU backward
         output, weights = alibi_attention(query, key, value, inputs, SCALE, output_attentions=output_attentions)
     return (output, weights, inputs) if output_attentions else output
@@ -131,34 +142,39 @@ def test_static_cache_buffer_matches_reference_and_only_its_filled_keys_are_used
 
 
 @pytest.mark.parametrize("path", ["bank", "one_mask"])
-def test_a_call_in_a_wider_dtype_after_a_narrower_one_gets_the_exact_fp32_bias(path):
-    """The layers of one forward share the prepared bias: a bf16 call (autocast, a bf16 layer) must not leave the
-    bf16-rounded bias behind for a later fp32 call."""
+def test_a_call_in_a_wider_dtype_than_planned_gets_the_exact_fp32_bias(path):
+    """A plan built for bf16 layers (autocast) keeps its fp32 bias: a layer that runs in fp32 all the same must not
+    get the bf16-rounded one."""
     slopes, mask = get_alibi_slopes(HEADS), padding_mask([40, 23], 40, "left")
     if path == "bank":  # several chunks of the bias bank
-        q_len, offset, path_arguments = 40, None, dict(sdpa_split=False, query_chunk=16)
+        q_len, offset, backend = 40, None, "sdpa_chunked"
     else:  # a static cache's decoding step: its count is a 0-d tensor, its one mask is (B, H, 1, kv)
-        q_len, offset, path_arguments = 1, torch.tensor(39), {}
+        q_len, offset, backend = 1, torch.tensor(39), "sdpa"
     query, key, value = qkv(2, q_len, 40)
-    inputs = prepare_alibi_attention("sdpa", slopes, mask, q_len, 40, offset, **path_arguments)
+    inputs = plan(backend, query.bfloat16(), key, slopes, mask, offset)
+    assert inputs.path == ("sdpa_bank" if path == "bank" else "sdpa_mask")
+    assert inputs.bias_cast.dtype == torch.bfloat16 and inputs.bias.dtype == torch.float32
     with torch.no_grad():
         alibi_attention(query.bfloat16(), key.bfloat16(), value.bfloat16(), inputs, SCALE)
         output, _ = alibi_attention(query, key, value, inputs, SCALE)
-    assert inputs.bias.dtype == torch.float32, f"the shared bias was replaced by its {inputs.bias.dtype} copy"
-    expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool())
+    expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool(), offset=39 if q_len == 1 else None)
     assert_matches_reference(output, expected, has_keys, atol=1e-5)
 
 
-@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_returned_attention_weights_match_reference_softmax(implementation):
+def test_returned_attention_weights_match_reference_softmax():
     mask = padding_mask([25, 11], 25, "left")
     query, key, value = qkv(2, 7, 25)
     slopes = get_alibi_slopes(HEADS)
     _, expected, has_keys = reference_attention(query, key, value, slopes, mask.bool())
-    inputs = prepare_alibi_attention(implementation, slopes, mask, 7, 25)
-    _, weights = alibi_attention(query, key, value, inputs, SCALE, output_attentions=True)
+    _, weights = alibi_attention(query, key, value, plan("eager", query, key, slopes, mask), SCALE, True)
     difference = (weights.double() - expected).abs().masked_fill(~has_keys, 0).max().item()
     assert difference <= 1e-6, f"largest weight difference {difference:.3g}"
+
+
+def test_attention_weights_from_a_plan_without_them_raise_naming_its_path():
+    query, key, value = qkv(1, 7, 7)
+    with pytest.raises(ValueError, match="sdpa_split"):
+        alibi_attention(query, key, value, plan("sdpa", query, key, get_alibi_slopes(HEADS)), SCALE, True)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "sdpa_bank", "flex_attention"])
@@ -206,7 +222,7 @@ def test_gpu_backend_matches_reference_in_bf16_with_padding_and_cache(backend):
     slopes = get_alibi_slopes(HEADS)
     expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool())
     implementation = backend.removeprefix("compiled_")
-    inputs = prepare_alibi_attention(implementation, slopes.cuda(), mask.cuda(), q_len, kv_len)
+    inputs = plan(implementation, query.cuda(), key.cuda(), slopes.cuda(), mask.cuda())
     attend = torch.compile(alibi_attention) if backend.startswith("compiled_") else alibi_attention
     with torch.no_grad():
         output, _ = attend(query.cuda(), key.cuda(), value.cuda(), inputs, SCALE)

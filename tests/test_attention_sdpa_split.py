@@ -9,7 +9,8 @@ import pytest
 import torch
 from alibi_reference import reference_attention
 
-from hf_alibi import attention_sdpa_split, get_alibi_slopes
+from hf_alibi import get_alibi_slopes
+from hf_alibi.attention_plan import KeyRanges
 from hf_alibi.attention_sdpa_split import SPLIT_CHUNKS, _SplitPlan, sdpa_alibi_split, split_kernels_work
 
 HEADS, DIM = 12, 8
@@ -17,10 +18,10 @@ SCALE = DIM**-0.5
 SLOPES = get_alibi_slopes(HEADS)
 
 
-def reference(query, key, value, offset, key_padding=None):
+def reference(query, key, value, offset, key_padding=None, first_key=None):
     """`alibi_reference.reference_attention` with this file's slopes and scale: output (B, H, q, D), has_keys."""
     output, _, has_keys = reference_attention(
-        query, key, value, SLOPES, scale=SCALE, offset=offset, key_padding=key_padding
+        query, key, value, SLOPES, scale=SCALE, offset=offset, key_padding=key_padding, first_key=first_key
     )
     return output, has_keys
 
@@ -54,15 +55,18 @@ def qkv(batch, q_len, kv_len, dtype=torch.float32, model_layout=False):
     return [base.transpose(1, 2) for base in bases]  # (B, H, L, D), strided
 
 
-def compare(scenario, chunks, dtype, atol, grad_atol, model_layout=False, single_row=False):
+def compare(scenario, chunks, dtype, atol, grad_atol, model_layout=False, single_row=False, key_ranges=None):
     """Outputs and gradients of the split against the float64 reference (`single_row`: batch 1, the padded row)."""
     q_len, kv_len, offset, key_padding = SCENARIOS[scenario]
     if single_row and key_padding is not None:
         key_padding = key_padding[1:2]
     batch = 1 if single_row else 2 if key_padding is None else key_padding.shape[0]
     query, key, value = qkv(batch, q_len, kv_len, dtype, model_layout)
-    output = sdpa_alibi_split(query, key, value, SLOPES, offset, key_padding, SCALE, chunks=chunks)
-    expected, has_keys = reference(query, key, value, offset, key_padding)
+    output = sdpa_alibi_split(query, key, value, SLOPES, offset, key_padding, SCALE, chunks, key_ranges)
+    first_key = None
+    if key_ranges is not None:  # (H, q): each row's block's first key
+        first_key = key_ranges.first_key[:, torch.arange(q_len) // key_ranges.rows]
+    expected, has_keys = reference(query, key, value, offset, key_padding, first_key)
     assert output.shape == query.shape and output.dtype == dtype
     assert torch.isfinite(output).all(), "NaN or inf in the output (rows without keys must stay finite)"
     difference = (output.double() - expected).abs().masked_fill(~has_keys, 0).max().item()
@@ -79,13 +83,8 @@ def compare(scenario, chunks, dtype, atol, grad_atol, model_layout=False, single
 
 @pytest.mark.parametrize("chunks", CHUNKINGS.values(), ids=CHUNKINGS.keys())
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_split_matches_reference_formula_and_gradients_fp32(scenario, chunks, monkeypatch):
-    runs = []
-    split = attention_sdpa_split._SplitAttention.apply
-    monkeypatch.setattr(attention_sdpa_split._SplitAttention, "apply", lambda *args: runs.append(1) or split(*args))
+def test_split_matches_reference_formula_and_gradients_fp32(scenario, chunks):
     compare(scenario, chunks, torch.float32, atol=1e-5, grad_atol=1e-5, model_layout=True)
-    # one query row is one public SDPA call with a per-key bias; more rows take the split on the CPU kernels
-    assert len(runs) == (SCENARIOS[scenario][0] > 1), "the split kernels did not run (or ran for one row)"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -116,7 +115,8 @@ def test_default_chunks_past_one_first_level_chunk_match_reference():
 def test_split_plan_covers_every_visible_key_exactly_once(q_len, offset, chunks):
     plan = _SplitPlan(SLOPES, offset, q_len, None, chunks)
     count = torch.zeros(q_len, offset + q_len, dtype=torch.int64)
-    for start, end, key_start, key_end, diagonal in plan.calls:
+    for start, end, key_start, key_end, diagonal, head_start, head_end in plan.calls:
+        assert (head_start, head_end) == (0, HEADS)
         block = torch.ones(end - start, key_end - key_start, dtype=torch.int64)
         count[start:end, key_start:key_end] += block.tril() if diagonal else block
     causal = torch.ones(q_len, offset + q_len, dtype=torch.int64).tril(offset)
@@ -134,26 +134,44 @@ def test_batch_of_one_runs_same_shape_blocks_as_one_call_and_matches_reference(s
 def test_grouped_calls_are_exactly_the_plans_calls(q_len, offset, chunks):
     plan = _SplitPlan(SLOPES, offset, q_len, None, chunks, batch=1)
     expanded = [
-        (start + i * stride, end + i * stride, key_start + i * stride, key_end + i * stride, diagonal)
-        for count, stride, start, end, key_start, key_end, diagonal in plan.groups
+        (start + i * stride, end + i * stride, key_start + i * stride, key_end + i * stride, diagonal, *heads)
+        for count, stride, start, end, key_start, key_end, diagonal, *heads in plan.groups
         for i in range(count)
     ]
     assert sorted(expanded) == sorted(plan.calls)
     assert len(plan.groups) < len(plan.calls)  # the diagonal blocks, at least, share one call
-    first_prefix = next(i for i, group in enumerate(plan.groups) if not group[-1])
-    assert all(group[-1] for group in plan.groups[:first_prefix])  # diagonal groups write the running result first
-    assert not any(group[-1] for group in plan.groups[first_prefix:])
+    first_prefix = next(i for i, group in enumerate(plan.groups) if not group[6])
+    assert all(group[6] for group in plan.groups[:first_prefix])  # diagonal groups write the running result first
+    assert not any(group[6] for group in plan.groups[first_prefix:])
 
 
-@pytest.mark.parametrize("scenario", ["self", "left_padding_with_cache", "fully_padded_sequence"])
-def test_public_fallback_matches_reference_when_kernels_are_unavailable(scenario, monkeypatch):
-    monkeypatch.setattr(attention_sdpa_split, "split_kernels_work", lambda: False)
-    monkeypatch.setattr(attention_sdpa_split._SplitAttention, "apply", _must_not_run)
-    compare(scenario, CHUNKINGS["three_levels"], torch.float32, atol=1e-5, grad_atol=1e-5)
+def key_ranges_for(scenario, rows, seed=0):
+    """Random first keys per (head, block of `rows` query rows), from 0 up to the block's first query position."""
+    q_len, _, offset, _ = SCENARIOS[scenario]
+    blocks = -(-q_len // rows)
+    limit = offset + torch.arange(blocks) * rows  # (blocks,) each block's first query position
+    generator = torch.Generator().manual_seed(seed)
+    first = (torch.rand(HEADS, blocks, generator=generator) * (limit + 1)).long()  # (H, blocks)
+    first[: HEADS // 3] = first[0]  # a run of heads sharing first keys: one call for the run
+    first[-1] = 0  # a dense head
+    return KeyRanges(rows, first)
 
 
-def _must_not_run(*args):
-    raise AssertionError("the private-kernel split ran where the public path was expected")
+@pytest.mark.parametrize("single_row", [False, True], ids=["batch", "batch_of_one"])
+@pytest.mark.parametrize("scenario", ["self", "cache_offset", "left_padding_with_cache", "static_cache_longer_than_keys"])
+def test_key_ranges_leave_out_exactly_the_keys_before_each_blocks_first_key(scenario, single_row):
+    """Per (head, query block) key ranges against the reference with those keys masked: outputs and gradients."""
+    ranges = key_ranges_for(scenario, rows=8)
+    compare(scenario, (64,), torch.float32, 1e-5, 1e-5, model_layout=True, single_row=single_row, key_ranges=ranges)
+
+
+def test_key_ranges_never_read_the_skipped_keys():
+    q_len, kv_len, offset, _ = SCENARIOS["self"]
+    ranges = key_ranges_for("self", rows=8, seed=1)
+    plan = _SplitPlan(SLOPES, offset, q_len, None, (8,), 2, tuple(map(tuple, ranges.first_key.tolist())))
+    for start, end, key_start, key_end, diagonal, head_start, head_end in plan.calls:
+        if not diagonal:
+            assert (ranges.first_key[head_start:head_end, start // 8] <= key_start).all()
 
 
 def test_probe_accepts_todays_kernels_even_from_inference_mode():
@@ -180,19 +198,6 @@ def test_probe_rejects_a_kernel_whose_log_sum_exp_changed_meaning(monkeypatch):
         split_kernels_work.cache_clear()
 
 
-def test_dropout_takes_the_public_path_and_is_unbiased(monkeypatch):
-    """Attention dropout is F.scaled_dot_product_attention's own (on the exact probabilities): its mean over many
-    draws is the dropout-free output, and each draw differs from it."""
-    monkeypatch.setattr(attention_sdpa_split._SplitAttention, "apply", _must_not_run)
-    torch.manual_seed(0)
-    query, key, value = (torch.randn(1, HEADS, 9, DIM) for _ in range(3))
-    expected, _ = reference(query, key, value, 0)
-    draws = torch.stack([sdpa_alibi_split(query, key, value, SLOPES, 0, None, SCALE, dropout=0.1) for _ in range(3000)])
-    assert (draws[0].double() - expected).abs().max() > 1e-3, "dropout was not applied"
-    mean_error = (draws.double().mean(0) - expected).abs().max().item()
-    assert mean_error <= 0.05, f"the mean over draws is {mean_error:.3g} from the dropout-free output"
-
-
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -202,6 +207,7 @@ def test_dropout_takes_the_public_path_and_is_unbiased(monkeypatch):
         (dict(key_padding=torch.ones(2, 5, dtype=torch.bool)), "key_padding must have shape"),
         (dict(chunks=(8, 16)), "chunks must be decreasing"),
         (dict(chunks=()), "chunks must be decreasing"),
+        (dict(key_ranges=KeyRanges(2, torch.zeros(HEADS, 2, dtype=torch.long))), r"first_key must have shape \(12, 3\)"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_them(change, message):
@@ -222,17 +228,3 @@ def test_rows_without_keys_keep_gradients_finite_even_when_the_loss_reads_them()
     output = sdpa_alibi_split(query, key, value, SLOPES, offset, key_padding, SCALE, chunks=(8, 3))
     for name, grad in zip("qkv", torch.autograd.grad(output.sum(), (query, key, value))):
         assert torch.isfinite(grad).all(), f"NaN or inf in the gradient of {name}"
-
-
-@pytest.mark.slow
-def test_exported_program_uses_public_ops_and_matches_eager():
-    class Attention(torch.nn.Module):
-        def forward(self, query, key, value):
-            return sdpa_alibi_split(query, key, value, SLOPES, 0, None, SCALE, chunks=(8, 3))
-
-    query, key, value = (torch.randn(1, HEADS, 19, DIM) for _ in range(3))
-    program = torch.export.export(Attention(), (query, key, value))
-    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
-    assert not any("flash_attention_for_cpu" in target for target in targets), sorted(targets)
-    eager = sdpa_alibi_split(query, key, value, SLOPES, 0, None, SCALE, chunks=(8, 3))
-    assert (program.module()(query, key, value) - eager).abs().max().item() <= 1e-5

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hf_alibi.experiments.budget_sweep import SweepArguments, budget_training_args, position_use, sweep_markdown
+from hf_alibi.experiments.budget_sweep import SweepArguments, budget_training_args, position_use
 from hf_alibi.experiments.budget_sweep import write_sweep
 from transformers import TrainingArguments
 

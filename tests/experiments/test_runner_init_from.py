@@ -1,6 +1,5 @@
 """The recipe fine-tunes any checkpoint `hf_alibi.convert` imports (here a BLOOM), not only GPT-2."""
 
-from pathlib import Path
 
 import pytest
 import torch

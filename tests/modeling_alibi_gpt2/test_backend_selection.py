@@ -4,53 +4,42 @@ config's `alibi_sdpa_split`, and clear errors for backends it cannot run."""
 import pytest
 import torch
 
-from hf_alibi import AlibiGPT2LMHeadModel, attention_alibi
+from hf_alibi import AlibiGPT2LMHeadModel
 
 
-class BackendSpy:
-    """Records which backend function each attention call reaches."""
+def paths_used_by(model, ids, **inputs):
+    """The plan path every attention layer reads in one forward."""
+    from conftest import recorded_plans
 
-    def __init__(self, monkeypatch):
-        self.calls = []
-        for name in ("eager_alibi_attention", "sdpa_alibi_attention", "flex_alibi_attention"):
-            monkeypatch.setattr(attention_alibi, name, self._wrap(name, getattr(attention_alibi, name)))
+    with recorded_plans(model) as plans, torch.no_grad():
+        model(ids, **inputs)
+    assert len(plans) == model.config.n_layer
+    return {plan.path for plan in plans}
 
-    def _wrap(self, name, function):
-        def spy(*args, **kwargs):
-            self.calls.append(name.removesuffix("_alibi_attention"))
-            return function(*args, **kwargs)
 
-        return spy
-
-    def backends_used_by(self, model, ids):
-        self.calls.clear()
-        with torch.no_grad():
-            model(ids)
-        return set(self.calls)
+EXPECTED_PATH = {"eager": "eager", "sdpa": "sdpa_split", "flex_attention": "flex_attention"}
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "flex_attention"])
 def test_attn_implementation_selects_backend_in_from_config_and_from_pretrained(
-    backend, make_config, random_ids, tmp_path, monkeypatch
+    backend, make_config, random_ids, tmp_path
 ):
     from transformers import AutoModelForCausalLM
 
-    spy = BackendSpy(monkeypatch)
-    expected = {backend.removesuffix("_attention")}
+    expected = {EXPECTED_PATH[backend]}
     model = AutoModelForCausalLM.from_config(make_config(), attn_implementation=backend)
     assert model.config._attn_implementation == backend
-    assert spy.backends_used_by(model, random_ids(1, 9)) == expected
+    assert paths_used_by(model, random_ids(1, 9)) == expected
     model.save_pretrained(tmp_path)
     loaded = AlibiGPT2LMHeadModel.from_pretrained(tmp_path, attn_implementation=backend)
-    assert spy.backends_used_by(loaded, random_ids(1, 9)) == expected
+    assert paths_used_by(loaded, random_ids(1, 9)) == expected
 
 
-def test_set_attn_implementation_switches_backend(tiny_model, random_ids, monkeypatch):
-    spy = BackendSpy(monkeypatch)
+def test_set_attn_implementation_switches_backend(tiny_model, random_ids):
     ids = random_ids(1, 9)
     for backend in ("eager", "flex_attention", "sdpa", "eager"):
         tiny_model.set_attn_implementation(backend)
-        assert spy.backends_used_by(tiny_model, ids) == {backend.removesuffix("_attention")}
+        assert paths_used_by(tiny_model, ids) == {EXPECTED_PATH[backend]}
 
 
 def test_unsupported_attn_implementation_raises_clear_error(make_config, random_ids):
@@ -74,12 +63,23 @@ def test_flash_attention_2_without_flash_attn_or_cuda_raises_clear_error(make_co
 
 
 @pytest.mark.parametrize("split", [True, False])
-def test_config_alibi_sdpa_split_selects_the_sdpa_path(split, make_model, random_ids, monkeypatch):
-    calls, real_split = [], attention_alibi.sdpa_alibi_split
-    monkeypatch.setattr(attention_alibi, "sdpa_alibi_split", lambda *args: calls.append(1) or real_split(*args))
+def test_config_alibi_sdpa_split_selects_the_sdpa_path(split, make_model, random_ids):
     model = make_model("sdpa", alibi_sdpa_split=split, alibi_sdpa_query_chunk=16)
     mask = torch.ones(2, 40, dtype=torch.long)
     mask[1, :17] = 0  # left padding
+    assert paths_used_by(model, random_ids(2, 40), attention_mask=mask) == {"sdpa_split" if split else "sdpa_bank"}
+
+
+def test_sdpa_takes_the_bank_for_decoding_packed_rows_and_dropout(make_model, random_ids):
+    model = make_model("sdpa")
+    ids = random_ids(1, 12)
     with torch.no_grad():
-        model(random_ids(2, 40), attention_mask=mask)
-    assert len(calls) == (model.config.n_layer if split else 0), f"the split ran {len(calls)} times"
+        cache = model(ids[:, :11], use_cache=True).cache
+    assert paths_used_by(model, ids[:, 11:], cache=cache) == {"sdpa_bank"}  # one row: a per-key bias
+    packed = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]])
+    assert paths_used_by(model, ids, position_ids=packed) == {"sdpa_bank"}
+    model.config.attn_pdrop = 0.5
+    model.train()
+    assert paths_used_by(model, ids) == {"sdpa_bank"}  # the CPU flash kernel has no dropout
+    model.eval()
+    assert paths_used_by(model, ids) == {"sdpa_split"}

@@ -9,8 +9,6 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import StaticCache
 
-from conftest import PAD
-from hf_alibi import modeling_alibi_gpt2
 from test_generation import generate, left_padded
 
 
@@ -64,22 +62,19 @@ class ShapeRecorder(TorchDispatchMode):
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "flex_attention"])
 def test_static_cache_prefill_builds_nothing_of_prompt_by_buffer_size_and_matches_full_logits(
-    backend, make_model, random_ids, monkeypatch
+    backend, make_model, random_ids, record_plans
 ):
     """Keys past the prompt are unwritten slots of the buffer: a prefill that sized anything by them (a (q, buffer)
     bias, mask or scores per head) would cost what the buffer costs, whatever the prompt."""
     model = make_model(backend)
     prompt, buffer = 40, 300  # neither is a batch, head, head-dim or vocabulary size of the tiny model
     ids, mask = left_padded([random_ids(1, n)[0] for n in (prompt, 23)])
-    prepared, prepare = [], modeling_alibi_gpt2.prepare_alibi_attention
-    record = lambda *args, **kwargs: prepared.append(prepare(*args, **kwargs)) or prepared[-1]  # noqa: E731
-    monkeypatch.setattr(modeling_alibi_gpt2, "prepare_alibi_attention", record)
     cache = StaticCache(config=model.config, max_cache_len=buffer)
     # FlexAttention is a higher-order op that a dispatch mode cannot see into: its block mask's size is checked instead
     recorder = ShapeRecorder() if backend != "flex_attention" else contextlib.nullcontext(None)
     with torch.no_grad():
         expected = model(ids, attention_mask=mask).logits
-        with recorder:
+        with recorder, record_plans(model) as prepared:
             logits = model(ids, attention_mask=F.pad(mask, (0, buffer - prompt), value=1), cache=cache).logits
     assert prepared[-1].key_length == prompt, f"the prefill attends {prepared[-1].key_length} keys, not {prompt}"
     if backend == "flex_attention":
@@ -103,6 +98,8 @@ def test_export_with_an_attention_mask_and_a_dynamic_length_matches_eager(make_m
         kwargs=dict(input_ids=ids, attention_mask=mask),
         dynamic_shapes=dict(input_ids={1: length}, attention_mask={1: length}),
     )
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert not any("flash_attention_for_cpu" in t for t in targets), "a private CPU kernel entered the exported graph"
     for new_length in (3, 40, 300):  # 300 runs two 256-row SDPA chunks in eager mode
         ids, mask = left_padded([random_ids(1, n)[0] for n in (new_length, new_length - 2)])
         with torch.no_grad():

@@ -1,0 +1,350 @@
+"""One ALiBi attention plan per forward: every backend and SDPA path is chosen here, once, and then only read.
+
+The model calls `plan_alibi_attention` once per forward with its raw inputs (the 2-D padding mask, packed-row
+`position_ids` or `cu_seq_lens`, the cache length). It validates them once, derives the masking facts, chooses the
+path, and builds whatever that path needs (never sized by a maximum length, never per layer, already in the layers'
+compute dtype). Every layer hands the frozen plan to `alibi_attention` (`attention_alibi.py`), which looks its path
+up in `ALIBI_ATTENTION_FUNCTIONS`, the way transformers' `ALL_ATTENTION_FUNCTIONS` works.
+
+Query row `r` sits at absolute position `query_offset + r`, where `query_offset` is the number of cached tokens (a
+0-d tensor for static caches, so compiled decoding neither syncs nor recompiles). A key `j` is visible to query `i`
+when `j <= i`, it is not padding, it belongs to the same document (packed rows), and it lies in the query block's
+key range if the plan has `key_ranges`. ALiBi depends on `i - j` alone, so left padding needs no position shift and a
+packed document sees exactly the distances it would see alone: masking is all it takes.
+
+The paths (`AlibiAttentionPlan.path`) and why each one exists:
+- `eager`: the reference (scores, bias and softmax in fp32), and the only path that returns attention weights.
+- `sdpa_split`: SDPA on the CPU flash kernels with no (q, kv) bias at all (`attention_sdpa_split.py`): the fast path
+  for multi-row, unpacked, dropout-free CPU calls in eager mode, when its private kernels pass their probe.
+- `sdpa_bank`: public SDPA per query chunk, each chunk's mask a view of one (H, chunk, kv) bias bank: every call
+  with queries ending at the last key that the split cannot take (decoding rows, packed rows, dropout, GPUs,
+  compiled and exported graphs, a failed probe, `alibi_sdpa_split=False`).
+- `sdpa_mask`: one (B|1, H, q, kv) mask, for queries that do not end at the last key as plain ints: a static cache's
+  compiled steps (a 0-d tensor offset; a decoding step has q = 1, so its mask is per key) and symbolic lengths
+  under torch.export.
+- `flex_attention`: the analytic `score_mod` and a block mask (padding, documents, key ranges) that skips blocks.
+- `flash_attention_2`: flash-attn's own `alibi_slopes` (CUDA), dense or varlen.
+"""
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from .alibi import alibi_causal_bias
+from .attention_sdpa_split import SPLIT_CHUNKS, split_kernels_work
+
+SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+PATHS = ("eager", "sdpa_split", "sdpa_bank", "sdpa_mask", "flex_attention", "flash_attention_2")
+# Rows per query chunk of the bias bank (the config's `alibi_sdpa_query_chunk`)
+SDPA_QUERY_CHUNK = 256
+
+
+@dataclass(frozen=True, eq=False)
+class KeyRanges:
+    """The first key each (head, block of `rows` queries) attends to: keys before it are skipped.
+
+    `first_key` is (H, ceil(q / rows)) int64 of absolute key indices; block `b` covers query rows
+    [b * rows, (b + 1) * rows). A block's first key never lies past the block's first query position, so every row
+    keeps at least its own diagonal block. All-zero ranges are dense attention.
+    """
+
+    rows: int
+    first_key: torch.Tensor  # (H, blocks) int64
+
+    def keep(self, query_offset, query_length: int, key_length: int, rows: slice = slice(None)) -> torch.Tensor:
+        """(1, H, q', kv) bool: True where key j >= the first key of query row r's block, for query `rows`."""
+        row_index = torch.arange(query_length, device=self.first_key.device)[rows]  # (q',)
+        first = self.first_key[:, row_index // self.rows]  # (H, q')
+        keys = torch.arange(key_length, device=self.first_key.device)  # (kv,)
+        return (keys[None, None, :] >= first[:, :, None])[None]  # (1, H, q', kv)
+
+
+@dataclass(frozen=True, eq=False)
+class AlibiAttentionPlan:
+    """What the layers of one forward share, built once by `plan_alibi_attention` and never changed afterwards."""
+
+    path: str  # a key of ALIBI_ATTENTION_FUNCTIONS (module docstring)
+    slopes: torch.Tensor  # (H,) fp32, the heads the layers' queries hold
+    query_length: int
+    key_length: int  # keys the layers read: a static cache's filled part outside compilation
+    query_offset: int | torch.Tensor  # absolute position of the first query = cached tokens
+    dropout: float = 0.0  # attention-probability dropout (the model's, in training)
+    key_padding: torch.Tensor | None = None  # (B, kv) bool, True = real token; None = no padding
+    documents: torch.Tensor | None = None  # (B, kv) document index of each token of packed rows; None = one each
+    # fp32 with every mask folded in: eager and sdpa_mask (B|1, H, q, kv); sdpa_bank's bank (B|1, H, chunk, kv)
+    bias: torch.Tensor | None = None
+    bias_cast: torch.Tensor | None = None  # sdpa: `bias` in the layers' compute dtype, cast once (`bias` if fp32)
+    bias_has_padding: bool = False  # sdpa_bank: a single chunk, whose bank already hides padding and documents
+    query_chunk: int = SDPA_QUERY_CHUNK  # sdpa_bank: rows per chunk
+    split_chunks: tuple[int, ...] = SPLIT_CHUNKS  # sdpa_split: rows per chunk, coarse to fine
+    block_mask: object | None = None  # flex_attention
+    key_ranges: KeyRanges | None = None  # per (head, query block) first key; None = every causal key
+
+    def bias_in(self, dtype: torch.dtype) -> torch.Tensor:
+        """The SDPA bias in `dtype`: the one cast at planning time, or (a layer in another dtype) a cast of fp32."""
+        return self.bias_cast if self.bias_cast.dtype == dtype else _in_dtype(self.bias, dtype)
+
+    def for_heads(self, heads: slice) -> "AlibiAttentionPlan":
+        """The plan for the global heads `heads` only (a tensor-parallel rank's): slopes, bias and ranges sliced."""
+        ranges = self.key_ranges
+        return replace(
+            self,
+            slopes=self.slopes[heads],
+            bias=None if self.bias is None else self.bias[:, heads],
+            bias_cast=None if self.bias_cast is None else self.bias_cast[:, heads],
+            key_ranges=None if ranges is None else KeyRanges(ranges.rows, ranges.first_key[heads]),
+        )
+
+
+def plan_alibi_attention(
+    implementation: str,
+    slopes: torch.Tensor,
+    batch: int,
+    query_length: int,
+    key_length: int,
+    query_offset: int | torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cu_seq_lens: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    dropout: float = 0.0,
+    sdpa_split: bool = True,
+    query_chunk: int = SDPA_QUERY_CHUNK,
+    key_ranges: KeyRanges | None = None,
+) -> AlibiAttentionPlan:
+    """Validate one forward's inputs and build its plan for `implementation` (one of `SUPPORTED_ATTENTION`).
+
+    `attention_mask` is the usual 2-D (B, kv) mask of 1 (real) and 0 (padding), or None. `query_offset` is the
+    number of cached tokens (default `key_length - query_length`). Packed rows are described by `position_ids` that
+    restart (read only without a mask and without cached tokens, as transformers' models do) or by flash-attention
+    style `cu_seq_lens` of one flattened row. `dtype` is the layers' compute dtype (autocast's, else the weights'):
+    SDPA masks are built in it once. `sdpa_split=False` sends the calls the split would serve to the bias bank,
+    whose chunks have `query_chunk` rows (the config's `alibi_sdpa_split` and `alibi_sdpa_query_chunk`).
+    """
+    if implementation not in SUPPORTED_ATTENTION:
+        raise ValueError(
+            f"attn_implementation={implementation!r} is not supported by ALiBi GPT-2; choose one of "
+            f"{SUPPORTED_ATTENTION}"
+        )
+    tracing = torch.compiler.is_compiling()  # the one place that asks: compiled graphs never branch on data
+    slopes = slopes.float()
+    if query_offset is None:
+        query_offset = key_length - query_length
+    key_padding = _key_padding(attention_mask, batch, query_offset, query_length, key_length, tracing)
+    documents = _documents(position_ids, cu_seq_lens, attention_mask, batch, query_offset, query_length, tracing)
+    # A static cache hands every layer its whole buffer and counts its tokens in a 0-d tensor. Outside compilation a
+    # prefill (or any multi-row step) reads that count once, so its keys are the filled ones only: the rest are
+    # unwritten and causally hidden, and a bias over them would cost (q, max_cache_len) per head. One-row steps keep
+    # the tensor: their bias is per key anyway, and reading the count would sync a device on every decoding step.
+    if isinstance(query_offset, torch.Tensor) and query_length > 1 and not tracing:
+        query_offset = int(query_offset)
+    filled = query_offset + query_length if isinstance(query_offset, int) else key_length
+    if _is_static(filled) and _is_static(key_length) and filled < key_length:
+        key_length = filled  # `alibi_attention` reads keys [0, filled) of the buffer
+        key_padding = None if key_padding is None else key_padding[:, :filled]
+    if key_ranges is not None:
+        _check_key_ranges(key_ranges, implementation, slopes, query_offset, query_length, tracing)
+    plan = AlibiAttentionPlan(
+        "eager", slopes, query_length, key_length, query_offset, float(dropout), key_padding, documents,
+        query_chunk=query_chunk, key_ranges=key_ranges,
+    )  # fmt: skip
+    path = choose_path(
+        implementation, plan, device=slopes.device.type, tracing=tracing, sdpa_split=sdpa_split,
+        kernels_work=split_kernels_work,
+    )  # fmt: skip
+    if path == "eager":
+        return replace(plan, bias=_full_bias(plan))  # fp32: the eager path scores in fp32
+    if path == "sdpa_mask":
+        bias = _full_bias(plan)
+        return replace(plan, path=path, bias=bias, bias_cast=_in_dtype(bias, dtype))
+    if path == "sdpa_bank":
+        bank, has_padding = _bias_bank(plan)
+        return replace(plan, path=path, bias=bank, bias_cast=_in_dtype(bank, dtype), bias_has_padding=has_padding)
+    if path == "flex_attention":
+        return replace(plan, path=path, block_mask=_flex_block_mask(plan, slopes.device))
+    return replace(plan, path=path)
+
+
+def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, tracing: bool, sdpa_split: bool,
+                kernels_work=split_kernels_work) -> str:  # fmt: skip
+    """The path for a backend and a plan's facts (module docstring). `kernels_work` is called only if it matters."""
+    if implementation != "sdpa":
+        return implementation
+    bottom_right = (  # plain ints and queries that end at the last key: no cache, dynamic, static outside compile
+        isinstance(plan.query_offset, int)
+        and _is_static(plan.query_length)
+        and _is_static(plan.key_length)
+        and plan.query_offset + plan.query_length == plan.key_length
+    )
+    if not bottom_right:
+        return "sdpa_mask"
+    split = (
+        sdpa_split
+        and plan.documents is None
+        and plan.query_length > 1  # one row: its bank row is already a per-key bias, one public call
+        and plan.dropout == 0.0  # the CPU flash kernel has no dropout
+        and device == "cpu"
+        and not tracing  # compiled and exported graphs keep to public ops
+    )
+    return "sdpa_split" if split and kernels_work() else "sdpa_bank"
+
+
+def _is_static(length) -> bool:
+    """True for a plain int; False for a symbolic length (torch.export / dynamic-shape compile)."""
+    return isinstance(length, int) and not isinstance(length, torch.SymInt)
+
+
+def _in_dtype(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A float mask in `dtype`; clamped first, since fp32's minimum becomes -inf in fp16 (a row of -inf is NaN)."""
+    if mask.dtype == dtype:
+        return mask
+    return mask.clamp(min=torch.finfo(dtype).min).to(dtype) if dtype.itemsize < 4 else mask.to(dtype)
+
+
+def _key_padding(attention_mask, batch, query_offset, query_length, key_length, tracing):
+    """The 2-D 0/1 mask, validated once, as (B, kv) bool; None when nothing is padded (checked only in eager mode)."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be 2-D (batch, keys) of 0/1, got shape {tuple(attention_mask.shape)}")
+    if attention_mask.shape[0] != batch:
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the input has batch {batch}")
+    # Cached plus new tokens; a static cache also takes a mask as long as its buffer (generate pads it so).
+    length = attention_mask.shape[1]
+    if isinstance(query_offset, int) and length not in (query_offset + query_length, key_length):
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)}: it must cover the {query_offset} cached and "
+            f"{query_length} new tokens ({query_offset + query_length} positions)"
+        )
+    if length > key_length:
+        raise ValueError(f"attention_mask covers {length} positions but there are only {key_length} keys")
+    if length < key_length:  # a static cache longer than the mask: causality hides the rest
+        attention_mask = F.pad(attention_mask, (0, key_length - length), value=1)
+    # An all-ones mask (what Trainer sends) costs nothing to drop in eager mode; a compiled graph keeps it.
+    if not tracing and bool(attention_mask.all()):
+        return None
+    return attention_mask.bool()
+
+
+def _documents(position_ids, cu_seq_lens, attention_mask, batch, query_offset, query_length, tracing):
+    """(B, q) document index of packed rows, from `cu_seq_lens` or restarting `position_ids`; None: one each."""
+    uncached = isinstance(query_offset, int) and query_offset == 0
+    if cu_seq_lens is not None:
+        if batch != 1 or not uncached:
+            raise ValueError(f"cu_seq_lens_q describes one flattened row without a cache, got batch {batch}")
+        return documents_from_cu_seq_lens(cu_seq_lens, query_length, tracing)
+    if position_ids is None or attention_mask is not None or not uncached:
+        return None
+    if position_ids.shape[-1] != query_length:
+        raise ValueError(f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens")
+    return packed_documents(position_ids, batch, tracing)
+
+
+def packed_documents(position_ids: torch.Tensor, batch: int, tracing: bool = False) -> torch.Tensor | None:
+    """Document index of each token of rows whose `position_ids` restart (packed rows), as (B, L) int64, or None.
+
+    transformers' rule for packed sequences: a new document starts wherever a position is not its predecessor + 1.
+    Plain positions (0, 1, 2, ...) give None in eager mode; a traced graph keeps the (all-zero) indices rather than
+    branch on data.
+    """
+    if position_ids.dim() == 1:
+        position_ids = position_ids[None]
+    if position_ids.dim() != 2:
+        raise ValueError(f"position_ids must be (batch, length) or (length,), got shape {tuple(position_ids.shape)}")
+    position_ids = position_ids.expand(batch, -1)  # (B, L); positions are sometimes given for one row only
+    step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)  # (B, L)
+    documents = (step != 1).cumsum(-1)  # (B, L)
+    if not tracing and not bool(documents[:, -1].any()):
+        return None
+    return documents
+
+
+def documents_from_cu_seq_lens(cu_seq_lens: torch.Tensor, length: int, tracing: bool = False) -> torch.Tensor:
+    """Document index (1, L) of a flattened row from flash-attention's cumulative lengths `[0, l1, l1 + l2, ...]`."""
+    if cu_seq_lens.dim() != 1 or (not tracing and int(cu_seq_lens[-1]) != length):
+        raise ValueError(
+            f"cu_seq_lens must be 1-D cumulative lengths ending at the row length {length}, got {cu_seq_lens.tolist()}"
+        )
+    positions = torch.arange(length, device=cu_seq_lens.device)  # (L,)
+    return torch.searchsorted(cu_seq_lens[1:].to(positions.dtype), positions, right=True)[None]  # (1, L)
+
+
+def _check_key_ranges(ranges: KeyRanges, implementation, slopes, query_offset, query_length, tracing) -> None:
+    if implementation == "flash_attention_2":
+        raise ValueError("key_ranges: flash-attn's kernel has no per-head key ranges; use 'sdpa' or 'flex_attention'")
+    if isinstance(ranges.rows, bool) or not isinstance(ranges.rows, int) or ranges.rows < 1:
+        raise ValueError(f"key_ranges.rows must be a positive integer, got {ranges.rows!r}")
+    blocks = -(-query_length // ranges.rows)
+    if tuple(ranges.first_key.shape) != (slopes.shape[0], blocks):
+        raise ValueError(
+            f"key_ranges.first_key must have shape ({slopes.shape[0]}, {blocks}) (heads, blocks of {ranges.rows} "
+            f"query rows), got {tuple(ranges.first_key.shape)}"
+        )
+    if tracing or not isinstance(query_offset, int):
+        return
+    block_start = query_offset + torch.arange(blocks, device=ranges.first_key.device) * ranges.rows  # (blocks,)
+    if bool((ranges.first_key < 0).any()) or bool((ranges.first_key > block_start).any()):
+        raise ValueError(
+            "key_ranges.first_key must lie in [0, the block's first query position] so that every row keeps its "
+            f"diagonal block, got {ranges.first_key.tolist()} for blocks starting at {block_start.tolist()}"
+        )
+
+
+def visible_keys(plan: AlibiAttentionPlan, rows: slice = slice(None), keys: slice = slice(None)):
+    """Padding, document and key-range visibility for query `rows` and `keys`: bool (B|1, 1|H, q'|1, kv'), or None.
+
+    Causality is not included: the bias carries it.
+    """
+    keep = None
+    if plan.key_padding is not None:
+        keep = plan.key_padding[:, None, None, keys]  # (B, 1, 1, kv')
+    if plan.documents is not None:
+        same = plan.documents[:, None, rows, None] == plan.documents[:, None, None, keys]  # (B, 1, q', kv')
+        keep = same if keep is None else keep & same
+    if plan.key_ranges is not None:
+        ranged = plan.key_ranges.keep(plan.query_offset, plan.query_length, plan.key_length, rows)[..., keys]
+        keep = ranged if keep is None else keep & ranged  # (B|1, H, q', kv')
+    return keep
+
+
+def _full_bias(plan: AlibiAttentionPlan) -> torch.Tensor:
+    """One fp32 (B|1, H, q, kv) bias with every mask folded in: eager's, and sdpa_mask's before its cast."""
+    bias = alibi_causal_bias(plan.slopes, plan.query_length, plan.key_length, plan.query_offset)[None]  # (1, H, q, kv)
+    keep = visible_keys(plan)
+    return bias if keep is None else bias.masked_fill(~keep, torch.finfo(torch.float32).min)  # (B|1, H, q, kv)
+
+
+def _bias_bank(plan: AlibiAttentionPlan) -> tuple[torch.Tensor, bool]:
+    """The bias of the last `chunk` queries against all keys (chunks' masks slice it), and whether masks are in it.
+
+    A single chunk (decoding, short inputs) gets padding, documents and key ranges folded in once, here.
+    """
+    chunk = min(plan.query_length, plan.query_chunk)
+    bank = alibi_causal_bias(plan.slopes, chunk, plan.key_length)[None]  # (1, H, chunk, kv) fp32
+    if chunk < plan.query_length:
+        return bank, False
+    keep = visible_keys(plan)
+    return (bank if keep is None else bank.masked_fill(~keep, torch.finfo(torch.float32).min)), True
+
+
+def _flex_block_mask(plan: AlibiAttentionPlan, device):
+    """Causal, padding-, document- and key-range-aware: blocks no query of a block can see are skipped."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset, key_padding, documents, ranges = plan.query_offset, plan.key_padding, plan.documents, plan.key_ranges
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = kv_idx <= q_idx + offset
+        if key_padding is not None:
+            keep = keep & key_padding[b, kv_idx]
+        if documents is not None:
+            keep = keep & (documents[b, q_idx] == documents[b, kv_idx])
+        if ranges is not None:
+            keep = keep & (kv_idx >= ranges.first_key[h, q_idx // ranges.rows])
+        return keep
+
+    per_row = key_padding if key_padding is not None else documents
+    batch = None if per_row is None else per_row.shape[0]
+    heads = None if ranges is None else plan.slopes.shape[0]  # per-head masks only when heads differ
+    return create_block_mask(mask_mod, batch, heads, plan.query_length, plan.key_length, device=device)

@@ -1,0 +1,162 @@
+"""The attention plan: one place chooses the path, the plan is only read, and what it expresses (key ranges per head
+and query block, a subset of heads) holds on every path against the float64 reference."""
+
+import dataclasses
+
+import pytest
+import torch
+from alibi_reference import reference_attention
+
+from hf_alibi import get_alibi_slopes
+from hf_alibi.attention_alibi import ALIBI_ATTENTION_FUNCTIONS, alibi_attention
+from hf_alibi.attention_plan import PATHS, KeyRanges, choose_path, plan_alibi_attention
+
+HEADS, DIM = 12, 8
+SCALE = DIM**-0.5
+SLOPES = get_alibi_slopes(HEADS)
+# attn_implementation and plan options that reach each path from an uncached call (sdpa_mask: a static cache's step)
+ROUTES = {
+    "eager": ("eager", {}),
+    "sdpa_split": ("sdpa", {}),
+    "sdpa_bank": ("sdpa", dict(sdpa_split=False, query_chunk=8)),
+    "flex_attention": ("flex_attention", {}),
+}
+
+
+def facts(query_length=20, key_length=20, offset=0, documents=None, dropout=0.0):
+    plan = plan_alibi_attention("eager", SLOPES, 1, query_length, key_length, offset, dropout=dropout)
+    return dataclasses.replace(plan, documents=documents)
+
+
+@pytest.mark.parametrize(
+    "implementation, plan, options, expected",
+    [
+        ("sdpa", facts(), {}, "sdpa_split"),
+        ("sdpa", facts(), dict(sdpa_split=False), "sdpa_bank"),
+        ("sdpa", facts(query_length=1), {}, "sdpa_bank"),  # decoding: one row, a per-key bias
+        ("sdpa", facts(documents=torch.zeros(1, 20, dtype=torch.long)), {}, "sdpa_bank"),  # packed rows
+        ("sdpa", facts(dropout=0.1), {}, "sdpa_bank"),  # the CPU flash kernel has no dropout
+        ("sdpa", facts(), dict(device="cuda"), "sdpa_bank"),
+        ("sdpa", facts(), dict(tracing=True), "sdpa_bank"),  # compiled and exported graphs: public ops only
+        ("sdpa", facts(), dict(kernels_work=lambda: False), "sdpa_bank"),  # the private kernels failed their probe
+        ("sdpa", facts(query_length=1, key_length=30, offset=torch.tensor(5)), {}, "sdpa_mask"),  # static, compiled
+        ("eager", facts(), {}, "eager"),
+        ("flex_attention", facts(), {}, "flex_attention"),
+        ("flash_attention_2", facts(), {}, "flash_attention_2"),
+    ],
+)
+def test_one_function_chooses_every_path(implementation, plan, options, expected):
+    arguments = dict(device="cpu", tracing=False, sdpa_split=True, kernels_work=lambda: True) | options
+    assert choose_path(implementation, plan, **arguments) == expected
+
+
+def test_every_path_has_one_function_in_the_table():
+    assert set(ALIBI_ATTENTION_FUNCTIONS) == set(PATHS)
+
+
+def test_every_layer_reads_the_same_plan_and_none_changes_it(make_model, random_ids, record_plans):
+    model = make_model("sdpa", alibi_sdpa_split=False, alibi_sdpa_query_chunk=4)
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :3] = 0
+    with record_plans(model) as plans, torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        model(random_ids(2, 10), attention_mask=mask)
+    assert len(plans) == model.config.n_layer and all(plan is plans[0] for plan in plans)
+    plan = plans[0]
+    assert plan.bias.dtype == torch.float32 and plan.bias_cast.dtype == torch.bfloat16  # autocast's, cast once
+    bank = plan.bias.clone()
+    with torch.no_grad():
+        for dtype in (torch.bfloat16, torch.float32):
+            query, key, value = (torch.randn(2, model.config.n_head, 10, 8, dtype=dtype) for _ in range(3))
+            alibi_attention(query, key, value, plan, SCALE)
+    assert torch.equal(plan.bias, bank), "a call changed the plan's fp32 bias"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.bias = None
+
+
+def qkv(batch, q_len, kv_len):
+    return (torch.randn(batch, HEADS, n, DIM) for n in (q_len, kv_len, kv_len))
+
+
+def random_ranges(q_len, offset, rows, seed=0):
+    blocks = -(-q_len // rows)
+    limit = offset + torch.arange(blocks) * rows  # (blocks,) each block's first query position
+    first = (torch.rand(HEADS, blocks, generator=torch.Generator().manual_seed(seed)) * (limit + 1)).long()
+    first[:4] = first[0]  # heads sharing a range
+    return KeyRanges(rows, first)  # (H, blocks)
+
+
+@pytest.mark.parametrize("path", ROUTES)
+@pytest.mark.parametrize("cached", [False, True], ids=["uncached", "cache"])
+def test_key_ranges_match_the_reference_with_those_keys_masked_on_every_path(path, cached):
+    q_len, kv_len = (21, 35) if cached else (29, 29)
+    offset = kv_len - q_len
+    mask = torch.ones(2, kv_len, dtype=torch.long)
+    mask[1, :6] = 0  # left padding
+    ranges = random_ranges(q_len, offset, rows=8)
+    query, key, value = qkv(2, q_len, kv_len)
+    implementation, options = ROUTES[path]
+    plan = plan_alibi_attention(
+        implementation, SLOPES, 2, q_len, kv_len, attention_mask=mask, key_ranges=ranges, **options
+    )
+    assert plan.path == path
+    with torch.no_grad():
+        output, _ = alibi_attention(query, key, value, plan, SCALE)  # (B, q, H, D)
+    first_key = ranges.first_key[:, torch.arange(q_len) // 8]  # (H, q)
+    expected, _, has_keys = reference_attention(
+        query, key, value, SLOPES, scale=SCALE, key_padding=mask.bool(), first_key=first_key
+    )
+    difference = (output.transpose(1, 2).double() - expected).abs().masked_fill(~has_keys, 0).max().item()
+    assert difference <= 1e-5, f"{path}: largest difference from the reference {difference:.3g}"
+
+
+@pytest.mark.parametrize("path", [*ROUTES, "sdpa_mask"])
+def test_a_plan_for_some_heads_gives_those_heads_of_the_full_plan(path):
+    """What a tensor-parallel rank runs: its heads' slice of q, k, v with `heads=` naming their global indices."""
+    if path == "sdpa_mask":  # a static cache's decoding step
+        implementation, options, q_len, offset = "sdpa", {}, 1, torch.tensor(16)
+    else:
+        (implementation, options), q_len, offset = ROUTES[path], 17, None
+    query, key, value = qkv(2, q_len, 17)
+    plan = plan_alibi_attention(implementation, SLOPES, 2, q_len, 17, offset, **options)
+    assert plan.path == path
+    heads = slice(4, 7)  # slopes 2^-5 .. 2^-7 of the 12: the wrong ones would show at once
+    with torch.no_grad():
+        full, _ = alibi_attention(query, key, value, plan, SCALE)  # (B, q, H, D)
+        part, _ = alibi_attention(query[:, heads], key[:, heads], value[:, heads], plan, SCALE, heads=heads)
+    torch.testing.assert_close(part, full[:, :, heads], atol=1e-6, rtol=0)
+
+
+def test_bank_dropout_is_unbiased_on_the_exact_probabilities():
+    """Training with attention dropout takes the bias bank: SDPA's own dropout, whose mean over many draws is the
+    dropout-free output, and each draw differs from it."""
+    query, key, value = (t[:1] for t in qkv(1, 9, 9))
+    plan = plan_alibi_attention("sdpa", SLOPES, 1, 9, 9, dropout=0.1)
+    assert plan.path == "sdpa_bank"
+    expected, _, _ = reference_attention(query, key, value, SLOPES, scale=SCALE)  # (1, H, q, D)
+    draws = torch.stack([alibi_attention(query, key, value, plan, SCALE)[0] for _ in range(3000)]).transpose(2, 3)
+    assert (draws[0].double() - expected).abs().max() > 1e-3, "dropout was not applied"
+    mean_error = (draws.double().mean(0) - expected).abs().max().item()
+    assert mean_error <= 0.05, f"the mean over draws is {mean_error:.3g} from the dropout-free output"
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (dict(key_ranges=KeyRanges(0, torch.zeros(HEADS, 1, dtype=torch.long))), "rows must be a positive"),
+        (dict(key_ranges=KeyRanges(8, torch.zeros(HEADS, 2, dtype=torch.long))), r"shape \(12, 3\)"),
+        (dict(key_ranges=KeyRanges(8, torch.full((HEADS, 3), 9))), "every row keeps its diagonal"),
+        (dict(implementation="flash_attention_2", key_ranges=KeyRanges(8, torch.zeros(HEADS, 3, dtype=torch.long))),
+         "no per-head key ranges"),
+        (dict(attention_mask=torch.ones(3, 20)), "batch 2"),
+        (dict(attention_mask=torch.ones(2, 19)), r"\(2, 19\)"),
+        (dict(attention_mask=torch.ones(2, 1, 20)), "must be 2-D"),
+        (dict(position_ids=torch.arange(7)[None]), r"position_ids has shape \(1, 7\)"),
+        (dict(cu_seq_lens=torch.tensor([0, 5, 19])), "ending at the row length 20"),
+    ],
+)
+def test_bad_plan_inputs_raise_value_errors_naming_them(arguments, message):
+    arguments = dict(implementation="sdpa", slopes=SLOPES, batch=2, query_length=20, key_length=20) | arguments
+    if "cu_seq_lens" in arguments:
+        arguments["batch"] = 1
+    with pytest.raises(ValueError, match=message):
+        plan_alibi_attention(**arguments)
