@@ -145,10 +145,12 @@ def plan_cells(args) -> list[dict]:
     """The measurement cells in run order; `scale` orders the sizes within a suite (for skipping after OOM)."""
     cells = []
     for suite in args.suites:
-        if suite == "train":
-            for length in args.train_lengths:
-                cells.append({"suite": suite, "name": f"train L={length} B={args.train_batch}", "length": length,
-                              "batch": args.train_batch, "scale": length * args.train_batch})
+        if suite == "train":  # the all-ones mask cells are what Trainer sends (its collator's attention_mask)
+            for length, batch in args.train_shapes:
+                for mask in args.train_masks:
+                    name = f"train L={length} B={batch}" + (" mask=ones" if mask == "ones" else "")
+                    cells.append({"suite": suite, "name": name, "length": length, "batch": batch, "mask": mask,
+                                  "scale": length * batch})
         elif suite == "forward":
             for length in args.lengths:
                 cells.append({"suite": suite, "name": f"forward L={length} B=1", "length": length, "batch": 1,
@@ -321,6 +323,10 @@ def parse_args(argv: list[str] | None = None):
                         "one that runs on the device without compiling; the --reference is always added)")
     parser.add_argument("--train-lengths", type=_ints, help="training-step lengths (small preset: 512,1024)")
     parser.add_argument("--train-batch", type=int, default=4, help="training-step batch size (default 4)")
+    parser.add_argument("--train-shapes", type=_shapes, help="training-step (length x batch) pairs, e.g. "
+                        "128x32,512x8 (replaces --train-lengths and --train-batch)")
+    parser.add_argument("--train-masks", default="none", help="comma-separated training-step masks: none (no "
+                        "attention_mask: the reference's fastest path) and/or ones (the all-ones mask Trainer sends)")
     parser.add_argument("--lengths", type=_ints, help="inference-forward lengths, batch 1 (small: 2048,4096,8192,16384)")
     parser.add_argument("--prefill", type=int, help="generation prompt length (small: 512)")
     parser.add_argument("--decode", type=int, help="tokens generated per prompt (small: 256)")
@@ -361,6 +367,11 @@ def parse_args(argv: list[str] | None = None):
     for key in ("train_lengths", "lengths", "prefill", "decode"):
         if getattr(args, key) is None:
             setattr(args, key, preset[key])
+    args.train_shapes = args.train_shapes or [(length, args.train_batch) for length in args.train_lengths]
+    args.train_lengths = [length for length, _ in args.train_shapes]
+    args.train_masks = [m for m in args.train_masks.split(",") if m]
+    if not args.train_masks or set(args.train_masks) - {"none", "ones"}:
+        parser.error(f"--train-masks takes none and/or ones, got {args.train_masks!r}")
     args.suites = [s for s in args.suite.split(",") if s]
     if bad := [s for s in args.suites if s not in SUITES]:
         parser.error(f"unknown suite(s) {bad}; choose from {list(SUITES)}")
@@ -380,6 +391,14 @@ def parse_args(argv: list[str] | None = None):
     args.max_length = max([*args.train_lengths, *args.lengths, args.prefill + args.decode])
     args.command = "python -m benchmarks.bench_alibi " + shlex.join(sys.argv[1:] if argv is None else argv)
     return args
+
+
+def _shapes(text: str) -> list[tuple[int, int]]:
+    """"128x32,512x8" -> [(128, 32), (512, 8)]; argparse turns the ValueError into a usage error naming the text."""
+    pairs = [tuple(int(n) for n in item.split("x")) for item in text.split(",") if item]
+    if not pairs or any(len(pair) != 2 or min(pair) < 1 for pair in pairs):
+        raise ValueError(text)
+    return pairs
 
 
 def _available_memory_gb() -> float:

@@ -138,8 +138,8 @@ def parity_targets(cells: list[dict], reference: str = REFERENCE) -> list[tuple]
     checks = []
     for cell in cells:
         length = cell.get("length")
-        if cell["suite"] == "forward" and 512 <= length <= 32768 or cell["suite"] == "train" and 512 <= length <= 2048:
-            checks.append((f"{cell['name']} within 1.05x {reference}", cell["suite"], {"length": length},
+        if cell["suite"] == "forward" and 512 <= length <= 32768 or cell["suite"] == "train" and 128 <= length <= 2048:
+            checks.append((f"{cell['name']} within 1.05x {reference}", cell["suite"], {"name": cell["name"]},
                            lambda r, rs: _within(r, 1.05)))
         if cell["suite"] == "forward" and length >= 4096 and "bloom-eager" in cell["results"]:
             checks.append((f"{cell['name']}: bloom-eager >= 3x slower", "forward", {"length": length},

@@ -153,9 +153,11 @@ class Contestant:
             self.model.train()
             ids = self._ids(batch, cell["length"], seed=1)
             optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-6) if self.optimizer_name == "sgd" else None
+            # mask=ones: the all-ones attention_mask Trainer's collators send; none: the reference's fastest path
+            masks = {"attention_mask": torch.ones_like(ids)} if cell.get("mask") == "ones" else {}
 
             def call():
-                loss = self.forward(input_ids=ids, labels=ids, use_cache=False).loss  # full logits, as in training
+                loss = self.forward(input_ids=ids, labels=ids, use_cache=False, **masks).loss  # full logits
                 loss.backward()
                 if optimizer is not None:
                     optimizer.step()
