@@ -64,7 +64,7 @@ def sdpa_split_attention(query, key, value, plan, scaling):
     """SDPA on the CPU flash kernels with no (q, kv) bias (`attention_sdpa_split`)."""
     output = sdpa_alibi_split(
         query, key, value, plan.slopes, plan.query_offset, plan.key_padding, scaling,
-        chunks=plan.split_chunks, key_ranges=plan.key_ranges,
+        chunks=plan.split_chunks, key_ranges=plan.key_ranges, plan=plan.split,
     )  # (B, H, q, D)  # fmt: skip
     return output.transpose(1, 2), None  # (B, q, H, D)
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from .alibi import alibi_causal_bias
-from .attention_sdpa_split import SPLIT_CHUNKS, split_kernels_work
+from .attention_sdpa_split import SPLIT_CHUNKS, SplitPlan, split_kernels_work, split_plan
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 PATHS = ("eager", "sdpa_split", "sdpa_bank", "sdpa_mask", "flex_attention", "flash_attention_2")
@@ -78,6 +78,7 @@ class AlibiAttentionPlan:
     bias_has_padding: bool = False  # sdpa_bank: a single chunk, whose bank already hides padding and documents
     query_chunk: int = SDPA_QUERY_CHUNK  # sdpa_bank: rows per chunk
     split_chunks: tuple[int, ...] = SPLIT_CHUNKS  # sdpa_split: rows per chunk, coarse to fine
+    split: SplitPlan | None = None  # sdpa_split: every kernel call and its masks, shared by all layers and passes
     block_mask: object | None = None  # flex_attention
     key_ranges: KeyRanges | None = None  # per (head, query block) first key; None = every causal key
 
@@ -88,13 +89,17 @@ class AlibiAttentionPlan:
     def for_heads(self, heads: slice) -> "AlibiAttentionPlan":
         """The plan for the global heads `heads` only (a tensor-parallel rank's): slopes, bias and ranges sliced."""
         ranges = self.key_ranges
-        return replace(
+        subset = replace(
             self,
             slopes=self.slopes[heads],
             bias=None if self.bias is None else self.bias[:, heads],
             bias_cast=None if self.bias_cast is None else self.bias_cast[:, heads],
             key_ranges=None if ranges is None else KeyRanges(ranges.rows, ranges.first_key[heads]),
+            split=None,  # its masks hold every head: the split builds the subset's own
         )
+        if ranges is not None and self.block_mask is not None:  # per-head block masks (a sliced one has no mask_mod)
+            subset = replace(subset, block_mask=_flex_block_mask(subset, self.slopes.device))
+        return subset
 
 
 def plan_alibi_attention(
@@ -163,6 +168,9 @@ def plan_alibi_attention(
         return replace(plan, path=path, bias=bank, bias_cast=_in_dtype(bank, dtype), bias_has_padding=has_padding)
     if path == "flex_attention":
         return replace(plan, path=path, block_mask=_flex_block_mask(plan, slopes.device))
+    if path == "sdpa_split":
+        split = split_plan(slopes, query_offset, query_length, key_padding, plan.split_chunks, batch, key_ranges, dtype)
+        return replace(plan, path=path, split=split)
     return replace(plan, path=path)
 
 

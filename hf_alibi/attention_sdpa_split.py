@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-# Rows per query chunk on the split path, coarse to fine (see `_SplitPlan`). Measured on one call (B=1, H=8, D=64,
+# Rows per query chunk on the split path, coarse to fine (see `SplitPlan`). Measured on one call (B=1, H=8, D=64,
 # fp32, `python -m benchmarks.bench_attention_call --threads 1 --clock cpu`, 2026-11-30): against SDPA is_causal,
 # (1024, 256) 1.07x at 2k and 1.04x at 8k; (768, 256), (1024, 256, 64) and (768, 256, 64) within +-3% of it, which
 # is this machine's noise. The kernel tiles 256 query rows from 768 rows up and 64 below, so the first level keeps
@@ -50,6 +50,7 @@ def sdpa_alibi_split(
     scaling: float | None = None,
     chunks: tuple[int, ...] = SPLIT_CHUNKS,
     key_ranges=None,
+    plan: "SplitPlan | None" = None,
 ) -> torch.Tensor:
     """Causal ALiBi attention of `query` (B, H, q, D) over `key`/`value` (B, H, kv, D); returns (B, H, q, D).
 
@@ -57,7 +58,8 @@ def sdpa_alibi_split(
     bias -slopes[h] * (offset + r - j); keys from offset + q on are never read (a static cache may be longer).
     `key_padding` (B, kv) bool is True for real tokens. Rows with no visible key get a finite, meaningless output.
     `scaling` defaults to D ** -0.5. `key_ranges` (`attention_plan.KeyRanges`) leaves out, per head and block of
-    query rows, the keys before the block's first key; the blocks then replace `chunks`.
+    query rows, the keys before the block's first key; the blocks then replace `chunks`. `plan` is these arguments'
+    `split_plan`, built once per forward and shared by every layer (forward and backward); None builds it here.
     """
     batch, heads, q_len, dim = query.shape
     if key.shape != value.shape or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
@@ -78,14 +80,27 @@ def sdpa_alibi_split(
     if query.device.type != "cpu":
         raise ValueError(f"the split runs on the CPU flash kernels, got {query.device.type} tensors")
     scaling = dim**-0.5 if scaling is None else scaling
-    # Biases, log-sum-exps and merges in fp32 (fp64 for fp64 inputs), whatever the inputs' dtype
-    slopes = slopes.to(device=query.device, dtype=torch.promote_types(query.dtype, torch.float32))
     if q_len == 0:
         return torch.empty_like(query)
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    if plan is None or plan.dtype != dtype:
+        plan = split_plan(slopes.to(query.device), offset, q_len, key_padding, chunks, batch, key_ranges, dtype)
+    elif (plan.q_len, plan.offset, plan.heads, plan.batch) != (q_len, offset, heads, batch):
+        raise ValueError(
+            f"the split plan is for q={plan.q_len}, offset={plan.offset}, {plan.heads} heads, batch {plan.batch}; "
+            f"the call has q={q_len}, offset={offset}, {heads} heads, batch {batch}"
+        )
+    return _SplitAttention.apply(query, key, value, plan, scaling)
+
+
+def split_plan(slopes, offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1, key_ranges=None,
+               dtype=torch.float32) -> "SplitPlan":  # fmt: skip
+    """Every call of the split for these facts, with its masks in `dtype` (fp32; fp64 for fp64 inputs)."""
     first_keys = None
     if key_ranges is not None:
         chunks, first_keys = (key_ranges.rows,), tuple(map(tuple, key_ranges.first_key.tolist()))
-    return _SplitAttention.apply(query, key, value, slopes, offset, key_padding, scaling, tuple(chunks), first_keys)
+    slopes = slopes.to(torch.promote_types(dtype, torch.float32))  # biases, log-sum-exps and merges in it
+    return SplitPlan(slopes, offset, q_len, key_padding, tuple(chunks), batch, first_keys)
 
 
 def _key_bias(slopes: torch.Tensor, visible: int, key_padding: torch.Tensor | None) -> torch.Tensor:
@@ -153,7 +168,7 @@ def _flash_backward(grad, query, key, value, output, lse, mask, scaling, causal=
     )
 
 
-class _SplitPlan:
+class SplitPlan:
     """Every kernel call of the split, with its mask, from one (H, visible) key ramp and one Toeplitz block.
 
     Rows are cut into `chunks[0]`-row chunks. A chunk sees the keys left of it in one call (per-key bias) and its
@@ -173,6 +188,7 @@ class _SplitPlan:
 
     def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1, first_keys=None):
         self.offset, self.key_padding, self.heads, self.calls = offset, key_padding, slopes.shape[0], []
+        self.q_len, self.batch, self.dtype = q_len, batch, slopes.dtype
         self._cover(0, q_len, 0, chunks, 0)
         if first_keys is not None:
             self.calls = [ranged for call in self.calls for ranged in _in_key_ranges(call, first_keys, chunks[0])]
@@ -291,12 +307,17 @@ class _SplitAttention(torch.autograd.Function):
     """The split on the CPU flash kernels, forward and backward; see the module docstring for the math."""
 
     @staticmethod
-    def forward(ctx, query, key, value, slopes, offset, key_padding, scaling, chunks, first_keys):
-        plan = _SplitPlan(slopes, offset, query.shape[2], key_padding, chunks, query.shape[0], first_keys)
+    def forward(ctx, query, key, value, plan, scaling):
+        ctx.plan, ctx.scaling = plan, scaling
+        if len(plan.groups) == 1:  # one diagonal call (short rows, nothing cached): the kernel's result is the answer
+            mask, _, rows, keys = plan.views(plan.groups[0])
+            output, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (B, H, q, D)
+            ctx.save_for_backward(query, key, value, output, lse)
+            return output
         # Running (output, log-sum-exp) of each row over the calls so far, in fp32 (fp64 for fp64 inputs); the
         # diagonal groups come first and cover every row once, so they write these, and the others merge into them
-        output = _like_kernel_output(query, slopes.dtype)  # (B, H, q, D)
-        lse = torch.empty(query.shape[:3], dtype=slopes.dtype, device=query.device)  # (B, H, q)
+        output = _like_kernel_output(query, plan.dtype)  # (B, H, q, D)
+        lse = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
         for group in plan.groups:
             diagonal = group[6]
             mask, shift, rows, keys = plan.views(group)
@@ -311,28 +332,32 @@ class _SplitAttention(torch.autograd.Function):
             running_out.lerp_(out.to(output.dtype), share)  # o += share * (o_call - o), in place
             running_lse.copy_(torch.logaddexp(running_lse, lse_call))
         output = output.to(query.dtype)
-        ctx.save_for_backward(query, key, value, slopes, output, lse)
-        ctx.offset, ctx.key_padding, ctx.scaling, ctx.chunks, ctx.first_keys = (
-            offset, key_padding, scaling, chunks, first_keys
-        )
+        ctx.save_for_backward(query, key, value, output, lse)
         return output
 
     @staticmethod
     def backward(ctx, grad_output):
-        query, key, value, slopes, output, lse = ctx.saved_tensors
-        plan = _SplitPlan(
-            slopes, ctx.offset, query.shape[2], ctx.key_padding, ctx.chunks, query.shape[0], ctx.first_keys
-        )
+        query, key, value, output, lse = ctx.saved_tensors
+        plan, offset, q_len = ctx.plan, ctx.plan.offset, query.shape[2]
         grad_output = grad_output.to(query.dtype)
-        grads = [_like_kernel_output(t, lse.dtype).zero_() for t in (query, key, value)]  # (B, H, L, D), summed
+        if len(plan.groups) == 1 and key.shape[2] == q_len:  # the forward's one call, differentiated as it is
+            mask, _, _, _ = plan.views(plan.groups[0])
+            dq, dk, dv = _flash_backward(grad_output, query, key, value, output, lse, mask, ctx.scaling, causal=True)
+            return dq, dk, dv, None, None
+        # Summed in fp32 (fp64 for fp64 inputs). The diagonal groups come first and cover every query row and every
+        # key in [offset, offset + q) exactly once, so they write their gradients (no zero fill, no add); only cached
+        # keys [0, offset) and a static cache's unread tail are zeroed; the other calls add into them.
+        grads = [_like_kernel_output(t, lse.dtype) for t in (query, key, value)]  # (B, H, L, D)
+        for grad in grads[1:]:
+            grad[:, :, :offset].zero_()
+            grad[:, :, offset + q_len :].zero_()
         for group in plan.groups:
             diagonal = group[6]
             mask, shift, rows, keys = plan.views(group)
             lse_call = rows(lse) if shift is None else rows(lse) + shift  # (B|count, H, n), the call's frame
             dq, dk, dv = _flash_backward(rows(grad_output), rows(query), keys(key), keys(value), rows(output),
                                          lse_call, mask, ctx.scaling, causal=diagonal)
-            rows(grads[0]).add_(dq)
-            keys(grads[1]).add_(dk)
-            keys(grads[2]).add_(dv)
+            for grad, part, view in ((grads[0], dq, rows), (grads[1], dk, keys), (grads[2], dv, keys)):
+                view(grad).copy_(part) if diagonal else view(grad).add_(part)
         grad_query, grad_key, grad_value = (g.to(t.dtype) for g, t in zip(grads, (query, key, value)))
-        return grad_query, grad_key, grad_value, None, None, None, None, None, None
+        return grad_query, grad_key, grad_value, None, None

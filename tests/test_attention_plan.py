@@ -109,13 +109,16 @@ def test_key_ranges_match_the_reference_with_those_keys_masked_on_every_path(pat
     assert difference <= 1e-5, f"{path}: largest difference from the reference {difference:.3g}"
 
 
+@pytest.mark.parametrize("ranged", [False, True], ids=["dense", "key_ranges"])
 @pytest.mark.parametrize("path", [*ROUTES, "sdpa_mask"])
-def test_a_plan_for_some_heads_gives_those_heads_of_the_full_plan(path):
+def test_a_plan_for_some_heads_gives_those_heads_of_the_full_plan(path, ranged):
     """What a tensor-parallel rank runs: its heads' slice of q, k, v with `heads=` naming their global indices."""
     if path == "sdpa_mask":  # a static cache's decoding step
         implementation, options, q_len, offset = "sdpa", {}, 1, torch.tensor(16)
     else:
         (implementation, options), q_len, offset = ROUTES[path], 17, None
+    if ranged:
+        options = dict(options, key_ranges=random_ranges(q_len, 17 - q_len, rows=8, seed=3))
     query, key, value = qkv(2, q_len, 17)
     plan = plan_alibi_attention(implementation, SLOPES, 2, q_len, 17, offset, **options)
     assert plan.path == path

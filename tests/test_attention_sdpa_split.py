@@ -11,7 +11,7 @@ from alibi_reference import reference_attention
 
 from hf_alibi import get_alibi_slopes
 from hf_alibi.attention_plan import KeyRanges
-from hf_alibi.attention_sdpa_split import SPLIT_CHUNKS, _SplitPlan, sdpa_alibi_split, split_kernels_work
+from hf_alibi.attention_sdpa_split import SPLIT_CHUNKS, SplitPlan, sdpa_alibi_split, split_kernels_work
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5
@@ -113,7 +113,7 @@ def test_default_chunks_past_one_first_level_chunk_match_reference():
 
 @pytest.mark.parametrize("q_len, offset, chunks", [(37, 0, (16, 8, 3)), (19, 21, (8, 3)), (1100, 5, SPLIT_CHUNKS)])
 def test_split_plan_covers_every_visible_key_exactly_once(q_len, offset, chunks):
-    plan = _SplitPlan(SLOPES, offset, q_len, None, chunks)
+    plan = SplitPlan(SLOPES, offset, q_len, None, chunks)
     count = torch.zeros(q_len, offset + q_len, dtype=torch.int64)
     for start, end, key_start, key_end, diagonal, head_start, head_end in plan.calls:
         assert (head_start, head_end) == (0, HEADS)
@@ -132,7 +132,7 @@ def test_batch_of_one_runs_same_shape_blocks_as_one_call_and_matches_reference(s
 
 @pytest.mark.parametrize("q_len, offset, chunks", [(37, 0, (16, 8, 3)), (19, 21, (8, 3)), (1100, 5, SPLIT_CHUNKS)])
 def test_grouped_calls_are_exactly_the_plans_calls(q_len, offset, chunks):
-    plan = _SplitPlan(SLOPES, offset, q_len, None, chunks, batch=1)
+    plan = SplitPlan(SLOPES, offset, q_len, None, chunks, batch=1)
     expanded = [
         (start + i * stride, end + i * stride, key_start + i * stride, key_end + i * stride, diagonal, *heads)
         for count, stride, start, end, key_start, key_end, diagonal, *heads in plan.groups
@@ -168,7 +168,7 @@ def test_key_ranges_leave_out_exactly_the_keys_before_each_blocks_first_key(scen
 def test_key_ranges_never_read_the_skipped_keys():
     q_len, kv_len, offset, _ = SCENARIOS["self"]
     ranges = key_ranges_for("self", rows=8, seed=1)
-    plan = _SplitPlan(SLOPES, offset, q_len, None, (8,), 2, tuple(map(tuple, ranges.first_key.tolist())))
+    plan = SplitPlan(SLOPES, offset, q_len, None, (8,), 2, tuple(map(tuple, ranges.first_key.tolist())))
     for start, end, key_start, key_end, diagonal, head_start, head_end in plan.calls:
         if not diagonal:
             assert (ranges.first_key[head_start:head_end, start // 8] <= key_start).all()
