@@ -12,8 +12,7 @@ Theorem 2 (a lower bound on LSE_i). For any subset N of V_i, LSE_i >= log sum_{j
 positive. The diagonal j = i is visible to every real row (its own token is real and in its own document), so
 N = {i} gives LSE_i >= s q_i.k_i; `near_key_lse` uses the visible keys among the `near` nearest, i - near < j <= i,
 which costs O(L near D) and is usually much tighter (a near key with a larger logit than the diagonal is common).
-N must be visible: with padding or packed documents the near keys are masked accordingly (a key of another document
-is not in V_i, so counting it could overstate LSE_i and break the bound).
+Padded keys are left out of N: they are not in V_i, and Theorem 3 does not count them either.
 
 Theorem 3 (an upper bound on a key block's mass). Let K = [a, e] be keys that all lie before t <= i, and
 U_iK >= s q_i.k_j for every real j in K. Since i - j >= i - e for j <= e and m >= 0,
@@ -30,6 +29,14 @@ blocks. Dropped keys are a subset of those bounded: masks (padding, documents) o
 them in the upper bound (summing over a superset) stays valid; padded keys are left out of the block summaries,
 which is also valid because their true mass is 0. A query row block's start is the minimum over its real rows (and
 the batch): padded query rows have no real diagonal and a meaningless output, so they are ignored.
+
+Packed documents need no mask at all, even in N. Row i of the document starting at s sees V_i = [s, i] (less padding).
+Let A be the part of sum_{j in N} exp(z_ij) from other documents' keys, all at j < s. If t <= s, no visible key is
+dropped. If t > s, those keys lie before t and are real, so the certified sum over [0, t) counts them: with D_v the
+visible dropped sum, D_v + A <= eps (sum_{N visible} exp(z_ij) + A) <= eps (e^{LSE_i} + A), hence D_v <= eps e^{LSE_i}
+- (1 - eps) A <= eps e^{LSE_i}. Ignoring documents is thus valid and tighter than masking them (a larger LB_i). This
+uses that documents are contiguous spans (packing by restarting positions or cu_seq_lens); padding is different:
+padded keys are left out of Theorem 3's sums, so they must be left out of N too.
 
 Cost. Norms O(L H D); per (row, key block) one product q_i.c_K: O(L (L / block) H D), a fraction ~2 / block of the
 attention itself, and O(L (L / block) H) exps. Everything is computed in float64 from the inputs as given, so the
@@ -120,14 +127,14 @@ def near_key_lse(
     query_offset: int,
     near: int,
     key_padding: torch.Tensor | None = None,
-    documents: torch.Tensor | None = None,
     chunk: int = 256,
 ) -> torch.Tensor:
-    """LB_i: the exact float64 log-sum-exp of each row's visible keys among i - near < j <= i (Theorem 2).
+    """LB_i: the exact float64 log-sum-exp of each row's real keys among i - near < j <= i (Theorem 2).
 
     `query` (B, H, q, D) row r at absolute position `query_offset + r`; `key` (B, H, kv, D); `key_padding` (B, kv)
-    True = real; `documents` (B, kv) document index of packed rows. Returns (B, H, q); -inf on padded rows (no
-    visible key). `near=1` is the diagonal logit. Rows are taken `chunk` at a time: memory O(chunk (chunk + near)).
+    True = real. Packed documents are deliberately not masked (see the module docstring). Returns (B, H, q); -inf on
+    padded rows (no real key). `near=1` is the diagonal logit. Rows go `chunk` at a time: memory O(chunk (chunk +
+    near)).
     """
     _check_positive("near", near)
     _check_positive("chunk", chunk)
@@ -144,9 +151,6 @@ def near_key_lse(
         scores = query[:, :, first:last].double() @ key[:, :, lo:hi].double().transpose(-1, -2) * scaling
         scores = scores - m * (rows - cols)  # (B, H, n, w)
         visible = ((cols <= rows) & (rows - cols < near))[None, None] & real[:, :, None, lo:hi]  # (B|1, 1, n, w)
-        if documents is not None:
-            same = documents[:, None, query_offset + first : hi, None] == documents[:, None, None, lo:hi]
-            visible = visible & same  # (B, 1, n, w)
         lse.append(torch.logsumexp(scores.masked_fill(~visible, -math.inf), dim=-1))  # (B, H, n)
     return torch.cat(lse, dim=2)  # (B, H, q)
 
@@ -206,15 +210,14 @@ def certified_key_starts(
     row_block: int,
     key_block: int,
     key_padding: torch.Tensor | None = None,
-    documents: torch.Tensor | None = None,
     near: int = 64,
     centroid: bool = True,
 ) -> torch.Tensor:
     """Per (head, block of `row_block` query rows): the first key a kernel must compute, int64 (H, n_row_blocks).
 
     `query` (B, H, q, D), row r at absolute position `query_offset + r`; `key` (B, H, kv, D) (keys from
-    `query_offset + q` on are never read); `slopes` (H,) >= 0; `key_padding` (B, kv) True = real; `documents` (B, kv)
-    for packed rows (used only to keep the LSE lower bound on visible keys). The start is a multiple of `key_block`
+    `query_offset + q` on are never read); `slopes` (H,) >= 0; `key_padding` (B, kv) True = real. Packed rows need no
+    document mask: the starts hold for them as they are (module docstring). The start is a multiple of `key_block`
     and never past the row block's first position, so the diagonal is always computed; for every batch element and
     every real row of the block the softmax mass of the visible keys before it is <= `eps` (0 = dense). `near` sets
     Theorem 2's window, `centroid` adds Theorem 3's centred bound to Cauchy-Schwarz.
@@ -228,8 +231,7 @@ def certified_key_starts(
     if not 0 <= query_offset <= key.shape[2] - q_len:
         raise ValueError(f"query_offset={query_offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
     _check_slopes(slopes, heads)
-    if documents is not None and documents.shape != (batch, key.shape[2]):
-        raise ValueError(f"documents must have shape {(batch, key.shape[2])}, got {tuple(documents.shape)}")
+    _real_keys(key, key_padding)  # checks its shape
     n_row_blocks = -(-q_len // row_block)
     starts = torch.zeros(heads, n_row_blocks, dtype=torch.long, device=query.device)
     usable = (query_offset + (n_row_blocks - 1) * row_block) // key_block  # blocks before the last row block
@@ -246,8 +248,9 @@ def certified_key_starts(
         if n == 0:
             continue
         rows = slice(first, last)
-        lse = near_key_lse(query[:, :, rows], key, slopes, scaling, query_offset + first, near, key_padding,
-                           documents)  # (B, H, n_rows)  # fmt: skip
+        lse = near_key_lse(
+            query[:, :, rows], key, slopes, scaling, query_offset + first, near, key_padding
+        )  # (B, H, n_rows)
         positions = torch.arange(query_offset + first, query_offset + last, device=query.device)  # (n_rows,)
         log_bounds = block_log_mass_bounds(query[:, :, rows], lse, positions, slopes, scaling, key_block,
                                            norms[..., :n], None if centres is None else centres[:, :, :n],
