@@ -1,0 +1,318 @@
+"""Certified key skipping for causal ALiBi: which far keys a query row may drop with softmax mass <= eps, proven.
+
+Setting. Query row i (absolute position), head h with slope m >= 0, scale s: the logit of a visible key j <= i is
+z_ij = s q_i.k_j - m (i - j), and the row's softmax weight is p_ij = exp(z_ij - LSE_i), LSE_i = log sum_j exp(z_ij)
+over the row's visible keys V_i (causal, not padding, same document). Dropping the keys j < t changes the row.
+
+Theorem 1 (what dropping costs). Let d = sum_{j in V_i, j < t} p_ij be the dropped mass and o' the softmax output over
+the kept keys. Then o = (1 - d) o' + d o_d, o_d the dropped keys' weighted mean value, so o - o' = d (o_d - o') and
+every coordinate moves by at most d (max v - min v) <= 2 d max|v|. Certifying d <= eps is therefore enough.
+
+Theorem 2 (a lower bound on LSE_i). For any subset N of V_i, LSE_i >= log sum_{j in N} exp(z_ij), since every term is
+positive. The diagonal j = i is visible to every real row (its own token is real and in its own document), so
+N = {i} gives LSE_i >= s q_i.k_i; `near_key_lse` uses the visible keys among the `near` nearest, i - near < j <= i,
+which costs O(L near D) and is tighter whenever a near key has a larger logit than the diagonal.
+Padded keys are left out of N: they are not in V_i, and Theorem 3 does not count them either.
+
+Theorem 3 (an upper bound on a key block's mass). Let K = [a, e] be keys that all lie before t <= i, and
+U_iK >= s q_i.k_j for every real j in K. Since i - j >= i - e for j <= e and m >= 0,
+    sum_{j in K, j real} exp(z_ij) <= exp(U_iK - m (i - e)) sum_{d=0}^{|K|-1} exp(-m d) = exp(U_iK - m (i - e)) G,
+G = (1 - e^{-m |K|}) / (1 - e^{-m}) (|K| when m = 0), the geometric sum: it replaces the crude |K| by ~1/m for
+steep heads. Two valid U_iK, and their minimum: Cauchy-Schwarz, s q.k_j <= |s| |q_i| N_K with N_K = max_j |k_j|; and
+about any centre c_K, s q.k_j = s q.c_K + s q.(k_j - c_K) <= s q_i.c_K + |s| |q_i| r_K, r_K = max_j |k_j - c_K|.
+The second is tighter when a block's keys share a large common component: Cauchy-Schwarz charges |q| |k| for it
+although it shifts every logit of the block alike (on the byte-level checkpoints measured in
+results/skip/kept_fraction.md it changes little). A block without real keys has mass 0.
+
+Together: d_i(t) <= sum_{K before t} exp(U_iK - m (i - e_K) + log G - LB_i) =: B_i(t), LB_i from Theorem 2. B_i(t) is
+nondecreasing in t, so the largest block boundary t with B_i(t) <= eps is found by a cumulative log-sum-exp over
+blocks. Dropped keys are a subset of those bounded: masks (padding, documents) only remove visible keys, so ignoring
+them in the upper bound (summing over a superset) stays valid; padded keys are left out of the block summaries,
+which is also valid because their true mass is 0. A query row block's start is the minimum over its real rows (and
+the batch): padded query rows have no real diagonal and a meaningless output, so they are ignored.
+
+Packed documents need no mask at all, even in N. Row i of the document starting at s sees V_i = [s, i] (less padding).
+Let A be the part of sum_{j in N} exp(z_ij) from other documents' keys, all at j < s. If t <= s, no visible key is
+dropped. If t > s, those keys lie before t and are real, so the certified sum over [0, t) counts them: with D_v the
+visible dropped sum, D_v + A <= eps (sum_{N visible} exp(z_ij) + A) <= eps (e^{LSE_i} + A), hence D_v <= eps e^{LSE_i}
+- (1 - eps) A <= eps e^{LSE_i}. Ignoring documents is thus valid and tighter than masking them (a larger LB_i). This
+uses that documents are contiguous spans (packing by restarting positions or cu_seq_lens); padding is different:
+padded keys are left out of Theorem 3's sums, so they must be left out of N too.
+
+Cost. Norms O(L H D); per (row, key block) one product q_i.c_K: O(L (L / block) H D), a fraction ~2 / block of the
+attention itself, and O(L (L / block) H) exps. Everything is computed in float64 from the inputs as given, so the
+certificate holds for exact arithmetic on those inputs; `_ROUNDING_MARGIN` absorbs float64's own rounding.
+
+Decoding. A full cache block never changes, so its summary (max norm; centre and radius) is computed once; the block
+being filled always contains the current position and is never dropped, so a running maximum of its norms (what a
+cache extends step by step: `torch.maximum(old, new_norm)`) is all it needs before it completes.
+"""
+
+import math
+
+import torch
+
+# Nats subtracted from log(eps) before comparing: float64 rounding of the bound's log-sum-exps (at most ~1e-12 nats at
+# these sizes) must never turn a bound just above eps into one just below it.
+_ROUNDING_MARGIN = 1e-9
+
+
+def _check_eps(eps: float) -> None:
+    if not 0.0 <= eps < 1.0:
+        raise ValueError(f"eps must lie in [0, 1), got {eps!r}")
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_slopes(slopes: torch.Tensor, heads: int) -> None:
+    if slopes.shape != (heads,):
+        raise ValueError(f"slopes must have shape ({heads},), got {tuple(slopes.shape)}")
+    if bool((slopes < 0).any()):
+        raise ValueError(f"slopes must be >= 0 (the bound uses -m (i - j) <= -m (i - e)), got {slopes.tolist()}")
+
+
+def _real_keys(key: torch.Tensor, key_padding: torch.Tensor | None) -> torch.Tensor:
+    """(B|1, 1, kv) bool: which keys are real."""
+    if key_padding is None:
+        return torch.ones(1, 1, key.shape[2], dtype=torch.bool, device=key.device)
+    if key_padding.shape != (key.shape[0], key.shape[2]):
+        raise ValueError(f"key_padding must have shape {(key.shape[0], key.shape[2])}, got {tuple(key_padding.shape)}")
+    return key_padding[:, None, :].bool()
+
+
+def _blocked(tensor: torch.Tensor, block: int, fill) -> torch.Tensor:
+    """(B, H, n, ...) -> (B, H, ceil(n / block), block, ...), the last block filled up with `fill`."""
+    pad = -tensor.shape[2] % block
+    if pad:
+        tail = tensor.new_full((*tensor.shape[:2], pad, *tensor.shape[3:]), fill)
+        tensor = torch.cat([tensor, tail], dim=2)
+    return tensor.unflatten(2, (tensor.shape[2] // block, block))
+
+
+def key_block_norms(key: torch.Tensor, block: int, key_padding: torch.Tensor | None = None) -> torch.Tensor:
+    """N_K = max |k_j| over the real keys of each `block` of `key` (B, H, kv, D): float64 (B, H, ceil(kv / block)).
+
+    -inf for a block without real keys (its mass is 0). A cache extends the last block with a running maximum.
+    """
+    _check_positive("block", block)
+    norms = key.double().norm(dim=-1).masked_fill(~_real_keys(key, key_padding), -math.inf)  # (B, H, kv)
+    return _blocked(norms, block, -math.inf).amax(-1)  # (B, H, nb)
+
+
+def key_block_spheres(
+    key: torch.Tensor, block: int, key_padding: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Centre c_K (mean of the real keys) and radius r_K = max |k_j - c_K| of each `block` of `key` (B, H, kv, D).
+
+    Returns float64 (B, H, nb, D) and (B, H, nb); the radius is -inf for a block without real keys. Any centre makes
+    Theorem 3 valid; the mean keeps the radius small.
+    """
+    _check_positive("block", block)
+    real = _real_keys(key, key_padding).expand(key.shape[0], key.shape[1], -1)  # (B, H, kv)
+    keys = _blocked(key.double() * real[..., None], block, 0.0)  # (B, H, nb, block, D), padded keys zeroed
+    counts = _blocked(real.double(), block, 0.0).sum(-1)  # (B, H, nb)
+    centres = keys.sum(-2) / counts.clamp(min=1)[..., None]  # (B, H, nb, D)
+    distances = (keys - centres[..., None, :]).norm(dim=-1)  # (B, H, nb, block)
+    distances = distances.masked_fill(~_blocked(real, block, False), -math.inf)
+    return centres, distances.amax(-1)
+
+
+def near_key_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    slopes: torch.Tensor,
+    scaling: float,
+    query_offset: int,
+    near: int,
+    key_padding: torch.Tensor | None = None,
+    chunk: int = 256,
+) -> torch.Tensor:
+    """LB_i: the exact float64 log-sum-exp of each row's real keys among i - near < j <= i (Theorem 2).
+
+    `query` (B, H, q, D) row r at absolute position `query_offset + r`; `key` (B, H, kv, D); `key_padding` (B, kv)
+    True = real. Packed documents are deliberately not masked (see the module docstring). Returns (B, H, q); -inf on
+    padded rows (no real key). `near=1` is the diagonal logit. Rows go `chunk` at a time: memory O(chunk (chunk +
+    near)).
+    """
+    _check_positive("near", near)
+    _check_positive("chunk", chunk)
+    batch, heads, q_len, _ = query.shape
+    _check_slopes(slopes, heads)
+    real = _real_keys(key, key_padding)  # (B|1, 1, kv)
+    m = slopes.double().to(query.device)[:, None, None]  # (H, 1, 1)
+    lse = []
+    for first in range(0, q_len, chunk):
+        last = min(first + chunk, q_len)
+        lo, hi = max(0, query_offset + first - near + 1), query_offset + last
+        rows = torch.arange(query_offset + first, hi, device=query.device)[:, None]  # (n, 1) positions i
+        cols = torch.arange(lo, hi, device=query.device)[None, :]  # (1, w) positions j
+        scores = query[:, :, first:last].double() @ key[:, :, lo:hi].double().transpose(-1, -2) * scaling
+        scores = scores - m * (rows - cols)  # (B, H, n, w)
+        visible = ((cols <= rows) & (rows - cols < near))[None, None] & real[:, :, None, lo:hi]  # (B|1, 1, n, w)
+        lse.append(torch.logsumexp(scores.masked_fill(~visible, -math.inf), dim=-1))  # (B, H, n)
+    return torch.cat(lse, dim=2)  # (B, H, q)
+
+
+def block_log_mass_bounds(
+    query: torch.Tensor,
+    lse_lower: torch.Tensor,
+    positions: torch.Tensor,
+    slopes: torch.Tensor,
+    scaling: float,
+    block: int,
+    norms: torch.Tensor,
+    centres: torch.Tensor | None = None,
+    radii: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """log of Theorem 3's bound on each key block's softmax mass, per row: float64 (B, H, rows, nb).
+
+    `query` (B, H, rows, D) at absolute `positions` (rows,); `lse_lower` (B, H, rows) lower bounds on LSE_i;
+    `norms` (B|1, H, nb) from `key_block_norms`; optional `centres` (B|1, H, nb, D) and `radii` (B|1, H, nb) from
+    `key_block_spheres`. Block k holds keys [k block, (k + 1) block), all of them before every row.
+    """
+    n_blocks = norms.shape[-1]
+    if n_blocks * block > int(positions.min()) + 1:
+        raise ValueError(f"{n_blocks} blocks of {block} keys do not all lie at or before position {positions.min()}")
+    query = query.double()
+    q_norm = query.norm(dim=-1, keepdim=True) * abs(scaling)  # (B, H, rows, 1): |s| |q_i|
+    upper = q_norm * norms[:, :, None, :]  # (B, H, rows, nb): Cauchy-Schwarz
+    if centres is not None:
+        centred = (query @ centres.transpose(-1, -2)) * scaling + q_norm * radii[:, :, None, :]  # (B, H, rows, nb)
+        upper = torch.minimum(upper, centred)
+    # A block without real keys has norm -inf; 0 * -inf (a zero query) would be NaN, and its mass is 0 anyway
+    upper = upper.masked_fill((norms == -math.inf)[:, :, None, :], -math.inf)
+    m = slopes.double().to(query.device)  # (H,)
+    ends = torch.arange(1, n_blocks + 1, device=query.device, dtype=torch.float64) * block - 1  # (nb,) e_K
+    distance = positions.double()[:, None] - ends[None, :]  # (rows, nb): i - e_K >= 0
+    log_g = torch.where(m > 0, torch.log(-torch.expm1(-m * block)) - torch.log(-torch.expm1(-m)), math.log(block))
+    return upper - m[:, None, None] * distance + (log_g[:, None, None] - lse_lower[..., None])  # (B, H, rows, nb)
+
+
+def first_kept_key(log_bounds: torch.Tensor, eps: float, block: int) -> torch.Tensor:
+    """The largest block boundary t with sum_{blocks before t} bound <= eps, per row: int64 (...,) from (..., nb)."""
+    _check_eps(eps)
+    if log_bounds.shape[-1] == 0 or eps == 0.0:
+        return torch.zeros(log_bounds.shape[:-1], dtype=torch.long, device=log_bounds.device)
+    cumulative = torch.logcumsumexp(log_bounds, dim=-1)  # (..., nb): log B_i(t) at t = (k + 1) block
+    # B_i(t) is nondecreasing in t, so the blocks that pass form a prefix; NaN (never on real rows) counts as failing
+    return (cumulative <= math.log(eps) - _ROUNDING_MARGIN).sum(-1) * block  # (...,)
+
+
+def certified_key_starts(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    slopes: torch.Tensor,
+    scaling: float,
+    query_offset: int,
+    eps: float,
+    row_block: int,
+    key_block: int,
+    key_padding: torch.Tensor | None = None,
+    near: int = 64,
+    centroid: bool = True,
+) -> torch.Tensor:
+    """Per (head, block of `row_block` query rows): the first key a kernel must compute, int64 (H, n_row_blocks).
+
+    `query` (B, H, q, D), row r at absolute position `query_offset + r`; `key` (B, H, kv, D) (keys from
+    `query_offset + q` on are never read); `slopes` (H,) >= 0; `key_padding` (B, kv) True = real. Packed rows need no
+    document mask: the starts hold for them as they are (module docstring). The start is a multiple of `key_block`
+    and never past the row block's first position, so the diagonal is always computed; for every batch element and
+    every real row of the block the softmax mass of the visible keys before it is <= `eps` (0 = dense). `near` sets
+    Theorem 2's window, `centroid` adds Theorem 3's centred bound to Cauchy-Schwarz.
+    """
+    _check_eps(eps)
+    _check_positive("row_block", row_block)
+    _check_positive("key_block", key_block)
+    batch, heads, q_len, dim = query.shape
+    if key.dim() != 4 or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
+        raise ValueError(f"key {tuple(key.shape)} does not fit query {tuple(query.shape)}")
+    if not 0 <= query_offset <= key.shape[2] - q_len:
+        raise ValueError(f"query_offset={query_offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
+    _check_slopes(slopes, heads)
+    _real_keys(key, key_padding)  # checks its shape
+    n_row_blocks = -(-q_len // row_block)
+    starts = torch.zeros(heads, n_row_blocks, dtype=torch.long, device=query.device)
+    usable = (query_offset + (n_row_blocks - 1) * row_block) // key_block  # blocks before the last row block
+    if eps == 0.0 or usable == 0:
+        return starts
+    droppable = key[:, :, : usable * key_block]  # no later key is ever dropped
+    padding = None if key_padding is None else key_padding[:, : usable * key_block]
+    norms = key_block_norms(droppable, key_block, padding)  # (B, H, nb)
+    centres, radii = key_block_spheres(droppable, key_block, padding) if centroid else (None, None)
+    real_rows = None if key_padding is None else key_padding[:, query_offset : query_offset + q_len].bool()  # (B, q)
+    for index, first in enumerate(range(0, q_len, row_block)):
+        last = min(first + row_block, q_len)
+        n = (query_offset + first) // key_block  # blocks wholly before this row block
+        if n == 0:
+            continue
+        rows = slice(first, last)
+        lse = near_key_lse(
+            query[:, :, rows], key, slopes, scaling, query_offset + first, near, key_padding
+        )  # (B, H, n_rows)
+        positions = torch.arange(query_offset + first, query_offset + last, device=query.device)  # (n_rows,)
+        log_bounds = block_log_mass_bounds(query[:, :, rows], lse, positions, slopes, scaling, key_block,
+                                           norms[..., :n], None if centres is None else centres[:, :, :n],
+                                           None if radii is None else radii[..., :n])  # (B, H, n_rows, n)  # fmt: skip
+        row_starts = first_kept_key(log_bounds, eps, key_block)  # (B, H, n_rows)
+        if real_rows is not None:  # padded rows do not constrain the start
+            row_starts = row_starts.masked_fill(~real_rows[:, None, rows], n * key_block)
+        starts[:, index] = row_starts.amin(dim=(0, 2))
+    return starts
+
+
+def certified_decode_start(
+    query: torch.Tensor,
+    block_norms: torch.Tensor,
+    slopes: torch.Tensor,
+    scaling: float,
+    position: int,
+    eps: float,
+    block: int,
+    lse_lower: torch.Tensor,
+    centres: torch.Tensor | None = None,
+    radii: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """First key one decoding step must compute, per batch element and head: int64 (B, H); `.amin(0)` per head.
+
+    `query` (B, H, D) or (B, H, 1, D) at absolute `position`; `block_norms` (B, H, nb) from `key_block_norms` of the
+    cache (a running maximum for the block being filled); `lse_lower` (B, H) or (B, H, 1) a lower bound on the row's
+    LSE: `near_key_lse(query, cache_keys, ..., query_offset=position, near=...)` (near=1: the diagonal logit);
+    optional `centres`/`radii` of the cache's full blocks. The start is a multiple of `block` and <= `position`.
+    """
+    _check_eps(eps)
+    _check_positive("block", block)
+    query = query[:, :, None] if query.dim() == 3 else query  # (B, H, 1, D)
+    if query.dim() != 4 or query.shape[2] != 1:
+        raise ValueError(f"query must be (B, H, D) or (B, H, 1, D), got {tuple(query.shape)}")
+    _check_slopes(slopes, query.shape[1])
+    batch, heads = query.shape[:2]
+    if block_norms.dim() != 3 or block_norms.shape[1] != heads or block_norms.shape[0] not in (1, batch):
+        raise ValueError(f"block_norms {tuple(block_norms.shape)} does not fit query {tuple(query.shape)}")
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise ValueError(f"position must be a non-negative integer, got {position!r}")
+    lse_lower = lse_lower.reshape(*query.shape[:2], 1)  # (B, H, 1)
+    n = min(position // block, block_norms.shape[-1])  # blocks wholly before the current position's block
+    positions = torch.tensor([position], device=query.device)  # (1,)
+    log_bounds = block_log_mass_bounds(query, lse_lower, positions, slopes, scaling, block, block_norms[..., :n],
+                                       None if centres is None else centres[:, :, :n],
+                                       None if radii is None else radii[..., :n])  # (B, H, 1, n)  # fmt: skip
+    return first_kept_key(log_bounds, eps, block)[..., 0]  # (B, H)
+
+
+def kept_fraction(starts: torch.Tensor, query_length: int, row_block: int, query_offset: int = 0) -> torch.Tensor:
+    """Computed keys / causal keys per head, float64 (H,), for `starts` (H, n_row_blocks) of `certified_key_starts`.
+
+    Row r (absolute position i = query_offset + r) computes keys [start, i]: i + 1 - start of its i + 1 causal keys.
+    The heads' mean is the overall fraction (every head has the same causal work). One decoding row: query_length=1.
+    """
+    _check_positive("row_block", row_block)
+    _check_positive("query_length", query_length)
+    if starts.dim() != 2 or starts.shape[1] != -(-query_length // row_block):
+        raise ValueError(f"starts must be (H, {-(-query_length // row_block)}), got {tuple(starts.shape)}")
+    positions = torch.arange(query_offset, query_offset + query_length, device=starts.device)  # (q,)
+    row_starts = starts.repeat_interleave(row_block, dim=1)[:, :query_length]  # (H, q)
+    causal = (positions + 1).double()  # (q,)
+    return (causal - row_starts).sum(-1) / causal.sum()  # (H,)
