@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from .attention_plan import AlibiAttentionPlan, _is_static, visible_keys
 from .attention_sdpa_split import sdpa_alibi_split
+from .attention_skip_ranges import certified_plan
 
 
 def alibi_attention(
@@ -21,10 +22,13 @@ def alibi_attention(
     scaling: float,
     output_attentions: bool = False,
     heads: slice | None = None,
+    layer: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """ALiBi attention for `query` (B, H, q, D) over `key`/`value` (B, H, kv, D). Returns ((B, q, H, D), weights).
 
     `heads` names the global heads this call's query holds (a tensor-parallel rank's slice), None for all of them.
+    With certified skipping on (`plan.skip_eps > 0`) the call first derives its key ranges from its own queries and
+    keys; `layer` names the layer for the decoding summary of a cache's key norms.
     Weights (post-softmax, (B, H, q, buffer)) come only from a plan built for `"eager"`, the model's choice when
     `output_attentions` is asked for; a static cache's unwritten slots get weight 0.
     """
@@ -32,6 +36,8 @@ def alibi_attention(
         plan = plan.for_heads(heads)
     if output_attentions and plan.path != "eager":
         raise ValueError(f"attention weights come from the eager path; this forward's plan is {plan.path!r}")
+    if plan.skip_eps > 0:
+        plan = certified_plan(plan, query, key, scaling, layer)
     buffer = key.shape[2]
     if _is_static(plan.key_length) and buffer > plan.key_length:  # a static cache's buffer: its filled part only
         key, value = key[:, :, : plan.key_length], value[:, :, : plan.key_length]  # (B, H, kv, D) views
@@ -77,6 +83,8 @@ def sdpa_bank_attention(query, key, value, plan, scaling):
     -m * ((offset + s + a) - j), so the chunk's mask is bank[:, :, chunk - n:, kv - E:].
     """
     bank = plan.bias_in(query.dtype)  # (B|1, H, chunk, kv)
+    if plan.key_ranges is not None and plan.query_length == 1:  # a decoding row: skipped keys are not read at all
+        return _decode_in_key_ranges(query, key, value, plan, bank, scaling), None
     chunk, kv = bank.shape[2], plan.key_length
     q_len, offset = plan.query_length, plan.query_offset
     outputs = []
@@ -95,6 +103,23 @@ def sdpa_bank_attention(query, key, value, plan, scaling):
         outputs.append(out)
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (B, H, q, D)
     return output.transpose(1, 2), None  # (B, q, H, D)
+
+
+def _decode_in_key_ranges(query, key, value, plan, bank, scaling):
+    """One row per head run that shares a first key: SDPA over keys [first, kv) with the bank's per-key bias."""
+    first_keys, outputs, head = plan.key_ranges.first_key[:, 0].tolist(), [], 0
+    while head < len(first_keys):
+        end = head + 1
+        while end < len(first_keys) and first_keys[end] == first_keys[head]:
+            end += 1
+        keys = slice(first_keys[head], None)
+        outputs.append(F.scaled_dot_product_attention(
+            query[:, head:end], key[:, head:end, keys], value[:, head:end, keys],
+            attn_mask=bank[:, head:end, :, keys], dropout_p=plan.dropout, scale=scaling,
+        ))  # (B, h, 1, D)  # fmt: skip
+        head = end
+    output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, H, 1, D)
+    return output.transpose(1, 2)  # (B, 1, H, D)
 
 
 def flex_alibi_attention(query, key, value, plan, scaling):

@@ -81,6 +81,10 @@ class AlibiAttentionPlan:
     split: SplitPlan | None = None  # sdpa_split: every kernel call and its masks, shared by all layers and passes
     block_mask: object | None = None  # flex_attention
     key_ranges: KeyRanges | None = None  # per (head, query block) first key; None = every causal key
+    # Certified skipping (`attention_skip_ranges`): > 0 only where this forward applies it; each layer then derives
+    # its own key ranges from its queries and keys. Decoding keeps a dynamic cache's key-norm summary in `key_norms`.
+    skip_eps: float = 0.0
+    key_norms: object | None = None
 
     def bias_in(self, dtype: torch.dtype) -> torch.Tensor:
         """The SDPA bias in `dtype`: the one cast at planning time, or (a layer in another dtype) a cast of fp32."""
@@ -117,6 +121,8 @@ def plan_alibi_attention(
     sdpa_split: bool = True,
     query_chunk: int = SDPA_QUERY_CHUNK,
     key_ranges: KeyRanges | None = None,
+    skip_eps: float = 0.0,
+    key_norms=None,
 ) -> AlibiAttentionPlan:
     """Validate one forward's inputs and build its plan for `implementation` (one of `SUPPORTED_ATTENTION`).
 
@@ -126,6 +132,10 @@ def plan_alibi_attention(
     style `cu_seq_lens` of one flattened row. `dtype` is the layers' compute dtype (autocast's, else the weights'):
     SDPA masks are built in it once. `sdpa_split=False` sends the calls the split would serve to the bias bank,
     whose chunks have `query_chunk` rows (the config's `alibi_sdpa_split` and `alibi_sdpa_query_chunk`).
+    `skip_eps` (the config's `alibi_skip_eps`) turns on certified key skipping where it applies: without gradients,
+    outside tracing, on the split and FlexAttention (several rows) and on one-row SDPA steps over a dynamic cache,
+    whose running key-norm summary (`attention_skip_ranges.RunningKeyNorms`) the caller keeps per cache and hands
+    over through `key_norms`, a function called only when a decoding step skips.
     """
     if implementation not in SUPPORTED_ATTENTION:
         raise ValueError(
@@ -158,6 +168,10 @@ def plan_alibi_attention(
         implementation, plan, device=slopes.device.type, tracing=tracing, sdpa_split=sdpa_split,
         kernels_work=split_kernels_work,
     )  # fmt: skip
+    skip = skip_eps > 0 and key_ranges is None and not torch.is_grad_enabled() and not tracing
+    decoding = path == "sdpa_bank" and query_length == 1 and isinstance(query_offset, int)
+    if skip and (path in ("sdpa_split", "flex_attention") or decoding):
+        plan = replace(plan, skip_eps=float(skip_eps), key_norms=key_norms() if decoding and key_norms else None)
     if path == "eager":
         return replace(plan, bias=_full_bias(plan))  # fp32: the eager path scores in fp32
     if path == "sdpa_mask":

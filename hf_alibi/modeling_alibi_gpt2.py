@@ -28,6 +28,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention
 from .attention_plan import SUPPORTED_ATTENTION, AlibiAttentionPlan, plan_alibi_attention
+from .attention_skip_ranges import RunningKeyNorms
 from .configuration_alibi_gpt2 import AlibiGPT2Config
 
 logger = logging.get_logger(__name__)
@@ -73,7 +74,7 @@ class AlibiGPT2Attention(nn.Module):
         )  # 3 x (B, H, q, D)
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)  # (B, H, kv, D)
-        output, weights = alibi_attention(query, key, value, alibi, self.scaling, output_attentions)
+        output, weights = alibi_attention(query, key, value, alibi, self.scaling, output_attentions, layer=self.layer_idx)
         output = output.reshape(batch, length, self.embed_dim)  # (B, q, C)
         return self.resid_dropout(self.c_proj(output)), weights
 
@@ -224,6 +225,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             attention_mask=attention_mask, position_ids=position_ids, cu_seq_lens=kwargs.get("cu_seq_lens_q"),
             dtype=_compute_dtype(inputs_embeds), dropout=self.config.attn_pdrop if self.training else 0.0,
             sdpa_split=self.config.alibi_sdpa_split, query_chunk=self.config.alibi_sdpa_query_chunk,
+            skip_eps=self.config.alibi_skip_eps, key_norms=lambda: _running_key_norms(cache),
         )  # fmt: skip
 
         hidden_states = self.drop(inputs_embeds)
@@ -273,6 +275,21 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
                 raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}, the input {shape}")
             inputs_embeds = inputs_embeds + self.wte(token_type_ids)  # (B, q, C), GPT-2's segment embedding
         return inputs_embeds
+
+
+def _running_key_norms(cache) -> RunningKeyNorms | None:
+    """The cache's summary of its key norms for certified skipping while decoding, kept on the cache itself so that
+    it lives, is copied and is dropped with it; None (summarised afresh each step) for a cache that takes no
+    attribute."""
+    if cache is None:
+        return None
+    norms = getattr(cache, "hf_alibi_key_norms", None)
+    if norms is None:
+        try:
+            norms = cache.hf_alibi_key_norms = RunningKeyNorms()
+        except AttributeError:
+            return None
+    return norms
 
 
 def _compute_dtype(hidden_states: torch.Tensor) -> torch.dtype:

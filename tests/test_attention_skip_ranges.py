@@ -1,0 +1,161 @@
+"""Certified key skipping in the model (`alibi_skip_eps`): outputs equal dense attention within fp32 rounding on every
+path that skips (the split, FlexAttention, cached decoding), with padding, packed rows and caches; keys really are
+skipped; nothing skips with gradients on; the decoding summary of key norms stays an upper bound."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
+from hf_alibi.attention_alibi import alibi_attention
+from hf_alibi.attention_plan import plan_alibi_attention
+from hf_alibi.attention_skip import key_block_norms
+from hf_alibi.attention_skip_ranges import KEY_BLOCK, ROWS, RunningKeyNorms, certified_plan
+
+EPS = 1e-7
+
+
+def steep_model(backend="sdpa", **overrides):
+    """4 heads with slopes 1/4 .. 1/256 (the demo's), scaled-up weights so that some keys are far from negligible."""
+    config = AlibiGPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, resid_pdrop=0.0,
+                             embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation=backend, **overrides)  # fmt: skip
+    torch.manual_seed(0)
+    model = AlibiGPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(8.0)  # larger q.k: certificates have to work for their keys
+    return model
+
+
+def assert_close_to_dense(skipping, dense, real=None):
+    skipping, dense = (t if real is None else t[real] for t in (skipping, dense))
+    difference = (skipping - dense).abs().max().item()
+    scale = dense.abs().max().item()
+    assert difference <= 1e-6 * scale, f"largest difference {difference:.3g} at scale {scale:.3g}"
+
+
+def logits(model, ids, eps, **inputs):
+    model.config.alibi_skip_eps = eps
+    with torch.no_grad():
+        return model(ids, **inputs).logits
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex_attention"])
+@pytest.mark.parametrize("batch", [1, 3], ids=["batch_of_one", "left_padded_batch"])
+def test_prefill_with_skipping_equals_dense_within_fp32_rounding(backend, batch):
+    model = steep_model(backend)
+    ids = torch.randint(0, 64, (batch, 700))
+    mask = torch.ones_like(ids)
+    mask[1:, :300] = 0  # left padding for the other rows
+    real = mask.bool()
+    assert_close_to_dense(logits(model, ids, EPS, attention_mask=mask), logits(model, ids, 0.0, attention_mask=mask), real)
+
+
+def test_prefill_after_a_cached_prefix_with_skipping_equals_dense():
+    model = steep_model()
+    ids = torch.randint(0, 64, (1, 900))
+    results = {}
+    for eps in (0.0, EPS):
+        model.config.alibi_skip_eps = eps
+        with torch.no_grad():
+            cache = model(ids[:, :500], use_cache=True).cache
+            results[eps] = model(ids[:, 500:], cache=cache).logits  # 400 rows at offset 500: the split, cached
+    assert_close_to_dense(results[EPS], results[0.0])
+
+
+def test_packed_rows_with_skipping_equal_dense():
+    model = steep_model("flex_attention")
+    ids = torch.randint(0, 64, (1, 600))
+    positions = torch.cat([torch.arange(350), torch.arange(250)])[None]  # two documents
+    assert_close_to_dense(logits(model, ids, EPS, position_ids=positions), logits(model, ids, 0.0, position_ids=positions))
+
+
+def test_greedy_decoding_with_skipping_gives_the_dense_tokens_and_a_summary_on_the_cache():
+    model = steep_model()
+    prompt = torch.randint(0, 64, (2, 600))
+    mask = torch.ones_like(prompt)
+    mask[1, :150] = 0
+    tokens = {}
+    for eps in (0.0, EPS):
+        model.config.alibi_skip_eps = eps
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            tokens[eps] = model.generate(prompt, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                                         cache=cache, pad_token_id=0)  # fmt: skip
+    assert torch.equal(tokens[EPS], tokens[0.0])
+    norms = cache.hf_alibi_key_norms  # the decoding steps kept their summary on the cache
+    keys = cache.layers[0].keys
+    expected = key_block_norms(keys, KEY_BLOCK, torch.cat([mask, torch.ones(2, keys.shape[2] - 600)], 1).bool())
+    torch.testing.assert_close(norms.layers[0][0], expected.amax(0, keepdim=True), rtol=0, atol=1e-12)
+
+
+def steep_plan(query, key, path_backend="sdpa", **options):
+    return plan_alibi_attention(path_backend, get_alibi_slopes(4), query.shape[0], query.shape[2], key.shape[2],
+                                skip_eps=EPS, **options)  # fmt: skip
+
+
+def qkv(batch, q_len, kv_len, scale=3.0):
+    generator = torch.Generator().manual_seed(1)
+    return [scale * torch.randn(batch, 4, n, 16, generator=generator) for n in (q_len, kv_len, kv_len)]
+
+
+def test_far_keys_are_skipped_for_steep_heads_and_kept_for_the_flattest():
+    query, key, _ = qkv(1, 2048, 2048, scale=1.0)
+    with torch.no_grad():
+        plan = steep_plan(query, key)
+        assert plan.skip_eps == EPS and plan.path == "sdpa_split"
+        ranged = certified_plan(plan, query, key, 0.25, layer=0)
+    first = ranged.key_ranges.first_key  # (H, blocks)
+    assert ranged.key_ranges.rows == ROWS and first.shape == (4, 2048 // ROWS)
+    assert first[0, -1] > 1024, f"slope 1/4 must skip most of 1792 earlier keys, starts at {first[0, -1]}"
+    assert (first[0] >= first[-1]).all(), "a steeper head must never keep more than the flattest"
+    with torch.no_grad():  # a decoding step at position 2047 over the same keys
+        step = plan_alibi_attention("sdpa", get_alibi_slopes(4), 1, 1, 2048, skip_eps=EPS)
+        assert step.skip_eps == EPS and step.path == "sdpa_bank"
+        decode_first = certified_plan(step, query[:, :, -1:], key, 0.25, layer=0).key_ranges.first_key  # (H, 1)
+    assert decode_first[0, 0] > 1024 and decode_first[0, 0] >= decode_first[-1, 0], decode_first.tolist()
+
+
+@pytest.mark.parametrize("decoding", [False, True], ids=["prefill", "decoding_step"])
+def test_one_call_with_certified_ranges_matches_dense(decoding):
+    q_len = 1 if decoding else 1500
+    query, key, value = qkv(2, q_len, 1500)
+    mask = torch.ones(2, 1500, dtype=torch.long)
+    mask[1, :200] = 0
+    with torch.no_grad():
+        skipping = alibi_attention(query, key, value, steep_plan(query, key, attention_mask=mask), 0.25, layer=0)[0]
+        dense_plan = plan_alibi_attention("sdpa", get_alibi_slopes(4), 2, q_len, 1500, attention_mask=mask)
+        dense = alibi_attention(query, key, value, dense_plan, 0.25)[0]
+    assert_close_to_dense(skipping, dense, mask[:, -q_len:].bool())
+
+
+def test_no_skipping_with_gradients_or_without_eps(make_model):
+    query, key, _ = qkv(1, 300, 300)
+    assert steep_plan(query, key).skip_eps == 0.0, "skipping with gradients on"  # pytest runs with grad enabled
+    with torch.no_grad():
+        assert plan_alibi_attention("sdpa", get_alibi_slopes(4), 1, 300, 300).skip_eps == 0.0
+        assert steep_plan(query, key, "eager").skip_eps == 0.0  # the reference path never skips
+
+
+def test_running_key_norms_recompute_after_a_crop_and_refill():
+    norms, generator = RunningKeyNorms(), torch.Generator().manual_seed(0)
+    keys = torch.randn(2, 4, 150, 16, generator=generator)
+    for length in (100, 101, 140):  # appended steps
+        got = norms(0, keys[:, :, :length], None)
+        torch.testing.assert_close(got, key_block_norms(keys[:, :, :length], KEY_BLOCK).amax(0, keepdim=True))
+    refilled = keys[:, :, :150].clone()
+    refilled[:, :, 120:] *= 10  # cropped to 120, then refilled with much larger keys
+    torch.testing.assert_close(norms(0, refilled, None), key_block_norms(refilled, KEY_BLOCK).amax(0, keepdim=True))
+    reordered = refilled.flip(0)  # beam search reorders the batch: the maximum over it is unchanged
+    torch.testing.assert_close(norms(0, reordered, None), key_block_norms(refilled, KEY_BLOCK).amax(0, keepdim=True))
+
+
+def test_alibi_skip_eps_is_validated_saved_and_given_to_from_pretrained(tmp_path):
+    with pytest.raises(ValueError, match="alibi_skip_eps.*1.5"):
+        AlibiGPT2Config(alibi_skip_eps=1.5)
+    with pytest.raises(ValueError, match="alibi_skip_eps.*-1e-07"):
+        AlibiGPT2Config(alibi_skip_eps=-1e-7)
+    steep_model().save_pretrained(tmp_path)
+    assert AlibiGPT2LMHeadModel.from_pretrained(tmp_path, alibi_skip_eps=EPS).config.alibi_skip_eps == EPS
+    AlibiGPT2LMHeadModel.from_pretrained(tmp_path, alibi_skip_eps=EPS).save_pretrained(tmp_path / "again")
+    assert AlibiGPT2Config.from_pretrained(tmp_path / "again").alibi_skip_eps == EPS
