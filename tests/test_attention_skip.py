@@ -23,7 +23,7 @@ from hf_alibi.attention_skip import (
 )
 
 SLOPES = (0.0, 2.0**-8, 2.0**-4, 0.5, 2.0)
-CHECKS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CHECKS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -60,6 +60,7 @@ def problems(draw, decode=False):
         scaling=draw(st.sampled_from([dim**-0.5, 1.0])), offset=offset, key_padding=key_padding, documents=documents,
         eps=draw(st.sampled_from([1e-7, 1e-5, 1e-2, 0.5])), row_block=draw(st.integers(1, 16)),
         key_block=draw(st.integers(1, 16)), near=draw(st.sampled_from([1, 3, 64])), centroid=draw(st.booleans()),
+        row_group=draw(st.sampled_from([1, 2, 5])),
     )  # fmt: skip
 
 
@@ -92,7 +93,8 @@ def real_rows(p) -> torch.Tensor:
 def prefill_starts(p) -> torch.Tensor:
     """The certificate's start of every row, (H, q), after checking the block-level promises."""
     starts = certified_key_starts(p["query"], p["key"], p["slopes"], p["scaling"], p["offset"], p["eps"],
-                                  p["row_block"], p["key_block"], p["key_padding"], p["near"], p["centroid"])
+                                  p["row_block"], p["key_block"], p["key_padding"], p["near"], p["centroid"],
+                                  p["row_group"])  # fmt: skip
     first_rows = torch.arange(0, p["query"].shape[2], p["row_block"]) + p["offset"]  # (n_row_blocks,)
     assert bool((starts % p["key_block"] == 0).all()) and bool((starts <= first_rows).all()), starts
     return starts.repeat_interleave(p["row_block"], dim=1)[:, : p["query"].shape[2]]  # (H, q)
@@ -158,7 +160,10 @@ def test_steep_head_skips_far_keys_and_flat_head_keeps_all():
     assert float(fraction[0]) < 0.25 and float(fraction[1]) == 1.0, fraction
 
 
-def test_packed_rows_certified_without_document_mask_even_when_another_document_dominates_the_near_keys():
+@pytest.mark.parametrize("centroid, row_group", [(True, 1), (False, 1), (False, 8)])
+def test_packed_rows_certified_without_document_mask_even_when_another_document_dominates_the_near_keys(
+    centroid, row_group
+):
     # Document 0 ends with a key that every query of document 1 would love; it sits in their near window and inflates
     # the LSE lower bound, but it lies before any cut that could drop document 1's keys, so the certified sum pays it.
     generator = torch.Generator().manual_seed(0)
@@ -169,7 +174,7 @@ def test_packed_rows_certified_without_document_mask_even_when_another_document_
     documents = (torch.arange(80) >= 40).long()[None]  # (1, 80)
     p = dict(query=query, key=key, value=torch.randn(1, 1, 80, 8, generator=generator), slopes=torch.tensor([0.0]),
              scaling=1.0, offset=0, key_padding=None, documents=documents, eps=1e-7, row_block=8, key_block=4,
-             near=64, centroid=True)  # fmt: skip
+             near=64, centroid=centroid, row_group=row_group)  # fmt: skip
     mass = dropped_mass(exact_weights(p), prefill_starts(p))  # (1, 1, 80)
     assert float(mass.max()) <= p["eps"], f"largest dropped mass {float(mass.max()):.3e} > eps 1e-7"
 
@@ -216,3 +221,17 @@ def test_bad_inputs_raise_naming_the_value(change, message):
                      scaling=0.5, query_offset=4, eps=1e-7, row_block=2, key_block=2)  # fmt: skip
     with pytest.raises(ValueError, match=message):
         certified_key_starts(**{**arguments, **change})
+
+
+@pytest.mark.parametrize("q_len, kv, offset, near", [(37, 37, 0, 8), (5, 29, 24, 64), (1, 61, 60, 32), (19, 40, 21, 1)])
+def test_near_key_lse_is_the_log_sum_exp_of_the_near_real_keys(q_len, kv, offset, near):
+    generator = torch.Generator().manual_seed(0)
+    query, key = (torch.randn(2, 3, n, 4, generator=generator) for n in (q_len, kv))
+    slopes, padding = torch.tensor([0.0, 0.25, 2.0]), torch.rand(2, kv, generator=generator) > 0.2
+    got = near_key_lse(query, key, slopes, 0.5, offset, near, padding)  # (B, H, q)
+    i = torch.arange(offset, offset + q_len)[:, None]  # (q, 1)
+    j = torch.arange(kv)[None]  # (1, kv)
+    scores = query.double() @ key.double().transpose(-1, -2) * 0.5 - slopes.double()[:, None, None] * (i - j)
+    window = (j <= i) & (i - j < near) & padding[:, None, None, :]  # (B, 1, q, kv)
+    expected = torch.logsumexp(scores.masked_fill(~window, -torch.inf), dim=-1)  # (B, H, q)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
