@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention_plan import AlibiAttentionPlan, _is_static, visible_keys
-from .attention_sdpa_split import sdpa_alibi_split
+from .attention_sdpa_split import _flash, sdpa_alibi_split, split_kernels_work
 from .attention_skip_ranges import certified_plan
 
 
@@ -106,20 +106,52 @@ def sdpa_bank_attention(query, key, value, plan, scaling):
 
 
 def _decode_in_key_ranges(query, key, value, plan, bank, scaling):
-    """One row per head run that shares a first key: SDPA over keys [first, kv) with the bank's per-key bias."""
+    """One row per head run that shares a first key, over keys [first, kv) with the bank's per-key bias.
+
+    A run's call over one query row cannot spread over threads (the kernel splits work by batch, heads and query
+    rows), so on the CPU flash kernels, without dropout, a long run is cut into `DECODE_SEGMENT`-key segments that
+    go to the kernel as one batch, and the segments' outputs merge exactly by their log-sum-exps, as in the split.
+    """
     first_keys, outputs, head = plan.key_ranges.first_key[:, 0].tolist(), [], 0
+    segmented = query.device.type == "cpu" and plan.dropout == 0 and query.shape[0] == 1 and split_kernels_work()
     while head < len(first_keys):
         end = head + 1
         while end < len(first_keys) and first_keys[end] == first_keys[head]:
             end += 1
-        keys = slice(first_keys[head], None)
-        outputs.append(F.scaled_dot_product_attention(
-            query[:, head:end], key[:, head:end, keys], value[:, head:end, keys],
-            attn_mask=bank[:, head:end, :, keys], dropout_p=plan.dropout, scale=scaling,
-        ))  # (B, h, 1, D)  # fmt: skip
+        heads, first = slice(head, end), first_keys[head]
+        if segmented and plan.key_length - first >= 2 * DECODE_SEGMENT:
+            outputs.append(_segmented_row(query[:, heads], key[:, heads], value[:, heads], bank[:, heads], first,
+                                          scaling).to(query.dtype))  # fmt: skip
+        else:
+            outputs.append(F.scaled_dot_product_attention(
+                query[:, heads], key[:, heads, first:], value[:, heads, first:],
+                attn_mask=bank[:, heads, :, first:], dropout_p=plan.dropout, scale=scaling,
+            ))  # (B, h, 1, D)  # fmt: skip
         head = end
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, H, 1, D)
     return output.transpose(1, 2)  # (B, 1, H, D)
+
+
+DECODE_SEGMENT = 2048  # keys per segment of a decoding row's long key range
+
+
+def _segmented_row(query, key, value, bank, first, scaling):
+    """Batch 1, one row (1, h, 1, D) over keys [first, kv): equal segments as one kernel batch, the rest after."""
+    kv = key.shape[2]
+    count = (kv - first) // DECODE_SEGMENT
+    split = first + count * DECODE_SEGMENT
+
+    def segments(tensor):  # keys [first, split) of (1, h, kv, D) as (count, h, S, D), a view
+        return tensor[0, :, first:split].unflatten(1, (count, DECODE_SEGMENT)).transpose(0, 1)
+
+    mask = bank[0, :, :, first:split].unflatten(2, (count, DECODE_SEGMENT)).permute(2, 0, 1, 3)  # (count, h, 1, S)
+    rows = query.expand(count, -1, -1, -1)  # (count, h, 1, D)
+    out, lse = _flash(rows, segments(key), segments(value), mask, scaling)  # (count, h, 1, D), (count, h, 1)
+    if split < kv:
+        tail_out, tail_lse = _flash(query, key[:, :, split:], value[:, :, split:], bank[:, :, :, split:], scaling)
+        out, lse = torch.cat([out, tail_out]), torch.cat([lse, tail_lse])  # (count + 1, ...)
+    weights = torch.softmax(lse.float(), dim=0)[..., None]  # (segments, h, 1, 1): each segment's share of the mass
+    return (weights * out.float()).sum(0, keepdim=True)  # (1, h, 1, D)
 
 
 def flex_alibi_attention(query, key, value, plan, scaling):

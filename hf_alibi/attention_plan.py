@@ -152,8 +152,9 @@ def plan_alibi_attention(
     # prefill (or any multi-row step) reads that count once, so its keys are the filled ones only: the rest are
     # unwritten and causally hidden, and a bias over them would cost (q, max_cache_len) per head. One-row steps keep
     # the tensor: their bias is per key anyway, and reading the count would sync a device on every decoding step.
-    if isinstance(query_offset, torch.Tensor) and query_length > 1 and not tracing:
-        query_offset = int(query_offset)
+    skip = skip_eps > 0 and key_ranges is None and not torch.is_grad_enabled() and not tracing
+    if isinstance(query_offset, torch.Tensor) and (query_length > 1 or skip) and not tracing:
+        query_offset = int(query_offset)  # a skipping decoding step needs its position on the host anyway
     filled = query_offset + query_length if isinstance(query_offset, int) else key_length
     if _is_static(filled) and _is_static(key_length) and filled < key_length:
         key_length = filled  # `alibi_attention` reads keys [0, filled) of the buffer
@@ -168,7 +169,6 @@ def plan_alibi_attention(
         implementation, plan, device=slopes.device.type, tracing=tracing, sdpa_split=sdpa_split,
         kernels_work=split_kernels_work,
     )  # fmt: skip
-    skip = skip_eps > 0 and key_ranges is None and not torch.is_grad_enabled() and not tracing
     decoding = path == "sdpa_bank" and query_length == 1 and isinstance(query_offset, int)
     if skip and (path in ("sdpa_split", "flex_attention") or decoding):
         plan = replace(plan, skip_eps=float(skip_eps), key_norms=key_norms() if decoding and key_norms else None)

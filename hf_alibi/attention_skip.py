@@ -193,9 +193,18 @@ def first_kept_key(log_bounds: torch.Tensor, eps: float, block: int) -> torch.Te
     _check_eps(eps)
     if log_bounds.shape[-1] == 0 or eps == 0.0:
         return torch.zeros(log_bounds.shape[:-1], dtype=torch.long, device=log_bounds.device)
-    cumulative = torch.logcumsumexp(log_bounds, dim=-1)  # (..., nb): log B_i(t) at t = (k + 1) block
-    # B_i(t) is nondecreasing in t, so the blocks that pass form a prefix; NaN (never on real rows) counts as failing
-    return (cumulative <= math.log(eps) - _ROUNDING_MARGIN).sum(-1) * block  # (...,)
+    return _passing_blocks(log_bounds, eps) * block  # (...,)
+
+
+def _passing_blocks(log_terms: torch.Tensor, eps: float) -> torch.Tensor:
+    """How many leading blocks' bounds sum to at most eps (less the margin), along the last dim: int64 (...,).
+
+    The sum is nondecreasing, so the blocks that pass form a prefix. Summed as exp(term - log eps): overflow to inf
+    fails, as it should; underflow to 0 drops terms below 1e-308 of eps, which the margin covers; NaN (never on real
+    rows) fails.
+    """
+    threshold = math.log(eps) - _ROUNDING_MARGIN
+    return (torch.cumsum(torch.exp(log_terms - threshold), dim=-1) <= 1.0).sum(-1)
 
 
 def certified_key_starts(
@@ -304,17 +313,13 @@ def _grouped_starts(query, lse, norms, slopes, scaling, offset, eps, row_block, 
     empty = norms == -math.inf  # (B, H, nb): blocks without real keys carry no mass
     first_row = offset + torch.arange(n_row_blocks, device=query.device) * row_block  # (R,)
     beyond = torch.arange(n_blocks, device=query.device) >= (first_row // key_block)[:, None]  # (R, nb) not droppable
-    threshold = math.log(eps) - _ROUNDING_MARGIN
     starts = torch.empty(batch, heads, n_row_blocks, groups, dtype=torch.long, device=query.device)
     for first in range(0, n_row_blocks, chunk):
         part = slice(first, min(first + chunk, n_row_blocks))
         log_terms = a[:, :, part, :, None] * norms[:, :, None, None, :] + b[None, :, None, None, :]  # (B, H, r, g, nb)
         log_terms = log_terms.masked_fill(empty[:, :, None, None, :], -math.inf) + c[:, :, part, :, None]
         log_terms = log_terms.masked_fill(beyond[None, None, part, None, :], math.inf)  # the cumulative stops there
-        # Sum of exp(term - threshold) <= 1 over a prefix; overflow to inf fails, as it should; underflow to 0 drops
-        # terms below 1e-308 of eps, which the margin covers
-        passing = torch.cumsum(torch.exp(log_terms - threshold), dim=-1) <= 1.0  # (B, H, r, g, nb), a prefix
-        starts[:, :, part] = passing.sum(-1) * key_block
+        starts[:, :, part] = _passing_blocks(log_terms, eps) * key_block  # (B, H, r, g)
     return starts.amin(dim=(0, 3))  # (H, R)
 
 

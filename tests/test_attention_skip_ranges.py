@@ -116,15 +116,18 @@ def test_far_keys_are_skipped_for_steep_heads_and_kept_for_the_flattest():
     assert decode_first[0, 0] > 1024 and decode_first[0, 0] >= decode_first[-1, 0], decode_first.tolist()
 
 
-@pytest.mark.parametrize("decoding", [False, True], ids=["prefill", "decoding_step"])
-def test_one_call_with_certified_ranges_matches_dense(decoding):
-    q_len = 1 if decoding else 1500
-    query, key, value = qkv(2, q_len, 1500)
-    mask = torch.ones(2, 1500, dtype=torch.long)
-    mask[1, :200] = 0
+@pytest.mark.parametrize(
+    "batch, q_len, kv",
+    [(2, 1500, 1500), (2, 1, 1500), (1, 1, 9000)],
+    ids=["prefill", "decoding_step", "decoding_step_in_segments"],  # a long range: segments merged by log-sum-exp
+)
+def test_one_call_with_certified_ranges_matches_dense(batch, q_len, kv):
+    query, key, value = qkv(batch, q_len, kv)
+    mask = torch.ones(batch, kv, dtype=torch.long)
+    mask[1:, :200] = 0
     with torch.no_grad():
         skipping = alibi_attention(query, key, value, steep_plan(query, key, attention_mask=mask), 0.25, layer=0)[0]
-        dense_plan = plan_alibi_attention("sdpa", get_alibi_slopes(4), 2, q_len, 1500, attention_mask=mask)
+        dense_plan = plan_alibi_attention("sdpa", get_alibi_slopes(4), batch, q_len, kv, attention_mask=mask)
         dense = alibi_attention(query, key, value, dense_plan, 0.25)[0]
     assert_close_to_dense(skipping, dense, mask[:, -q_len:].bool())
 

@@ -1,0 +1,188 @@
+"""Certified key skipping (`alibi_skip_eps`) on a trained checkpoint: forward and decoding against GPT-2 SDPA and
+our dense path, in fresh interleaved processes, with the certified kept fraction per head beside every figure.
+
+    python -m benchmarks.bench_skip --checkpoint runs/cpu_demo/alibi/final --out results/skip/bench_demo
+    python -m benchmarks.bench_skip --checkpoint runs/cpu_demo/alibi/final --forward 2048 --decode 0 \
+        --processes 1 --repeats 1 --out /tmp/skip_smoke                                      # smoke, ~20 s
+
+Contestants: `gpt2-sdpa` (transformers' GPT-2, learned positions, the checkpoint's width, depth, heads and
+vocabulary, random weights: dense cost does not depend on them), `alibi-dense` (the checkpoint, `alibi_skip_eps=0`)
+and `alibi-skip` (the checkpoint, `alibi_skip_eps=--eps`). Inputs are real text: the recipe's held-out
+standard-library documents in the checkpoint's own tokenizer (what the certificate's gain depends on; random ids
+would say little). Forward: batch 1, no grad, no cache, `logits_to_keep=1`. Decoding: a static cache (its steps
+copy nothing: a dynamic cache's concatenation costs more than attention at these widths), `--prompt`-token prefill
+untimed, then `--steps` greedy steps timed; tokens are checked equal to the dense path's. Each process builds one
+contestant, warms up once and times `--repeats` calls (median); processes rotate over contestants, `--processes`
+rounds; a cell reports the median over processes and [min, max]. The skipping process also reports the kept
+fraction of causal key work per head, from the same bound the layers use (`attention_skip_ranges`).
+Run alone: two cores, any other load shows in the figures.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONTESTANTS = ("gpt2-sdpa", "alibi-dense", "alibi-skip")
+
+
+def build(name: str, checkpoint: str, eps: float, length: int):
+    import torch
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    import hf_alibi  # noqa: F401  (registers the ALiBi model with the Auto classes)
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
+    if name == "gpt2-sdpa":
+        c = model.config
+        torch.manual_seed(0)
+        config = GPT2Config(n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head, vocab_size=c.vocab_size,
+                            n_positions=length, attn_implementation="sdpa")  # fmt: skip
+        return GPT2LMHeadModel(config).eval()
+    model.config.alibi_skip_eps = eps if name == "alibi-skip" else 0.0
+    return model
+
+
+def text_ids(checkpoint: str, length: int):
+    from transformers import AutoTokenizer
+
+    import hf_alibi  # noqa: F401  (the checkpoint's config type: no remote-code prompt)
+    from benchmarks.measure_kept_fraction import heldout_stream
+
+    return heldout_stream(AutoTokenizer.from_pretrained(checkpoint), length)  # (1, length)
+
+
+def kept_fractions(checkpoint: str, ids, eps: float) -> list[float]:
+    """Certified kept fraction of causal key work per head (mean over layers), as the layers compute it."""
+    import torch
+
+    from benchmarks.measure_kept_fraction import capture_queries_keys, load_model
+    from hf_alibi.attention_skip import certified_key_starts, kept_fraction
+    from hf_alibi.attention_skip_ranges import KEY_BLOCK, NEAR, ROW_GROUP, ROWS
+
+    model = load_model(Path(checkpoint))
+    slopes, scaling = model.transformer.alibi_slopes.float(), model.transformer.h[0].attn.scaling
+    fractions = []
+    for query, key in capture_queries_keys(model, ids):
+        starts = certified_key_starts(query, key, slopes, scaling, 0, eps, ROWS, KEY_BLOCK, near=NEAR,
+                                      centroid=False, row_group=ROW_GROUP)  # fmt: skip
+        fractions.append(kept_fraction(starts, ids.shape[1], ROWS))
+    return torch.stack(fractions).mean(0).tolist()  # (H,)
+
+
+def child(args) -> dict:
+    """One process: one contestant, one cell; prints a JSON line."""
+    import torch
+    from transformers import StaticCache
+
+    ids = text_ids(args.checkpoint, args.length)
+    model = build(args.contestant, args.checkpoint, args.eps, args.length + args.steps + 1)
+    times, tokens = [], None
+    for repeat in range(args.repeats + 1):  # the first call warms up
+        with torch.no_grad():
+            if args.suite == "forward":
+                start = time.perf_counter()
+                model(ids, logits_to_keep=1)
+                elapsed = time.perf_counter() - start
+            else:
+                cache = StaticCache(config=model.config, max_cache_len=args.length + args.steps + 1)
+                out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
+                token, generated = out.logits[:, -1:].argmax(-1), []
+                start = time.perf_counter()
+                for _ in range(args.steps):
+                    out = model(token, cache=cache, use_cache=True)
+                    token = out.logits[:, -1:].argmax(-1)
+                    generated.append(int(token))
+                elapsed = (time.perf_counter() - start) / args.steps
+                tokens = generated
+        if repeat:
+            times.append(elapsed)
+    result = {"median_s": statistics.median(times), "tokens": tokens}
+    if args.contestant == "alibi-skip" and args.suite == "forward":
+        result["kept_per_head"] = kept_fractions(args.checkpoint, ids, args.eps)
+    return result
+
+
+def run_cell(args, suite: str, length: int) -> dict:
+    results = {name: [] for name in CONTESTANTS}
+    for round_ in range(args.processes):
+        order = CONTESTANTS[round_ % 3 :] + CONTESTANTS[: round_ % 3]  # rotate who goes first
+        for name in order:
+            command = [sys.executable, "-m", "benchmarks.bench_skip", "--child", name, "--suite", suite,
+                       "--length", str(length), "--checkpoint", args.checkpoint, "--eps", str(args.eps),
+                       "--repeats", str(args.repeats), "--steps", str(args.steps)]  # fmt: skip
+            line = subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+            results[name].append(json.loads(line))
+    cell = {"suite": suite, "length": length}
+    for name, runs in results.items():
+        times = [r["median_s"] for r in runs]
+        cell[name] = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
+        if "kept_per_head" in runs[0]:
+            cell["kept_per_head"] = runs[0]["kept_per_head"]
+    if suite == "decode":
+        cell["same_tokens"] = all(r["tokens"] == results["alibi-dense"][0]["tokens"] for r in results["alibi-skip"])
+    return cell
+
+
+def markdown(cells: list[dict], args) -> str:
+    unit = {"forward": "s per forward", "decode": "ms per token"}
+    lines = [f"Checkpoint `{args.checkpoint}`, eps {args.eps:g}, {args.processes} fresh processes per contestant, "
+             f"{args.repeats} timed call(s) each (median); ratios of medians against `gpt2-sdpa`.", "",
+             "| cell | `gpt2-sdpa` | `alibi-dense` | `alibi-skip` | skip / dense | kept per head |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for cell in cells:
+        scale = 1e3 if cell["suite"] == "decode" else 1.0
+        reference = cell["gpt2-sdpa"]["median_s"]
+
+        def show(name):
+            r = cell[name]
+            return (f"{r['median_s'] * scale:.3f} [{r['min_s'] * scale:.3f}, {r['max_s'] * scale:.3f}] · "
+                    f"{r['median_s'] / reference:.2f}x")  # fmt: skip
+
+        kept = ", ".join(f"{k:.3f}" for k in cell.get("kept_per_head", [])) or ("tokens equal dense: "
+                                                                              f"{cell.get('same_tokens')}")  # fmt: skip
+        name = f"{cell['suite']} L={cell['length']} ({unit[cell['suite']]})"
+        ratio = cell["alibi-skip"]["median_s"] / cell["alibi-dense"]["median_s"]
+        lines.append(f"| {name} | {show('gpt2-sdpa')} | {show('alibi-dense')} | {show('alibi-skip')} | "
+                     f"{ratio:.2f}x | {kept} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", default="runs/cpu_demo/alibi/final", help="a trained ALiBi checkpoint folder")
+    parser.add_argument("--forward", default="2048,8192,32768,65536", help="forward lengths (comma-separated)")
+    parser.add_argument("--decode", default="8192,16384,32768", help="decoding context lengths; 0: none")
+    parser.add_argument("--eps", type=float, default=1e-7)
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=16, help="decoding steps timed per call")
+    parser.add_argument("--out", default="results/skip/bench", help="writes <out>.json and <out>.md")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--suite", help=argparse.SUPPRESS)
+    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        args.contestant = args.child
+        print(json.dumps(child(args)))
+        return
+    cells = [(suite, int(n)) for suite, lengths in (("forward", args.forward), ("decode", args.decode))
+             for n in lengths.split(",") if n and int(n)]  # fmt: skip
+    results = []
+    for suite, length in cells:
+        results.append(run_cell(args, suite, length))
+        print(json.dumps(results[-1]), flush=True)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for path, text in ((out.with_suffix(".json"), json.dumps({"command": sys.argv, "cells": results}, indent=1)),
+                           (out.with_suffix(".md"), markdown(results, args))):  # fmt: skip
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)  # atomic: never a half-written result
+
+
+if __name__ == "__main__":
+    main()
