@@ -14,6 +14,7 @@ apply theirs differently, so every contestant gets 0 everywhere: the benchmark c
 | `alibi-flex`           | `AlibiGPT2LMHeadModel`                          | FlexAttention, analytic `score_mod`        |
 | `alibi-flex-compiled`  | `torch.compile` of `alibi-flex`, inference only | compiled FlexAttention (slow to compile)   |
 | `alibi-flash`          | `AlibiGPT2LMHeadModel`, CUDA + flash-attn only  | FlashAttention-2 `alibi_slopes`            |
+| `alibi-flex-skip`      | `alibi-flex`, `alibi_skip_eps=1e-7`, inference  | per-head block masks (fused on CUDA)       |
 | `alibi-from-bloom`     | `bloom-eager`'s weights imported (`convert`)     | SDPA; logits checked equal to BLOOM's first|
 
 `alibi-from-bloom` is your BLOOM, imported: the same random BLOOM as `bloom-eager` (same seed), imported exactly
@@ -37,6 +38,7 @@ CONTESTANTS = (
     "alibi-flex-compiled",
     "alibi-flash",
     "alibi-from-bloom",
+    "alibi-flex-skip",
 )
 REFERENCE = "gpt2-sdpa"  # the default reference of every ratio
 # The GPT-2s without any bias (plain causal attention: what ALiBi is held against) and their attention backends
@@ -49,6 +51,7 @@ ALIBI_BACKENDS = {
     "alibi-flex-compiled": "flex_attention",
     "alibi-flash": "flash_attention_2",
     "alibi-from-bloom": "sdpa",
+    "alibi-flex-skip": "flex_attention",
 }
 SUITES = ("train", "forward", "generate")
 
@@ -89,6 +92,8 @@ def unsupported_reason(name: str, suite: str, device: str) -> str | None:
             return "flash-attn is not installed"
     if name == "alibi-flex" and suite == "train" and device == "cpu":
         return "FlexAttention has no CPU backward in this torch version"
+    if name == "alibi-flex-skip" and (suite == "train" or device != "cuda"):
+        return "certified skipping is inference only; on CPU FlexAttention is unfused (measure the split: bench_skip)"
     if name == "alibi-flex-compiled" and suite != "forward":
         return "compiled contestant is inference-forward only (compiling costs ~30 s+ per shape)"
     return None
@@ -132,7 +137,9 @@ def build_model(name: str, shape: Shape, max_length: int):
         )
         model = MptForCausalLM._from_config(config, attn_implementation="eager")
     else:
-        config = AlibiGPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, classifier_dropout=0.0, **ids)
+        skip = {"alibi_skip_eps": 1e-7} if name.endswith("-skip") else {}  # random weights: say so with its figures
+        config = AlibiGPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, classifier_dropout=0.0, **ids,
+                                 **skip)  # fmt: skip
         model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation=ALIBI_BACKENDS[name])
     forward = torch.compile(model) if name == "alibi-flex-compiled" else model
     return model, forward

@@ -2,8 +2,10 @@
 # The parity targets on a GPU, as one script for a lent one: FlashAttention-2 with `alibi_slopes` (alibi-flash),
 # compiled FlexAttention (alibi-flex-compiled, inference only) and the SDPA path (alibi-sdpa) against
 # FlashAttention-2 without a bias (gpt2-flash, the reference of every ratio; target: within 1.05x), bf16, GPT-2
-# small's shape. Long-lived workers with interleaved repeats (a GPU's timings are steady; a fresh process per cell
-# would spend the lease on imports and compiles). Results: $OUT (the device tool's folder) or results/benchmarks.
+# small's shape; alibi-flex-skip is certified key skipping (eps 1e-7) on FlexAttention's fused kernel with per-head
+# block masks (random weights: their gain is not a trained model's; bench_skip measures trained ones). Long-lived
+# workers with interleaved repeats (a GPU's timings are steady; a fresh process per cell would spend the lease on
+# imports and compiles). Results: $OUT (the device tool's folder) or results/benchmarks.
 #
 #     bash benchmarks/gpu_parity.sh        # needs CUDA, flash-attn and transformers >= 5.24 importable
 set -euo pipefail
@@ -19,7 +21,7 @@ EOF
 B="python -m benchmarks.bench_alibi --device cuda --dtype bf16 --n-embd 768 --n-head 12 --n-layer 12 --threads 4
    --reference gpt2-flash --targets parity --warmup 2 --repeats 10 --timeout 300"
 $B --suite forward --lengths 512,2048,8192,32768 \
-   --contestants gpt2-flash,alibi-flash,alibi-flex-compiled,alibi-sdpa \
+   --contestants gpt2-flash,alibi-flash,alibi-flex-compiled,alibi-flex-skip,alibi-sdpa \
    --out "$dest/parity_cuda_forward.json" --markdown "$dest/parity_cuda_forward.md"
 $B --suite train,generate --train-lengths 512,1024,2048 --train-batch 8 --prefill 512 --decode 64 --gen-batches 1,8 \
    --contestants gpt2-flash,alibi-flash,alibi-sdpa \

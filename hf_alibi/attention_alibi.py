@@ -6,6 +6,8 @@ takes `(query, key, value, plan, scaling)` with query (B, H, q, D) and key/value
 ((B, q, H, D) output, (B, H, q, kv) weights or None); only reading the plan.
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -171,8 +173,18 @@ def flex_alibi_attention(query, key, value, plan, scaling):
     def alibi_score(score, b, h, q_idx, kv_idx):
         return score - slopes[h] * (q_idx + offset - kv_idx)
 
-    output = flex_attention(query, key, value, score_mod=alibi_score, block_mask=plan.block_mask, scale=scaling)
+    attend = _compiled_flex_attention() if plan.flex_compiled else flex_attention
+    output = attend(query, key, value, score_mod=alibi_score, block_mask=plan.block_mask, scale=scaling)
     return output.transpose(1, 2), None  # (B, q, H, D)
+
+
+@functools.cache
+def _compiled_flex_attention():
+    """FlexAttention's fused kernel for a model that runs eagerly on a GPU (what transformers' flex integration
+    does): the per-head block masks of certified skipping are then skipped by the kernel, not just masked."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def _varlen_boundaries(segments: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -80,6 +80,7 @@ class AlibiAttentionPlan:
     split_chunks: tuple[int, ...] = SPLIT_CHUNKS  # sdpa_split: rows per chunk, coarse to fine
     split: SplitPlan | None = None  # sdpa_split: every kernel call and its masks, shared by all layers and passes
     block_mask: object | None = None  # flex_attention
+    flex_compiled: bool = False  # flex_attention: call the compiled kernel (CUDA, eager model: no graph to join)
     key_ranges: KeyRanges | None = None  # per (head, query block) first key; None = every causal key
     # Certified skipping (`attention_skip_ranges`): > 0 only where this forward applies it; each layer then derives
     # its own key ranges from its queries and keys. Decoding keeps a dynamic cache's key-norm summary in `key_norms`.
@@ -181,7 +182,8 @@ def plan_alibi_attention(
         bank, has_padding = _bias_bank(plan)
         return replace(plan, path=path, bias=bank, bias_cast=_in_dtype(bank, dtype), bias_has_padding=has_padding)
     if path == "flex_attention":
-        return replace(plan, path=path, block_mask=_flex_block_mask(plan, slopes.device))
+        compiled = slopes.device.type == "cuda" and not tracing  # a traced model compiles the kernel with it
+        return replace(plan, path=path, block_mask=_flex_block_mask(plan, slopes.device), flex_compiled=compiled)
     if path == "sdpa_split":
         split = split_plan(slopes, query_offset, query_length, key_padding, plan.split_chunks, batch, key_ranges, dtype)
         return replace(plan, path=path, split=split)

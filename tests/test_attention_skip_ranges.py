@@ -162,3 +162,18 @@ def test_alibi_skip_eps_is_validated_saved_and_given_to_from_pretrained(tmp_path
     assert AlibiGPT2LMHeadModel.from_pretrained(tmp_path, alibi_skip_eps=EPS).config.alibi_skip_eps == EPS
     AlibiGPT2LMHeadModel.from_pretrained(tmp_path, alibi_skip_eps=EPS).save_pretrained(tmp_path / "again")
     assert AlibiGPT2Config.from_pretrained(tmp_path / "again").alibi_skip_eps == EPS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_flex_with_per_head_block_masks_equals_dense_in_fp32():
+    """On CUDA the plan calls FlexAttention's fused kernel with the layer's per-head block masks."""
+    model = steep_model("flex_attention").cuda()
+    ids = torch.randint(0, 64, (2, 1024), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[1, :100] = 0
+    with torch.no_grad():
+        plan = plan_alibi_attention("flex_attention", model.transformer.alibi_slopes, 2, 1024, 1024, skip_eps=EPS)
+    assert plan.flex_compiled and plan.skip_eps == EPS
+    real = mask.bool()
+    assert_close_to_dense(logits(model, ids, EPS, attention_mask=mask), logits(model, ids, 0.0, attention_mask=mask), real)
