@@ -8,7 +8,7 @@ and, in packed rows, it belongs to the same document. ALiBi depends on `i - j` a
 position shift and a packed document sees exactly the distances it would see alone: masking is all it takes.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -173,12 +173,16 @@ def alibi_attention(
     scaling: float,
     dropout: float = 0.0,
     output_attentions: bool = False,
+    heads: slice | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """ALiBi attention for `query` (B, H, q, D) over `key`/`value` (B, H, kv, D). Returns ((B, q, H, D), weights).
 
     Weights (post-softmax, (B, H, q, kv)) are returned only by the eager path or when `output_attentions` asks for
-    them, in which case the eager path runs for this call.
+    them, in which case the eager path runs for this call. `heads` is the slice of global head indices that `query`
+    holds (a tensor-parallel rank's heads; None: all of them): their slopes and bias rows are the ones used.
     """
+    if heads is not None:
+        alibi = _for_heads(alibi, heads, query.shape[1])
     buffer = key.shape[2]
     if _is_static(alibi.key_length) and buffer > alibi.key_length:  # a static cache's buffer: its filled part only
         key, value = key[:, :, : alibi.key_length], value[:, :, : alibi.key_length]  # (B, H, kv, D) views
@@ -193,6 +197,17 @@ def alibi_attention(
     if alibi.implementation == "flex_attention":
         return flex_alibi_attention(query, key, value, alibi, scaling), None
     return flash_alibi_attention(query, key, value, alibi, scaling, dropout), None
+
+
+def _for_heads(alibi: AlibiAttentionInputs, heads: slice, local_heads: int) -> AlibiAttentionInputs:
+    """The inputs of the global heads `heads` only: their slopes, and their rows of a prebuilt bias (dim 1)."""
+    if not isinstance(heads, slice) or len(range(alibi.slopes.shape[0])[heads]) != local_heads:
+        raise ValueError(
+            f"heads={heads!r} must be a slice of the {alibi.slopes.shape[0]} global heads with as many heads as the "
+            f"query holds ({local_heads})"
+        )
+    bias = None if alibi.bias is None else alibi.bias[:, heads]  # (B|1, H', q|chunk, kv), a view
+    return replace(alibi, slopes=alibi.slopes[heads], bias=bias, bias_casts={})
 
 
 def eager_alibi_attention(query, key, value, alibi, scaling, dropout=0.0, bias=None):
