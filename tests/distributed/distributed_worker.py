@@ -1,0 +1,83 @@
+"""One rank of the tests' multi-process runs (started by `distributed_launch.run_workers` under torchrun, gloo, CPU).
+
+Each case loads the checkpoint the test saved with transformers' engine (`from_pretrained(...,
+distributed_config=DistributedConfig(...))`), runs it on the test's inputs, and saves `rank{N}.pt` for the test to
+compare against one process.
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
+from transformers.distributed import DistributedConfig
+
+import hf_alibi  # noqa: F401  (registers "alibi_gpt2")
+
+torch.set_num_threads(1)
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on every rank (DTensor shards gathered)."""
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
+
+
+def attention_heads(model) -> list:
+    return [(block.attn.heads.start, block.attn.heads.stop) if block.attn.heads else None
+            for block in model.transformer.h]  # fmt: skip
+
+
+def tensor_parallel(args) -> dict:
+    """Logits (padded, packed), gradients and greedy generation of a TP-sharded model, per backend."""
+    inputs = torch.load(args.inputs)
+    result = {}
+    for backend in args.backends.split(","):
+        config = DistributedConfig(tp_size=args.size) if args.plan == "size" else DistributedConfig(tp_plan="auto")
+        model = AutoModelForCausalLM.from_pretrained(
+            args.folder, distributed_config=config, attn_implementation=backend
+        ).eval()
+        if args.wrong_heads:  # what Megatron-DeepSpeed issue 227 did: every rank takes the first heads' slopes
+            for block in model.transformer.h:
+                width = block.attn.heads.stop - block.attn.heads.start
+                block.attn.heads = slice(0, width)
+        out = {"heads": attention_heads(model), "slopes": model.transformer.alibi_slopes.clone()}
+        with torch.no_grad():
+            out["padded"] = model(inputs["ids"], attention_mask=inputs["mask"]).logits
+            out["packed"] = model(inputs["packed"], position_ids=inputs["positions"]).logits
+            out["generated"] = model.generate(
+                inputs["ids"], attention_mask=inputs["mask"], max_new_tokens=6, do_sample=False,
+                pad_token_id=model.config.pad_token_id,
+            )  # fmt: skip
+        if backend != "flex_attention":  # no FlexAttention backward on CPU
+            loss = model(inputs["ids"], attention_mask=inputs["mask"], labels=inputs["labels"]).loss
+            loss.backward()
+            out["grads"] = {name: full(p.grad) for name, p in model.named_parameters()}
+        result[backend] = out
+    return result
+
+
+CASES = {"tp": tensor_parallel}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", choices=sorted(CASES))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--folder")
+    parser.add_argument("--inputs")
+    parser.add_argument("--size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
+    parser.add_argument("--backends", default="sdpa")
+    parser.add_argument("--plan", choices=["size", "auto"], default="size")
+    parser.add_argument("--wrong_heads", type=int, default=0)
+    args = parser.parse_args()
+    result = CASES[args.case](args)
+    torch.save(result, args.out / f"rank{dist.get_rank()}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
