@@ -59,7 +59,44 @@ def tensor_parallel(args) -> dict:
     return result
 
 
-CASES = {"tp": tensor_parallel}
+def train_steps(model, optimizer, rows: torch.Tensor, steps: int) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        loss = model(rows, labels=rows).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def fsdp(args) -> dict:
+    """FSDP2 through `DistributedConfig(fsdp_size=N)`: slopes after meta-device loading, `steps` SGD-with-momentum
+    steps on this rank's rows; with `--save`, then a sharded checkpoint (model and optimizer, DCP) and `more_steps`
+    steps; with `--resume`, training continues from such a checkpoint."""
+    from transformers.distributed.checkpoint import load_optimizer_distributed, save_optimizer_distributed
+
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rows = torch.load(args.inputs)["train"].chunk(size)[rank]  # (B / N, L): this rank's share of the batch
+    model = AutoModelForCausalLM.from_pretrained(
+        args.resume or args.folder, distributed_config=DistributedConfig(fsdp_size=size)
+    ).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if args.resume:
+        load_optimizer_distributed(model, optimizer, f"{args.resume}/optimizer")
+    out = {"slopes": model.transformer.alibi_slopes.clone(), "sharded": {
+        name: tuple(p.to_local().shape) for name, p in model.named_parameters() if isinstance(p, DTensor)}}
+    out["losses"] = train_steps(model, optimizer, rows, args.steps)
+    if args.save:
+        model.save_pretrained(args.save, distributed_checkpoint=True)
+        save_optimizer_distributed(model, optimizer, f"{args.save}/optimizer")
+        out["saved"] = {name: full(p) for name, p in model.named_parameters()}
+        out["losses"] += train_steps(model, optimizer, rows, args.more_steps)
+    out["final"] = {name: full(p) for name, p in model.named_parameters()}
+    return out
+
+
+CASES = {"tp": tensor_parallel, "fsdp": fsdp}
 
 
 def main() -> None:
@@ -72,6 +109,10 @@ def main() -> None:
     parser.add_argument("--backends", default="sdpa")
     parser.add_argument("--plan", choices=["size", "auto"], default="size")
     parser.add_argument("--wrong_heads", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--more_steps", type=int, default=0)
+    parser.add_argument("--save")
+    parser.add_argument("--resume")
     args = parser.parse_args()
     result = CASES[args.case](args)
     torch.save(result, args.out / f"rank{dist.get_rank()}.pt")
