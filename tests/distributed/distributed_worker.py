@@ -96,7 +96,60 @@ def fsdp(args) -> dict:
     return out
 
 
-CASES = {"tp": tensor_parallel, "fsdp": fsdp}
+class SlopesAtTrainBegin:
+    """A Trainer callback recording the slopes of the model Trainer trains (after accelerate prepared it)."""
+
+    def __init__(self):
+        self.slopes = None
+
+    def __getattr__(self, name):  # every other TrainerCallback event: nothing to do
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.slopes = model.transformer.alibi_slopes.detach().clone()
+
+
+def trainer(args) -> dict:
+    """Trainer on a model sharded at loading by `DistributedConfig(fsdp_size=N)` or `(tp_size=N)`, or (`accelerate`)
+    on a plain model with `--fsdp full_shard` (accelerate's FSDP2); constant-lr AdamW, no clipping."""
+    from transformers import Trainer, TrainingArguments
+
+    rows = torch.load(args.inputs)["train"]
+    size = int(os.environ["WORLD_SIZE"])
+    fsdp = dict(fsdp="full_shard", fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["AlibiGPT2Block"]})
+    training = TrainingArguments(
+        output_dir=str(args.out / "trainer"), use_cpu=True, max_steps=args.steps, learning_rate=1e-3,
+        per_device_train_batch_size=rows.shape[0] // size if args.mode != "tp" else rows.shape[0],  # TP: one batch
+        lr_scheduler_type="constant", max_grad_norm=0.0, report_to="none", save_strategy="no", logging_steps=1,
+        **(fsdp if args.mode == "accelerate" else {}),
+    )  # fmt: skip
+    sizes = {"fsdp": {"fsdp_size": size}, "tp": {"tp_size": size}}.get(args.mode)
+    loading = {"distributed_config": DistributedConfig(**sizes)} if sizes else {}
+    model = AutoModelForCausalLM.from_pretrained(args.folder, **loading)
+    run = Trainer(model=model, args=training, train_dataset=[{"input_ids": row, "labels": row} for row in rows])
+    run.train()
+    return {
+        "distributed_type": str(run.accelerator.distributed_type), "is_fsdp_enabled": run.is_fsdp_enabled,
+        "slopes": run.model.transformer.alibi_slopes.clone(),
+        "losses": [log["loss"] for log in run.state.log_history if "loss" in log],
+        "final": {name: full(p) for name, p in run.model.named_parameters()},
+    }
+
+
+def ram_efficient_loading(args) -> dict:
+    """`from_pretrained` under accelerate's `cpu_ram_efficient_loading` settings (`is_fsdp_enabled()`): ranks > 0 get
+    zero placeholders for non-persistent buffers, to be refilled by `_init_weights`; the slopes must be right."""
+    from transformers.distributed import is_fsdp_enabled
+
+    os.environ.update(ACCELERATE_USE_FSDP="true", FSDP_CPU_RAM_EFFICIENT_LOADING="true")
+    dist.init_process_group("gloo")
+    model = AutoModelForCausalLM.from_pretrained(args.folder)
+    return {"slopes": model.transformer.alibi_slopes.clone(), "fsdp_loading": is_fsdp_enabled()}
+
+
+CASES = {"tp": tensor_parallel, "fsdp": fsdp, "trainer": trainer, "ram_efficient_loading": ram_efficient_loading}
 
 
 def main() -> None:
@@ -113,6 +166,7 @@ def main() -> None:
     parser.add_argument("--more_steps", type=int, default=0)
     parser.add_argument("--save")
     parser.add_argument("--resume")
+    parser.add_argument("--mode", choices=["fsdp", "tp", "accelerate"], default="fsdp")
     args = parser.parse_args()
     result = CASES[args.case](args)
     torch.save(result, args.out / f"rank{dist.get_rank()}.pt")
