@@ -35,6 +35,11 @@ def alibi_attention(
     `output_attentions` is asked for; a static cache's unwritten slots get weight 0.
     """
     if heads is not None:
+        if not isinstance(heads, slice) or len(range(plan.slopes.shape[0])[heads]) != query.shape[1]:
+            raise ValueError(
+                f"heads={heads!r} must be a slice of the {plan.slopes.shape[0]} global heads with as many heads as "
+                f"the query holds ({query.shape[1]})"
+            )
         plan = plan.for_heads(heads)
     if output_attentions and plan.path != "eager":
         raise ValueError(f"attention weights come from the eager path; this forward's plan is {plan.path!r}")

@@ -108,6 +108,19 @@ class AlibiGPT2Config(PretrainedConfig):
 
     model_type = "alibi_gpt2"
     keys_to_ignore_at_inference = ["cache"]
+    # transformers' engine (`DistributedConfig`, `tp_plan="auto"`): Llama's plan in GPT-2's names. The conv1d_* and
+    # alibi_heads styles (`tensor_parallel_alibi_gpt2.py`) split GPT-2's (in, out) Conv1D weights, c_attn's packed
+    # q|k|v per block, and tell each rank's attention which global heads (hence slopes) it holds.
+    base_model_tp_plan = {
+        "wte": "embedding_rowwise",
+        "h.*.attn": "alibi_heads",
+        "h.*.attn.c_attn": "conv1d_qkv_colwise",
+        "h.*.attn.c_proj": "conv1d_rowwise",
+        "h.*.mlp.c_fc": "conv1d_colwise",
+        "h.*.mlp.c_proj": "conv1d_rowwise",
+    }
+    # FSDP2 (`DistributedConfig(fsdp_size=N)`): Llama's default plan in GPT-2's names (one unit per block).
+    base_model_fsdp_plan = {"wte": "free_full_weight", "h.*": "free_full_weight", "ln_f": "keep_full_weight"}
     attribute_map = {
         "hidden_size": "n_embd",
         "num_attention_heads": "n_head",

@@ -30,6 +30,7 @@ from .attention_alibi import alibi_attention
 from .attention_plan import SUPPORTED_ATTENTION, AlibiAttentionPlan, plan_alibi_attention
 from .attention_skip_ranges import RunningKeyNorms
 from .configuration_alibi_gpt2 import AlibiGPT2Config
+from .tensor_parallel_alibi_gpt2 import ALIBI_HEADS  # noqa: F401  (registers the styles of the config's TP plan)
 
 logger = logging.get_logger(__name__)
 
@@ -43,7 +44,10 @@ class AlibiGPT2Conv1D(Conv1D):
             self.bias = None  # no parameter at all: the state dict has no `.bias` key
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) if self.bias is not None else x @ self.weight  # (..., nf)
+        # The output width is the weight's, not `nf`: a tensor-parallel rank holds only its columns.
+        flat = x.reshape(-1, x.shape[-1])  # (N, in)
+        out = torch.addmm(self.bias, flat, self.weight) if self.bias is not None else flat @ self.weight  # (N, out')
+        return out.view(*x.shape[:-1], out.shape[-1])  # (..., out')
 
 
 class AlibiGPT2Attention(nn.Module):
@@ -52,6 +56,9 @@ class AlibiGPT2Attention(nn.Module):
         self.embed_dim = config.n_embd
         self.num_heads = config.n_head
         self.head_dim = self.embed_dim // self.num_heads
+        # The global heads this module computes: None = all; a tensor-parallel rank's slice (set by the plan's
+        # `alibi_heads` style) picks those heads' slopes, since the paper's order is not monotone in the head index.
+        self.heads: slice | None = None
         self.scaling = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
         self.layer_idx = layer_idx
         self.c_attn = AlibiGPT2Conv1D(3 * self.embed_dim, self.embed_dim, bias=config.bias)
@@ -68,14 +75,17 @@ class AlibiGPT2Attention(nn.Module):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, length, _ = hidden_states.shape
-        query, key, value = self.clip_qkv(self.c_attn(hidden_states)).split(self.embed_dim, dim=2)  # 3 x (B, q, C)
+        # q|k|v of this module's heads: all of them, or a tensor-parallel rank's H' (its c_attn holds [q_r|k_r|v_r])
+        query, key, value = self.clip_qkv(self.c_attn(hidden_states)).chunk(3, dim=2)  # 3 x (B, q, H' D)
         query, key, value = (
-            t.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2) for t in (query, key, value)
-        )  # 3 x (B, H, q, D)
+            t.view(batch, length, -1, self.head_dim).transpose(1, 2) for t in (query, key, value)
+        )  # 3 x (B, H', q, D)
         if cache is not None:
-            key, value = cache.update(key, value, self.layer_idx)  # (B, H, kv, D)
-        output, weights = alibi_attention(query, key, value, alibi, self.scaling, output_attentions, layer=self.layer_idx)
-        output = output.reshape(batch, length, self.embed_dim)  # (B, q, C)
+            key, value = cache.update(key, value, self.layer_idx)  # (B, H', kv, D)
+        output, weights = alibi_attention(
+            query, key, value, alibi, self.scaling, output_attentions, heads=self.heads, layer=self.layer_idx
+        )  # (B, q, H', D)
+        output = output.reshape(batch, length, -1)  # (B, q, H' D)
         return self.resid_dropout(self.c_proj(output)), weights
 
 
@@ -304,6 +314,9 @@ _PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length
 
 class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "transformer.wte.weight"}
+    # Llama's: the head's columns (vocabulary) split like the tied embedding, logits gathered; FSDP keeps it gathered
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _fsdp_plan = {"lm_head": "keep_full_weight"}
 
     def __init__(self, config: AlibiGPT2Config):
         super().__init__(config)

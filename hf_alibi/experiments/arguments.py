@@ -91,6 +91,16 @@ class ExperimentArguments:
         },
     )
     init_from_gpt2: str | None = field(default=None, metadata={"help": "Older name of init_from."})
+    tp_size: int = field(
+        default=1,
+        metadata={"help": "Tensor-parallel ranks (transformers' DistributedConfig; 'alibi' only): each rank holds "
+                          "1/tp_size of every block's heads and MLP. tp_size * fsdp_size = the launched processes."},
+    )
+    fsdp_size: int = field(
+        default=1,
+        metadata={"help": "FSDP2 ranks (transformers' DistributedConfig; 'alibi' only): parameters, gradients and "
+                          "optimizer state sharded 1/fsdp_size a rank; each rank trains on its own batches."},
+    )
     max_train_documents: int | None = field(
         default=None, metadata={"help": "Cap on training documents (tokenizer and blocks; smoke runs)."}
     )
@@ -127,8 +137,22 @@ class ExperimentArguments:
             if self.init_from not in (None, self.init_from_gpt2):
                 raise ValueError(f"init_from={self.init_from!r} and init_from_gpt2={self.init_from_gpt2!r}: give one")
             self.init_from = self.init_from_gpt2
+        for name in ("tp_size", "fsdp_size"):
+            size = getattr(self, name)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"{name} must be a positive integer, got {size!r}")
+        if self.sharded and [parse_model_spec(m, 1)[0] for m in self.models] != ["alibi"]:
+            raise ValueError(
+                f"tp_size={self.tp_size}, fsdp_size={self.fsdp_size} shard ALiBi models only (the baselines have no "
+                f"tensor-parallel or FSDP plan): set models to ['alibi'], got {self.models}"
+            )
         if self.init_from is not None and [parse_model_spec(m, 1)[0] for m in self.models] != ["alibi"]:
             raise ValueError(f"init_from fine-tunes one ALiBi model: set models to ['alibi'], got {self.models}")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether models are sharded by transformers' engine (`DistributedConfig`) rather than replicated (DDP)."""
+        return self.tp_size > 1 or self.fsdp_size > 1
 
     @property
     def eval_lengths(self) -> list[int]:

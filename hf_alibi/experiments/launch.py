@@ -12,6 +12,8 @@ Two launch mistakes that are silent otherwise, both caught before anything is wr
   write the same output folder at once.
 - `accelerate launch --cpu --num_processes 2 ...`: accelerate's CPU launcher starts one process, not two.
 
+`shard_model` hands a recipe's fresh ALiBi model to transformers' engine (`--tp_size`, `--fsdp_size`).
+
 The lock is `<output_dir>/.hf_alibi.lock`, held with `fcntl.flock` for the run's lifetime (the kernel releases it
 when the process dies, however it dies) and holding the owner's pid, host and command for the refusal message.
 """
@@ -175,4 +177,23 @@ def _remove_if_empty(folders: list[Path]) -> None:
             return  # not empty: something else lives there now
 
 
-__all__ = ["LOCK_FILE", "check_process_group", "launched_world_size", "output_dir_lock"]
+def shard_model(model, experiment, folder: Path, state):
+    """`model` as transformers' engine shards it (`from_pretrained(..., distributed_config=...)`: tensor parallel over
+    `tp_size` ranks, FSDP2 over `fsdp_size`), through `folder`, which the main process writes once."""
+    from transformers.distributed import DistributedConfig
+
+    from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+
+    if experiment.tp_size * experiment.fsdp_size != state.num_processes:
+        raise ValueError(
+            f"tp_size={experiment.tp_size} x fsdp_size={experiment.fsdp_size} must equal the {state.num_processes} "
+            "launched processes (torchrun --nproc_per_node)"
+        )
+    if state.is_main_process and not (folder / "config.json").is_file():
+        model.save_pretrained(folder)
+    state.wait_for_everyone()
+    config = DistributedConfig(tp_size=experiment.tp_size, fsdp_size=experiment.fsdp_size)
+    return AlibiGPT2LMHeadModel.from_pretrained(folder, distributed_config=config)
+
+
+__all__ = ["LOCK_FILE", "check_process_group", "launched_world_size", "output_dir_lock", "shard_model"]

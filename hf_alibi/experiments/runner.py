@@ -38,11 +38,12 @@ from transformers import (
 )
 from transformers.trainer_utils import get_last_checkpoint
 
+from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .attention_window import measure_effective_window, plot_effective_window, window_table
 from .arguments import ExperimentArguments, apply_smoke, batch_size_at, parse_model_spec
 from .baselines import build_model, max_supported_length
 from .data import STDLIB_CORPUS, corpus_fingerprint, heldout_token_ids, load_text_corpus, pack_documents
-from .launch import check_process_group, output_dir_lock
+from .launch import check_process_group, output_dir_lock, shard_model
 from .length_eval import ModelEvaluation, evaluate_model, select_documents
 from .model_card import save_card
 from .peak_memory import PeakMemory
@@ -165,6 +166,8 @@ def model_training_args(name: str, experiment, training) -> tuple[str, int, int,
     batch = batch_size_at(experiment, training, length)
     overrides = {"output_dir": str(Path(training.output_dir) / name), "push_to_hub": False,
                  "per_device_train_batch_size": batch}  # fmt: skip
+    if experiment.sharded:  # Trainer 5.24 checkpoints no optimizer state of a model sharded at load time (it refuses)
+        overrides["save_only_model"] = True
     return encoding, length, batch, TrainingArguments(**{**training.to_dict(), **overrides})
 
 
@@ -182,6 +185,8 @@ def train_one(
     model_dir = Path(args.output_dir)
     set_seed(args.seed)
     model = make_model(encoding, experiment, tokenizer, length)
+    if experiment.sharded:
+        model = shard_model(model, experiment, model_dir / "initial", state)
     clock = StepClock()
     trainer = Trainer(
         model=model,
@@ -312,6 +317,8 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvalua
             continue
         model, facts = train_one(name, experiment, training, tokenizer, train_blocks, state, callbacks)
         if state.is_main_process:
+            if experiment.sharded:  # a sharded forward needs every rank: evaluate the saved (gathered) model alone
+                model = AlibiGPT2LMHeadModel.from_pretrained(_final_dir(output_dir, name))
             model = model.float().eval()
             evaluation = evaluate_model(
                 model,

@@ -1,0 +1,36 @@
+"""Run `distributed_worker.py` in N gloo processes (`torchrun --standalone`) and collect what each rank saved.
+
+Shared by the tests of tests/distributed/: inputs and one-process references are made in the test process, the
+sharded model runs in the workers, the comparison happens back in the test.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_workers(nproc: int, case: str, out: Path, timeout: float = 600, expect_failure: bool = False, **options):
+    """`torchrun --nproc_per_node nproc distributed_worker.py case --out out --key value ...`; returns each rank's
+    saved dict (rank order), or, with `expect_failure`, the combined output of the failed launch."""
+    out.mkdir(parents=True, exist_ok=True)
+    args = [f"--{key}={value}" for key, value in options.items()]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(WORKER), case, f"--out={out}", *args]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=out)
+    if expect_failure:
+        assert result.returncode != 0, f"{case} was expected to fail but ran:\n{result.stdout[-3000:]}"
+        return result.stdout + result.stderr
+    assert result.returncode == 0, f"{case} failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(nproc)]
+
+
+def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item()
