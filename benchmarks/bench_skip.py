@@ -10,8 +10,8 @@ vocabulary, random weights: dense cost does not depend on them), `alibi-dense` (
 and `alibi-skip` (the checkpoint, `alibi_skip_eps=--eps`). Inputs are real text: the recipe's held-out
 standard-library documents in the checkpoint's own tokenizer (what the certificate's gain depends on; random ids
 would say little). Forward: batch 1, no grad, no cache, `logits_to_keep=1`. Decoding: a static cache (its steps
-copy nothing: a dynamic cache's concatenation costs more than attention at these widths), `--prompt`-token prefill
-untimed, then `--steps` greedy steps timed; tokens are checked equal to the dense path's. Each process builds one
+copy nothing: a dynamic cache's concatenation costs more than attention at these widths), one prefill
+untimed, then calls of `--steps` greedy steps each, timed per step; tokens are checked equal to the dense path's. Each process builds one
 contestant, warms up once and times `--repeats` calls (median); processes rotate over contestants, `--processes`
 rounds; a cell reports the median over processes and [min, max]. The skipping process also reports the kept
 fraction of causal key work per head, from the same bound the layers use (`attention_skip_ranges`).
@@ -79,27 +79,24 @@ def child(args) -> dict:
     from transformers import StaticCache
 
     ids = text_ids(args.checkpoint, args.length)
-    model = build(args.contestant, args.checkpoint, args.eps, args.length + args.steps + 1)
-    times, tokens = [], None
-    for repeat in range(args.repeats + 1):  # the first call warms up
-        with torch.no_grad():
+    budget = args.length + args.steps * (args.repeats + 1) + 1  # every decoding step of this process
+    model = build(args.contestant, args.checkpoint, args.eps, budget)
+    times, tokens = [], []
+    with torch.no_grad():
+        if args.suite == "decode":  # one prefill, untimed; then a warm-up call and the timed ones continue it
+            cache = StaticCache(config=model.config, max_cache_len=budget)
+            token = model(ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1:].argmax(-1)
+        for repeat in range(args.repeats + 1):  # the first call warms up
+            start = time.perf_counter()
             if args.suite == "forward":
-                start = time.perf_counter()
                 model(ids, logits_to_keep=1)
-                elapsed = time.perf_counter() - start
             else:
-                cache = StaticCache(config=model.config, max_cache_len=args.length + args.steps + 1)
-                out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
-                token, generated = out.logits[:, -1:].argmax(-1), []
-                start = time.perf_counter()
                 for _ in range(args.steps):
-                    out = model(token, cache=cache, use_cache=True)
-                    token = out.logits[:, -1:].argmax(-1)
-                    generated.append(int(token))
-                elapsed = (time.perf_counter() - start) / args.steps
-                tokens = generated
-        if repeat:
-            times.append(elapsed)
+                    token = model(token, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+                    tokens.append(int(token))
+            elapsed = time.perf_counter() - start
+            if repeat:
+                times.append(elapsed / (args.steps if args.suite == "decode" else 1))
     result = {"median_s": statistics.median(times), "tokens": tokens}
     if args.contestant == "alibi-skip" and args.suite == "forward":
         result["kept_per_head"] = kept_fractions(args.checkpoint, ids, args.eps)

@@ -177,3 +177,48 @@ def test_gpu_flex_with_per_head_block_masks_equals_dense_in_fp32():
     assert plan.flex_compiled and plan.skip_eps == EPS
     real = mask.bool()
     assert_close_to_dense(logits(model, ids, EPS, attention_mask=mask), logits(model, ids, 0.0, attention_mask=mask), real)
+
+
+@pytest.fixture(scope="module")
+def trained_model():
+    """A byte-level model trained for a few seconds on standard-library text: real, position-using q.k, which
+    random weights lack (the demo's checkpoints are not in a clean clone)."""
+    import inspect
+
+    torch.manual_seed(0)
+    config = AlibiGPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=257, n_positions=128, resid_pdrop=0.0,
+                             embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    model = AlibiGPT2LMHeadModel(config)
+    text = torch.tensor(list(inspect.getsource(torch.nn.modules.module).encode()[:200_000])) + 1  # bytes as ids 1..256
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(80):
+        starts = torch.randint(0, len(text) - 129, (16,), generator=generator)
+        rows = torch.stack([text[s : s + 128] for s in starts])  # (16, 128)
+        model(rows, labels=rows).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval(), text
+
+
+@pytest.mark.parametrize("case", ["left_padded", "packed", "cached"])
+def test_a_trained_model_with_skipping_equals_dense_within_fp32_rounding(trained_model, case):
+    model, text = trained_model
+    ids = text[:1500][None].repeat(2, 1)  # (2, 1500)
+    ids[1] = text[5000:6500]
+    results = {}
+    for eps in (0.0, EPS):
+        model.config.alibi_skip_eps = eps
+        with torch.no_grad():
+            if case == "left_padded":
+                mask = torch.ones_like(ids)
+                mask[1, :400] = 0
+                results[eps] = model(ids, attention_mask=mask).logits[mask.bool()]
+            elif case == "packed":
+                positions = torch.cat([torch.arange(900), torch.arange(600)])[None].expand(2, -1)
+                results[eps] = model(ids, position_ids=positions).logits
+            else:
+                cache = model(ids[:, :1000], use_cache=True).cache
+                results[eps] = model(ids[:, 1000:], cache=cache).logits
+    model.config.alibi_skip_eps = 0.0
+    assert_close_to_dense(results[EPS], results[0.0])

@@ -96,6 +96,19 @@ def fsdp(args) -> dict:
     return out
 
 
+def tp_fsdp(args) -> dict:
+    """TP x FSDP2 (`DistributedConfig(tp_size=2, fsdp_size=N / 2)`): `steps` SGD-with-momentum steps; the ranks of
+    one TP group (rank // 2: transformers' mesh is (fsdp, tp), tp innermost) share their FSDP group's rows."""
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rows = torch.load(args.inputs)["train"].chunk(size // 2)[rank // 2]  # (B / fsdp, L)
+    config = DistributedConfig(tp_size=2, fsdp_size=size // 2)
+    model = AutoModelForCausalLM.from_pretrained(args.folder, distributed_config=config).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    out = {"heads": attention_heads(model), "losses": train_steps(model, optimizer, rows, args.steps)}
+    out["final"] = {name: full(p) for name, p in model.named_parameters()}
+    return out
+
+
 class SlopesAtTrainBegin:
     """A Trainer callback recording the slopes of the model Trainer trains (after accelerate prepared it)."""
 
@@ -149,7 +162,7 @@ def ram_efficient_loading(args) -> dict:
     return {"slopes": model.transformer.alibi_slopes.clone(), "fsdp_loading": is_fsdp_enabled()}
 
 
-CASES = {"tp": tensor_parallel, "fsdp": fsdp, "trainer": trainer, "ram_efficient_loading": ram_efficient_loading}
+CASES = {"tp": tensor_parallel, "fsdp": fsdp, "tp_fsdp": tp_fsdp, "trainer": trainer, "ram_efficient_loading": ram_efficient_loading}
 
 
 def main() -> None:

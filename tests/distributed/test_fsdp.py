@@ -96,3 +96,21 @@ def test_resuming_the_sharded_checkpoint_continues_training_bit_for_bit(fsdp_run
         assert resumed[rank]["losses"] == ranks[rank]["losses"][STEPS:], f"rank {rank}: other losses after resuming"
     differing = [name for name, p in resumed[0]["final"].items() if not torch.equal(p, ranks[0]["final"][name])]
     assert not differing, f"resumed training is not bit for bit the uninterrupted one: {differing}"
+
+
+@pytest.mark.slow
+def test_tensor_parallel_times_fsdp_on_four_processes_trains_like_one_process(tmp_path):
+    """4 ranks: TP over pairs, FSDP2 across them; losses (mean over FSDP groups) and weights equal one process's."""
+    torch.manual_seed(0)
+    AlibiGPT2LMHeadModel(AlibiGPT2Config(**tiny_config_kwargs())).save_pretrained(tmp_path / "model")
+    rows = torch.randint(3, 256, (4, 16), generator=torch.Generator().manual_seed(4))
+    torch.save({"train": rows}, tmp_path / "in.pt")
+    ranks = run_workers(4, "tp_fsdp", tmp_path / "out", folder=tmp_path / "model", inputs=tmp_path / "in.pt",
+                        steps=STEPS)  # fmt: skip
+    assert [r["heads"][0] for r in ranks] == [(0, 6), (6, 12), (0, 6), (6, 12)], "TP pairs must hold both halves"
+    losses, final = one_process_training(tmp_path / "model", rows, STEPS)
+    sharded_losses = torch.tensor([ranks[0]["losses"], ranks[2]["losses"]]).mean(0)  # one rank per FSDP group
+    assert max_difference(sharded_losses, torch.tensor(losses)) < ATOL, (sharded_losses, losses)
+    for name, parameter in final.items():
+        error = max_difference(ranks[0]["final"][name], parameter)
+        assert error < ATOL, f"{name} differs from one process's by {error:.2e} after {STEPS} steps"
