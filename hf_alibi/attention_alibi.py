@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention_plan import AlibiAttentionPlan, _is_static, visible_keys
-from .attention_sdpa_split import _flash, sdpa_alibi_split, split_kernels_work
+from .attention_sdpa_split import _flash, head_runs, sdpa_alibi_split, split_kernels_work
 from .attention_skip_ranges import certified_plan
 
 
@@ -119,13 +119,10 @@ def _decode_in_key_ranges(query, key, value, plan, bank, scaling):
     rows), so on the CPU flash kernels, without dropout, a long run is cut into `DECODE_SEGMENT`-key segments that
     go to the kernel as one batch, and the segments' outputs merge exactly by their log-sum-exps, as in the split.
     """
-    first_keys, outputs, head = plan.key_ranges.first_key[:, 0].tolist(), [], 0
+    outputs = []
     segmented = query.device.type == "cpu" and plan.dropout == 0 and query.shape[0] == 1 and split_kernels_work()
-    while head < len(first_keys):
-        end = head + 1
-        while end < len(first_keys) and first_keys[end] == first_keys[head]:
-            end += 1
-        heads, first = slice(head, end), first_keys[head]
+    for head, end, first in head_runs(plan.key_ranges.first_key[:, 0].tolist()):
+        heads = slice(head, end)
         if segmented and plan.key_length - first >= 2 * DECODE_SEGMENT:
             outputs.append(_segmented_row(query[:, heads], key[:, heads], value[:, heads], bank[:, heads], first,
                                           scaling).to(query.dtype))  # fmt: skip
@@ -134,7 +131,6 @@ def _decode_in_key_ranges(query, key, value, plan, bank, scaling):
                 query[:, heads], key[:, heads, first:], value[:, heads, first:],
                 attn_mask=bank[:, heads, :, first:], dropout_p=plan.dropout, scale=scaling,
             ))  # (B, h, 1, D)  # fmt: skip
-        head = end
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, H, 1, D)
     return output.transpose(1, 2)  # (B, 1, H, D)
 

@@ -29,6 +29,7 @@ Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/test_attention_sdpa_split.py`
 """
 
 import functools
+import itertools
 
 import torch
 
@@ -248,17 +249,19 @@ def _in_key_ranges(call, first_keys, rows):
     start, end, key_start, key_end, diagonal, _, heads = call
     if diagonal:  # a block's own diagonal is always kept (first keys never pass a block's first query)
         return [call]
-    firsts = [first_keys[head][start // rows] for head in range(heads)]
-    ranged, head = [], 0
-    while head < heads:
-        run_end = head + 1
-        while run_end < heads and firsts[run_end] == firsts[head]:
-            run_end += 1
-        begin = max(key_start, firsts[head])
-        if begin < key_end:
-            ranged.append((start, end, begin, key_end, False, head, run_end))
-        head = run_end
-    return ranged
+    runs = head_runs([first_keys[head][start // rows] for head in range(heads)])
+    return [(start, end, max(key_start, first), key_end, False, head, run_end)
+            for head, run_end, first in runs if max(key_start, first) < key_end]  # fmt: skip
+
+
+def head_runs(first_keys) -> list[tuple[int, int, int]]:
+    """(first head, end head, first key) of each run of consecutive heads that share a first key: one call each."""
+    runs, head = [], 0
+    for first, members in itertools.groupby(first_keys):
+        count = len(list(members))
+        runs.append((head, head + count, first))
+        head += count
+    return runs
 
 
 def _like_kernel_output(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

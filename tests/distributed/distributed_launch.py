@@ -34,3 +34,16 @@ def run_workers(nproc: int, case: str, out: Path, timeout: float = 600, expect_f
 
 def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
+
+
+def train_steps(model, optimizer, rows: torch.Tensor, steps: int) -> list[float]:
+    """`steps` optimizer steps of `model` on `rows` as its own labels; the loss of each. Shared by the workers and
+    the tests' one-process references, so both sides train the same way."""
+    losses = []
+    for _ in range(steps):
+        loss = model(rows, labels=rows).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 from transformers.distributed import DistributedConfig
 
 import hf_alibi  # noqa: F401  (registers "alibi_gpt2")
+from distributed_launch import train_steps  # this folder is on sys.path: the worker runs as a script from it
 
 torch.set_num_threads(1)
 
@@ -57,17 +58,6 @@ def tensor_parallel(args) -> dict:
             out["grads"] = {name: full(p.grad) for name, p in model.named_parameters()}
         result[backend] = out
     return result
-
-
-def train_steps(model, optimizer, rows: torch.Tensor, steps: int) -> list[float]:
-    losses = []
-    for _ in range(steps):
-        loss = model(rows, labels=rows).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
 
 
 def fsdp(args) -> dict:

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 from conftest import tiny_config_kwargs
-from distributed_launch import max_difference, run_workers
+from distributed_launch import max_difference, run_workers, train_steps
 from transformers import AutoModelForCausalLM
 from transformers.distributed import consolidate_distributed_checkpoint
 
@@ -20,18 +20,11 @@ STEPS, MORE_STEPS = 2, 2  # before and after the sharded checkpoint
 ATOL = 1e-5  # fp32; measured ~1e-7 (the reduce-scatter averages the ranks' gradients in another order)
 
 
-def one_process_training(folder, rows: torch.Tensor, steps: int) -> tuple[list[float], dict]:
-    """The workers' SGD with momentum on the whole batch in one process: (losses, final parameters)."""
+def one_process_training(folder, rows: torch.Tensor, steps: int) -> tuple[list[float], torch.nn.Module]:
+    """The workers' SGD with momentum on the whole batch in one process: (losses, the trained model)."""
     model = AutoModelForCausalLM.from_pretrained(folder).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for _ in range(steps):
-        loss = model(rows, labels=rows).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses, {name: p.detach() for name, p in model.named_parameters()}
+    return train_steps(model, optimizer, rows, steps), model
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +58,8 @@ def test_each_rank_holds_half_of_every_parameter(fsdp_run):
 def test_training_steps_match_one_process_on_the_whole_batch(fsdp_run):
     tmp, ranks = fsdp_run
     rows = torch.load(tmp / "in.pt")["train"]
-    losses, final = one_process_training(tmp / "model", rows, STEPS + MORE_STEPS)
+    losses, model = one_process_training(tmp / "model", rows, STEPS + MORE_STEPS)
+    final = {name: p.detach() for name, p in model.named_parameters()}
     sharded_losses = torch.tensor([result["losses"] for result in ranks]).mean(0)  # equal tokens a rank: the mean
     assert max_difference(sharded_losses, torch.tensor(losses)) < ATOL, (sharded_losses, losses)
     for name, parameter in final.items():
@@ -110,15 +104,7 @@ def test_tensor_parallel_times_fsdp_on_four_processes_trains_like_one_process(tm
     ranks = run_workers(4, "tp_fsdp", tmp_path / "out", folder=tmp_path / "model", inputs=tmp_path / "in.pt",
                         steps=STEPS)  # fmt: skip
     assert [r["heads"][0] for r in ranks] == [(0, 6), (6, 12), (0, 6), (6, 12)], "TP pairs must hold both halves"
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model").train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for _ in range(STEPS):
-        loss = model(rows, labels=rows).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
+    losses, model = one_process_training(tmp_path / "model", rows, STEPS)
     with torch.no_grad():
         logits = model.eval()(rows).logits
     sharded_losses = torch.tensor([ranks[0]["losses"], ranks[2]["losses"]]).mean(0)  # one rank per FSDP group

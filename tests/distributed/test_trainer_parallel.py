@@ -13,7 +13,7 @@
 import pytest
 import torch
 from conftest import tiny_config_kwargs
-from distributed_launch import max_difference, run_workers
+from distributed_launch import max_difference, run_workers, train_steps
 from transformers import AutoModelForCausalLM
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
@@ -36,13 +36,7 @@ def one_process_adamw(tmp) -> tuple[list[float], dict]:
     rows = torch.load(tmp / "in.pt")["train"]
     model = AutoModelForCausalLM.from_pretrained(tmp / "model").train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    losses = []
-    for _ in range(STEPS):
-        loss = model(rows, labels=rows).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
+    losses = train_steps(model, optimizer, rows, STEPS)
     return losses, {name: p.detach() for name, p in model.named_parameters()}
 
 
