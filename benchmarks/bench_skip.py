@@ -14,7 +14,7 @@ copy nothing: a dynamic cache's concatenation costs more than attention at these
 untimed, then calls of `--steps` greedy steps each, timed per step; tokens are checked equal to the dense path's. Each process builds one
 contestant, warms up once and times `--repeats` calls (median); processes rotate over contestants, `--processes`
 rounds; a cell reports the median over processes and [min, max]. The skipping process also reports the kept
-fraction of causal key work per head, from the same bound the layers use (`attention_skip_ranges`).
+fraction of causal key work per head: the key ranges its layers certified and used, recorded in one more forward.
 Run alone: two cores, any other load shows in the figures.
 """
 
@@ -55,22 +55,29 @@ def text_ids(checkpoint: str, length: int):
     return heldout_stream(AutoTokenizer.from_pretrained(checkpoint), length)  # (1, length)
 
 
-def kept_fractions(checkpoint: str, ids, eps: float) -> list[float]:
-    """Certified kept fraction of causal key work per head (mean over layers), as the layers compute it."""
+def kept_fractions(model, ids, eps: float) -> list[float]:
+    """Certified kept fraction of causal key work per head (mean over layers): the key ranges the layers really used,
+    recorded from one more (untimed) forward through `certified_split`."""
     import torch
 
-    from benchmarks.measure_kept_fraction import capture_queries_keys, load_model
-    from hf_alibi.attention_skip import certified_key_starts, kept_fraction
-    from hf_alibi.attention_skip_ranges import KEY_BLOCK, NEAR, ROW_GROUP, ROWS
+    import hf_alibi.attention_alibi as attention
+    from hf_alibi.attention_skip import kept_fraction
 
-    model = load_model(Path(checkpoint))
-    slopes, scaling = model.transformer.alibi_slopes.float(), model.transformer.h[0].attn.scaling
-    fractions = []
-    for query, key in capture_queries_keys(model, ids):
-        starts = certified_key_starts(query, key, slopes, scaling, 0, eps, ROWS, KEY_BLOCK, near=NEAR,
-                                      centroid=False, row_group=ROW_GROUP)  # fmt: skip
-        fractions.append(kept_fraction(starts, ids.shape[1], ROWS))
-    return torch.stack(fractions).mean(0).tolist()  # (H,)
+    used, certified_split = [], attention.certified_split
+
+    def recording(*args, **kwargs):
+        output, ranges = certified_split(*args, **kwargs)
+        used.append(ranges)
+        return output, ranges
+
+    attention.certified_split = recording
+    try:
+        model.config.alibi_skip_eps = eps
+        with torch.no_grad():
+            model(ids, logits_to_keep=1)
+    finally:
+        attention.certified_split = certified_split
+    return torch.stack([kept_fraction(r.first_key, ids.shape[1], r.rows) for r in used]).mean(0).tolist()  # (H,)
 
 
 def child(args) -> dict:
@@ -99,7 +106,7 @@ def child(args) -> dict:
                 times.append(elapsed / (args.steps if args.suite == "decode" else 1))
     result = {"median_s": statistics.median(times), "tokens": tokens}
     if args.contestant == "alibi-skip" and args.suite == "forward":
-        result["kept_per_head"] = kept_fractions(args.checkpoint, ids, args.eps)
+        result["kept_per_head"] = kept_fractions(model, ids, args.eps)
     return result
 
 

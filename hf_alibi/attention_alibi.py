@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from .attention_plan import AlibiAttentionPlan, _is_static, visible_keys
 from .attention_sdpa_split import _flash, head_runs, sdpa_alibi_split, split_kernels_work
-from .attention_skip_ranges import certified_plan
+from .attention_skip_ranges import certified_plan, certified_split
 
 
 def alibi_attention(
@@ -74,7 +74,10 @@ def sdpa_mask_attention(query, key, value, plan, scaling):
 
 
 def sdpa_split_attention(query, key, value, plan, scaling):
-    """SDPA on the CPU flash kernels with no (q, kv) bias (`attention_sdpa_split`)."""
+    """SDPA on the CPU flash kernels with no (q, kv) bias (`attention_sdpa_split`); certified skipping on, the
+    split computes the diagonals, certifies the rest from their log-sum-exps, then reads only the kept keys."""
+    if plan.skip_eps > 0:
+        return certified_split(query, key, value, plan, scaling)[0].transpose(1, 2), None  # (B, q, H, D)
     output = sdpa_alibi_split(
         query, key, value, plan.slopes, plan.query_offset, plan.key_padding, scaling,
         chunks=plan.split_chunks, key_ranges=plan.key_ranges, plan=plan.split,

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from .alibi import alibi_causal_bias
-from .attention_sdpa_split import SPLIT_CHUNKS, SplitPlan, split_kernels_work, split_plan
+from .attention_sdpa_split import SKIP_CHUNKS, SPLIT_CHUNKS, SplitPlan, split_kernels_work, split_plan
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 PATHS = ("eager", "sdpa_split", "sdpa_bank", "sdpa_mask", "flex_attention", "flash_attention_2")
@@ -184,6 +184,9 @@ def plan_alibi_attention(
     if path == "flex_attention":
         compiled = slopes.device.type == "cuda" and not tracing  # a traced model compiles the kernel with it
         return replace(plan, path=path, block_mask=_flex_block_mask(plan, slopes.device), flex_compiled=compiled)
+    if path == "sdpa_split" and plan.skip_eps > 0:  # one level of blocks, cut to each layer's own key ranges
+        split = split_plan(slopes, query_offset, query_length, key_padding, SKIP_CHUNKS, batch, None, dtype)
+        return replace(plan, path=path, split_chunks=SKIP_CHUNKS, split=split)
     if path == "sdpa_split":
         split = split_plan(slopes, query_offset, query_length, key_padding, plan.split_chunks, batch, key_ranges, dtype)
         return replace(plan, path=path, split=split)

@@ -39,9 +39,21 @@ visible dropped sum, D_v + A <= eps (sum_{N visible} exp(z_ij) + A) <= eps (e^{L
 uses that documents are contiguous spans (packing by restarting positions or cu_seq_lens); padding is different:
 padded keys are left out of Theorem 3's sums, so they must be left out of N too.
 
+Theorem 4 (a kernel's log-sum-exp as LB_i). Theorem 2 holds for any subset N of V_i, e.g. the keys of row i's own
+diagonal block, whose exact LSE l_i an attention kernel computes anyway. A float32 kernel returns an approximation
+l^_i; with unit roundoff u = 2^-24 and gamma_n = n u / (1 - n u) (Higham), each logit of N is computed within
+gamma_{D+2} (|s| |q_i| |k_j| + m n) of the exact one (a length-D dot product, the scale and the bias add; |bias| <=
+m n on n keys), and the max-shifted exps (relative error <= rho for a vectorised exp), their sum over n keys and the
+log add at most 2 (gamma_{n+2} + rho). So |l^_i - l_i| <= delta_i := gamma_{D+2} (|s| |q_i| N + m n) + 2 (gamma_{n+2}
++ rho), N the largest key norm, and LB_i = l^_i - 4 delta_i <= l_i <= LSE_i (`kernel_lse_lower_bound`: a factor of 4
+for what the analysis misses, ~1e-4 nats in all). Padded keys enter the kernel at the dtype's minimum and add
+exactly 0. On the demo checkpoint at 8k this LB (256-row diagonal blocks) certifies 0.382 of causal work against
+0.399 with the diagonal logit alone, and costs nothing: the split computes those blocks first (`certified_split`).
+
 Cost. Norms O(L H D); per (row, key block) one product q_i.c_K: O(L (L / block) H D), a fraction ~2 / block of the
-attention itself, and O(L (L / block) H) exps. Everything is computed in float64 from the inputs as given, so the
-certificate holds for exact arithmetic on those inputs; `_ROUNDING_MARGIN` absorbs float64's own rounding.
+attention itself, and O(L (L / block) H) exps. Norms are computed in the inputs' precision (at least float32) and rounded up by
+their error bound (`upper_norms`); everything else is float64, so the certificate holds for exact arithmetic on the
+inputs as given; `_ROUNDING_MARGIN` absorbs float64's own rounding.
 
 Decoding. A full cache block never changes, so its summary (max norm; centre and radius) is computed once; the block
 being filled always contains the current position and is never dropped, so a running maximum of its norms (what a
@@ -93,13 +105,26 @@ def _blocked(tensor: torch.Tensor, block: int, fill) -> torch.Tensor:
     return tensor.unflatten(2, (tensor.shape[2] // block, block))
 
 
-def key_block_norms(key: torch.Tensor, block: int, key_padding: torch.Tensor | None = None) -> torch.Tensor:
-    """N_K = max |k_j| over the real keys of each `block` of `key` (B, H, kv, D): float64 (B, H, ceil(kv / block)).
+def upper_norms(tensor: torch.Tensor) -> torch.Tensor:
+    """Float64 upper bounds on the Euclidean norms along the last dim of `tensor` (..., D): computed in its own
+    precision (at least float32), whose relative error is at most gamma_{D+2} (a sum of D squares and a square root,
+    in any order), then multiplied by 1 + 2 gamma_{D+2}. A float32 norm costs a sixth of a float64 copy and norm."""
+    dtype = torch.promote_types(tensor.dtype, torch.float32)
+    unit, n = torch.finfo(dtype).eps / 2, tensor.shape[-1] + 2
+    return tensor.to(dtype).norm(dim=-1).double() * (1 + 2 * n * unit / (1 - n * unit))
+
+
+def key_block_norms(
+    key: torch.Tensor, block: int, key_padding: torch.Tensor | None = None, norms: torch.Tensor | None = None
+) -> torch.Tensor:
+    """N_K >= max |k_j| over the real keys of each `block` of `key` (B, H, kv, D): float64 (B, H, ceil(kv / block)).
 
     -inf for a block without real keys (its mass is 0). A cache extends the last block with a running maximum.
+    `norms` (B, H, >= kv): `upper_norms(key)` (or of a longer key tensor) when the caller has them already.
     """
     _check_positive("block", block)
-    norms = key.double().norm(dim=-1).masked_fill(~_real_keys(key, key_padding), -math.inf)  # (B, H, kv)
+    norms = upper_norms(key) if norms is None else norms[:, :, : key.shape[2]]  # (B, H, kv)
+    norms = norms.masked_fill(~_real_keys(key, key_padding), -math.inf)  # (B, H, kv)
     return _blocked(norms, block, -math.inf).amax(-1)  # (B, H, nb)
 
 
@@ -220,6 +245,9 @@ def certified_key_starts(
     near: int = 64,
     centroid: bool = True,
     row_group: int = 1,
+    lse_lower: torch.Tensor | None = None,
+    query_norms: torch.Tensor | None = None,
+    key_norms: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per (head, block of `row_block` query rows): the first key a kernel must compute, int64 (H, n_row_blocks).
 
@@ -228,7 +256,9 @@ def certified_key_starts(
     document mask: the starts hold for them as they are (module docstring). The start is a multiple of `key_block`
     and never past the row block's first position, so the diagonal is always computed; for every batch element and
     every real row of the block the softmax mass of the visible keys before it is <= `eps` (0 = dense). `near` sets
-    Theorem 2's window, `centroid` adds Theorem 3's centred bound to Cauchy-Schwarz.
+    Theorem 2's window, `centroid` adds Theorem 3's centred bound to Cauchy-Schwarz. `lse_lower` (B, H, q), if
+    given, replaces the near keys' LSE: any valid lower bound on each real row's LSE (`kernel_lse_lower_bound`).
+    `query_norms` (B, H, q) and `key_norms` (B, H, >= kv'): `upper_norms` of `query` and `key`, if already computed.
 
     Without `centroid`, the bound is computed for groups of `row_group` rows at once (`_grouped_starts`): valid, a
     little looser, and `row_group` times less work; 1 is every row on its own.
@@ -251,11 +281,15 @@ def certified_key_starts(
         return starts
     droppable = key[:, :, : usable * key_block]  # no later key is ever dropped
     padding = None if key_padding is None else key_padding[:, : usable * key_block]
-    norms = key_block_norms(droppable, key_block, padding)  # (B, H, nb)
+    norms = key_block_norms(droppable, key_block, padding, key_norms)  # (B, H, nb)
+    if lse_lower is not None and lse_lower.shape != (batch, heads, q_len):
+        raise ValueError(f"lse_lower must have shape {(batch, heads, q_len)}, got {tuple(lse_lower.shape)}")
     if not centroid:
-        lse = near_key_lse(query, key, slopes, scaling, query_offset, near, key_padding)  # (B, H, q)
-        return _grouped_starts(query, lse, norms, slopes, scaling, query_offset, eps, row_block, key_block,
-                               key_padding, row_group)  # fmt: skip
+        lse = near_key_lse(query, key, slopes, scaling, query_offset, near, key_padding) if lse_lower is None else (
+            lse_lower.double())  # (B, H, q)  # fmt: skip
+        a = (upper_norms(query) if query_norms is None else query_norms) * abs(scaling)  # (B, H, q)
+        return _grouped_starts(a, lse, norms, slopes, query_offset, eps, row_block, key_block, key_padding,
+                               row_group)  # fmt: skip
     centres, radii = key_block_spheres(droppable, key_block, padding) if centroid else (None, None)
     real_rows = None if key_padding is None else key_padding[:, query_offset : query_offset + q_len].bool()  # (B, q)
     for index, first in enumerate(range(0, q_len, row_block)):
@@ -264,9 +298,10 @@ def certified_key_starts(
         if n == 0:
             continue
         rows = slice(first, last)
-        lse = near_key_lse(
-            query[:, :, rows], key, slopes, scaling, query_offset + first, near, key_padding
-        )  # (B, H, n_rows)
+        if lse_lower is None:
+            lse = near_key_lse(query[:, :, rows], key, slopes, scaling, query_offset + first, near, key_padding)
+        else:
+            lse = lse_lower[:, :, rows].double()  # (B, H, n_rows)
         positions = torch.arange(query_offset + first, query_offset + last, device=query.device)  # (n_rows,)
         log_bounds = block_log_mass_bounds(query[:, :, rows], lse, positions, slopes, scaling, key_block,
                                            norms[..., :n], None if centres is None else centres[:, :, :n],
@@ -278,7 +313,36 @@ def certified_key_starts(
     return starts
 
 
-def _grouped_starts(query, lse, norms, slopes, scaling, offset, eps, row_block, key_block, key_padding, row_group,
+# rho of Theorem 4: the relative error of a kernel's vectorised exp (PyTorch's CPU flash kernel uses a few-ULP one)
+_KERNEL_EXP_ERROR = 2.0**-20
+
+
+def kernel_lse_lower_bound(
+    lse: torch.Tensor,
+    query_norms: torch.Tensor,
+    key_norm_max: torch.Tensor,
+    slopes: torch.Tensor,
+    scaling: float,
+    keys: int,
+    dim: int,
+) -> torch.Tensor:
+    """Theorem 4: LB_i = l^_i - 4 delta_i from a float32 kernel's log-sum-exp `lse` (B, H, q) of each row over at most
+    `keys` of its visible keys (with the ALiBi bias; padded keys at the dtype's minimum), head dim `dim`.
+    `query_norms` (B, H, q) bound the norms of the queries the kernel was given (`upper_norms`), `key_norm_max`
+    (B|1, H) those of its keys. Returns float64 (B, H, q)."""
+    _check_positive("keys", keys)
+    unit = 2.0**-24  # the kernel's arithmetic is float32 whatever its inputs (bf16 and fp16 inputs are exact in it)
+
+    def gamma(n):
+        return n * unit / (1 - n * unit)
+
+    m = slopes.double().to(lse.device)[:, None]  # (H, 1)
+    logits = query_norms.double() * abs(scaling) * key_norm_max.double()[..., None] + m * keys  # (B, H, q)
+    delta = gamma(dim + 2) * logits + 2 * (gamma(keys + 2) + _KERNEL_EXP_ERROR)  # (B, H, q)
+    return lse.double() - 4 * delta
+
+
+def _grouped_starts(a, lse, norms, slopes, offset, eps, row_block, key_block, key_padding, row_group,
                     chunk: int = 16):  # fmt: skip
     """`certified_key_starts` with Cauchy-Schwarz, vectorised over row blocks, for groups of `row_group` rows.
 
@@ -288,12 +352,12 @@ def _grouped_starts(query, lse, norms, slopes, scaling, offset, eps, row_block, 
     sorted by a_i within a row block before grouping, so a group's rows have nearly the same query norm and the
     group's bound is nearly each row's. `chunk` row blocks at a time bound the memory.
     """
-    batch, heads, q_len, _ = query.shape
+    batch, heads, q_len = a.shape
+    device = a.device
     n_row_blocks, n_blocks = -(-q_len // row_block), norms.shape[-1]
     groups = -(-row_block // row_group)
-    m = slopes.double().to(query.device)  # (H,)
-    positions = offset + torch.arange(q_len, device=query.device)  # (q,)
-    a = query.double().norm(dim=-1) * abs(scaling)  # (B, H, q)
+    m = slopes.double().to(device)  # (H,)
+    positions = offset + torch.arange(q_len, device=device)  # (q,)
     c = -m[:, None] * positions.double() - lse  # (B, H, q); -inf on padded rows (no real near key)
     if key_padding is not None:  # padded query rows never constrain the start
         c = c.masked_fill(~key_padding[:, None, offset : offset + q_len].bool(), -math.inf)
@@ -306,14 +370,14 @@ def _grouped_starts(query, lse, norms, slopes, scaling, offset, eps, row_block, 
     order = a.argsort(dim=-1)  # (B, H, R, rows): each row block's rows by query norm
     a = a.gather(-1, order).unflatten(-1, (groups, row_group)).amax(-1)  # (B, H, R, groups)
     c = c.gather(-1, order).unflatten(-1, (groups, row_group)).amax(-1)  # (B, H, R, groups)
-    ends = torch.arange(1, n_blocks + 1, device=query.device, dtype=torch.float64) * key_block - 1  # (nb,) e_K
+    ends = torch.arange(1, n_blocks + 1, device=device, dtype=torch.float64) * key_block - 1  # (nb,) e_K
     log_g = torch.where(m > 0, torch.log(-torch.expm1(-m * key_block)) - torch.log(-torch.expm1(-m)),
                         math.log(key_block))  # (H,)  # fmt: skip
     b = m[:, None] * ends + log_g[:, None]  # (H, nb)
     empty = norms == -math.inf  # (B, H, nb): blocks without real keys carry no mass
-    first_row = offset + torch.arange(n_row_blocks, device=query.device) * row_block  # (R,)
-    beyond = torch.arange(n_blocks, device=query.device) >= (first_row // key_block)[:, None]  # (R, nb) not droppable
-    starts = torch.empty(batch, heads, n_row_blocks, groups, dtype=torch.long, device=query.device)
+    first_row = offset + torch.arange(n_row_blocks, device=device) * row_block  # (R,)
+    beyond = torch.arange(n_blocks, device=device) >= (first_row // key_block)[:, None]  # (R, nb) not droppable
+    starts = torch.empty(batch, heads, n_row_blocks, groups, dtype=torch.long, device=device)
     for first in range(0, n_row_blocks, chunk):
         part = slice(first, min(first + chunk, n_row_blocks))
         log_terms = a[:, :, part, :, None] * norms[:, :, None, None, :] + b[None, :, None, None, :]  # (B, H, r, g, nb)

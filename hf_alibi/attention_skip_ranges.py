@@ -1,9 +1,13 @@
 """Certified key ranges for one layer's attention call (`alibi_skip_eps`), from the bounds of `attention_skip.py`.
 
 A plan built with `skip_eps > 0` (inference only: `plan_alibi_attention` decides) has every layer turn its own
-queries and keys into `KeyRanges` before attending, with `certified_plan`:
-- prefill (the split, FlexAttention): per head and block of `ROWS` query rows, the first key whose predecessors'
-  softmax mass is certified <= eps (`certified_key_starts`);
+queries and keys into `KeyRanges`: per head and block of `ROWS` query rows, the first key whose predecessors' softmax
+mass is certified <= eps (`certified_key_starts`):
+- prefill on the split (`certified_split`): each block's own diagonal first, on the kernel; its log-sum-exp is the
+  lower bound on each row's (Theorem 4), far tighter than the diagonal logit on flat heads; then the certificate,
+  then only the kept keys left of each block, merged into the diagonal's results;
+- prefill on FlexAttention (`certified_plan`): the ranges before the call, from the diagonal logit (Theorem 2), as
+  per-head block masks;
 - decoding (one query row over a dynamic cache): per head, from the current query's norm, the exact log-sum-exp of
   its `DECODE_NEAR` nearest keys and the running maximum of key norms per block of cache positions (`RunningKeyNorms`),
   so a step costs the kept keys, not a pass over the whole cache.
@@ -15,28 +19,41 @@ from dataclasses import replace
 import torch
 
 from .attention_plan import AlibiAttentionPlan, KeyRanges, _flex_block_mask
-from .attention_skip import certified_decode_start, certified_key_starts, key_block_norms, near_key_lse
+from .attention_sdpa_split import SKIP_CHUNKS, attend, attend_diagonals, split_plan
+from .attention_skip import (
+    certified_decode_start,
+    certified_key_starts,
+    kernel_lse_lower_bound,
+    key_block_norms,
+    near_key_lse,
+    upper_norms,
+)
 
-ROWS = 256  # query rows per block: the split's finest chunk, where the CPU kernel runs its 64-row tiles
+ROWS = SKIP_CHUNKS[0]  # query rows per block (the split's one level when skipping; why 256: there)
 # Keys per block of the bound. Finer blocks certify more of the steep heads (results/skip/kept_fraction.md: at 8k on
 # the demo checkpoint 0.356 of causal work kept with 64-key blocks against 0.381 with 256) for 4x the bound's work.
 KEY_BLOCK = 64
-# Nearest keys whose exact log-sum-exp bounds each row's from below (Theorem 2). Prefill: the diagonal alone. On the
-# demo checkpoint at 8k, 32 near keys certify 0.352 of causal work against 0.381, but their float64 products cost
-# more than the kernel work they save (forward 0.93x / 0.87x / 0.74x of GPT-2 SDPA with 32 / 16 / 1). Decoding too:
-# a step's few dozen small operations are what the certificate costs there.
+# Nearest keys whose exact log-sum-exp bounds each row's from below (Theorem 2) where no kernel has computed a block
+# first (FlexAttention prefill, decoding): the diagonal alone. On the demo checkpoint at 8k, 32 near keys certified
+# 0.352 of causal work against 0.381, but their float64 products cost more than the kernel work they save. The split
+# needs none: its diagonal blocks' log-sum-exps (Theorem 4) certify 0.382 against the diagonal logit's 0.399 at no
+# extra cost (the exact log-sum-exp of every key would give 0.353; an oracle that knows the dropped mass, 0.304).
 NEAR = 1
 DECODE_NEAR = 1
-# Rows bounded together (sorted by query norm): 16x less work than row by row.
+# Rows bounded together (sorted by query norm): 16x less work than row by row, for 0.001 more kept work at 8k
+# (0.3803 / 0.3818 with 4 / 16 rows; 0.3923 with 16 rows unsorted).
 ROW_GROUP = 16
 
 
 def certified_plan(plan: AlibiAttentionPlan, query, key, scaling: float, layer: int | None) -> AlibiAttentionPlan:
-    """`plan` with this layer's certified key ranges for `query` (B, H, q, D) over `key` (B, H, kv, D)."""
+    """`plan` with this layer's certified key ranges for `query` (B, H, q, D) over `key` (B, H, kv, D); a split
+    prefill's plan is returned as it is (`certified_split` certifies inside the call)."""
     key = key[:, :, : plan.key_length]  # a static cache's buffer: its filled part
     if plan.query_length == 1:  # decoding: one row at position query_offset
         norms = plan.key_norms(layer, key, plan.key_padding) if plan.key_norms is not None else None
         return replace(plan, key_ranges=decode_key_ranges(query, key, plan, scaling, norms))
+    if plan.path == "sdpa_split":
+        return plan
     starts = certified_key_starts(
         query, key, plan.slopes, scaling, plan.query_offset, plan.skip_eps, ROWS, KEY_BLOCK, plan.key_padding,
         near=NEAR, centroid=False, row_group=ROW_GROUP,  # the centred bound buys ~0.001 of kept work (trained)
@@ -45,6 +62,40 @@ def certified_plan(plan: AlibiAttentionPlan, query, key, scaling: float, layer: 
     if plan.block_mask is not None:
         ranged = replace(ranged, block_mask=_flex_block_mask(ranged, plan.slopes.device))  # per-head blocks
     return ranged
+
+
+def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float, rows: int = ROWS,
+                    key_block: int = KEY_BLOCK):  # fmt: skip
+    """The split with certified skipping: (output (B, H, q, D) in the query's dtype, the `KeyRanges` it used).
+
+    1. Every `rows`-row block's own causal diagonal, on the kernel: the running output and log-sum-exp of each row.
+    2. Those log-sum-exps, less their rounding (`kernel_lse_lower_bound`), bound each row's from below; with them,
+       `certified_key_starts` gives each (head, block) its first key.
+    3. Each block's keys from its first key to the block, per run of heads sharing a first key, merged in.
+    `key`/`value` hold the plan's keys (a static cache's filled part); `rows` and `key_block` size the blocks of
+    query rows and of keys (the defaults are the measured ones). No autograd: skipping is inference only.
+    """
+    batch, heads, q_len, _ = query.shape
+    offset, padding, slopes = plan.query_offset, plan.key_padding, plan.slopes
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    blocks = offset + torch.arange(0, q_len, rows, device=query.device)  # (R,) each block's first position
+    diagonals = KeyRanges(rows, blocks.expand(heads, -1))  # nothing left of any block: its diagonal alone
+    dense = plan.split  # every block's whole causal range, one level of blocks, built once per forward
+    if dense is None or dense.chunks != (rows,) or dense.dtype != dtype:
+        dense = split_plan(slopes, offset, q_len, padding, (rows,), batch, dtype=dtype)
+    split = dense.in_key_ranges(diagonals.first_key)
+    output, lse = attend_diagonals(split, query, key, value, scaling)  # (B, H, q, D), (B, H, q)
+    query_norms, key_norms = upper_norms(query), upper_norms(key[:, :, : offset + q_len])  # (B, H, q), (B, H, kv)
+    real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None, : offset + q_len], 0.0)
+    lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, rows, query.shape[-1])
+    starts = certified_key_starts(
+        query, key, slopes, scaling, offset, plan.skip_eps, rows, key_block, padding, centroid=False,
+        row_group=ROW_GROUP, lse_lower=lower, query_norms=query_norms, key_norms=key_norms,
+    )  # (H, R)  # fmt: skip
+    ranges = KeyRanges(rows, starts)
+    split = dense.in_key_ranges(starts)
+    attend(split, [group for group in split.groups if not group[6]], query, key, value, scaling, output, lse)
+    return output.to(query.dtype), ranges
 
 
 def decode_key_ranges(query, key, plan: AlibiAttentionPlan, scaling: float, norms=None) -> KeyRanges:
@@ -80,7 +131,7 @@ class RunningKeyNorms:
         blocks = -(-length // KEY_BLOCK)
         grown = norms.new_full((1, key.shape[1], blocks), -torch.inf)  # (1, H, blocks)
         grown[..., : norms.shape[-1]] = norms
-        new = key[:, :, covered:].double().norm(dim=-1)  # (B, H, n)
+        new = upper_norms(key[:, :, covered:])  # (B, H, n)
         if key_padding is not None:
             new = new.masked_fill(~key_padding[:, None, covered:length], -torch.inf)
         index = (torch.arange(covered, length, device=key.device) // KEY_BLOCK).expand(1, key.shape[1], -1)

@@ -86,6 +86,7 @@ class AlibiGPT2Attention(nn.Module):
             query, key, value, alibi, self.scaling, output_attentions, heads=self.heads, layer=self.layer_idx
         )  # (B, q, H', D)
         output = output.reshape(batch, length, -1)  # (B, q, H' D)
+        del query, key, value  # c_attn's output is freed before c_proj allocates (unless a cache or autograd keeps it)
         return self.resid_dropout(self.c_proj(output)), weights
 
 

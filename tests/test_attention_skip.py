@@ -13,14 +13,17 @@ from alibi_reference import reference_attention
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hf_alibi.attention_plan import plan_alibi_attention
 from hf_alibi.attention_skip import (
     certified_decode_start,
     certified_key_starts,
+    kept_fraction,
     key_block_norms,
     key_block_spheres,
-    kept_fraction,
     near_key_lse,
+    upper_norms,
 )
+from hf_alibi.attention_skip_ranges import certified_split
 
 SLOPES = (0.0, 2.0**-8, 2.0**-4, 0.5, 2.0)
 CHECKS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -147,6 +150,35 @@ def test_decode_start_drops_at_most_eps(p):
     assert float(mass.max()) <= p["eps"], f"largest dropped mass {float(mass.max()):.3e} > eps {p['eps']:.0e}"
 
 
+@CHECKS
+@given(problems(), st.integers(2, 16))
+def test_the_splits_certificate_from_its_kernels_diagonal_log_sum_exps_drops_at_most_eps(p, rows):
+    """`certified_split`: Theorem 4's lower bound from the fp32 kernel's own diagonal blocks, then Theorem 3."""
+    batch, heads, q_len, _ = p["query"].shape
+    if p["documents"] is not None or q_len < 2:  # the split serves no document masks and no one-row steps
+        return
+    kv = p["offset"] + q_len
+    p = {**p, "key": p["key"][:, :, :kv], "value": p["value"][:, :, :kv]}
+    padding = None if p["key_padding"] is None else p["key_padding"][:, :kv]
+    p["key_padding"] = padding
+    mask = None if padding is None else padding.long()
+    with torch.no_grad():
+        plan = plan_alibi_attention("sdpa", p["slopes"], batch, q_len, kv, query_offset=p["offset"],
+                                    attention_mask=mask, skip_eps=p["eps"])  # fmt: skip
+        if plan.path != "sdpa_split" or plan.skip_eps != p["eps"]:
+            return  # eps 0 or a plan without the split
+        output, ranges = certified_split(p["query"], p["key"], p["value"], plan, p["scaling"], rows=rows,
+                                         key_block=p["key_block"])  # fmt: skip
+    row_starts = ranges.first_key.repeat_interleave(rows, dim=1)[:, :q_len]  # (H, q)
+    weights = exact_weights(p)  # (B, H, q, kv)
+    mass = dropped_mass(weights, row_starts).masked_fill(~real_rows(p), 0.0)  # (B, H, q)
+    assert float(mass.max()) <= p["eps"], f"largest dropped mass {float(mass.max()):.3e} > eps {p['eps']:.0e}"
+    value = p["value"].double()
+    difference = ((output.double() - weights @ value).abs() * real_rows(p)[..., None]).max()
+    bound = (2 * p["eps"] + 1e-5) * float(value.abs().max())  # Theorem 1, and the fp32 kernel's rounding
+    assert float(difference) <= bound, f"largest difference {float(difference):.3e} > {bound:.3e}"
+
+
 def test_steep_head_skips_far_keys_and_flat_head_keeps_all():
     generator = torch.Generator().manual_seed(0)
     query, key = (0.3 * torch.randn(1, 2, 512, 8, generator=generator) for _ in range(2))  # (1, 2, 512, 8) each
@@ -198,7 +230,7 @@ def test_kept_fraction_counts_computed_keys_of_every_row():
 def test_block_norms_extend_by_running_maximum():
     key = torch.randn(2, 3, 11, 4)  # 11 keys: blocks of 4 end in a partial one, as a cache does
     grown = key_block_norms(key[:, :, :10], 4)  # (2, 3, 3)
-    grown[..., -1] = torch.maximum(grown[..., -1], key[:, :, 10].double().norm(dim=-1))
+    grown[..., -1] = torch.maximum(grown[..., -1], upper_norms(key[:, :, 10]))
     assert torch.equal(grown, key_block_norms(key, 4)), (grown - key_block_norms(key, 4)).abs().max()
 
 

@@ -9,8 +9,8 @@ from transformers import DynamicCache
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
 from hf_alibi.attention_alibi import alibi_attention
 from hf_alibi.attention_plan import plan_alibi_attention
-from hf_alibi.attention_skip import key_block_norms
-from hf_alibi.attention_skip_ranges import KEY_BLOCK, ROWS, RunningKeyNorms, certified_plan
+from hf_alibi.attention_skip import certified_key_starts, key_block_norms
+from hf_alibi.attention_skip_ranges import KEY_BLOCK, ROW_GROUP, ROWS, RunningKeyNorms, certified_plan, certified_split
 
 EPS = 1e-7
 
@@ -100,13 +100,17 @@ def qkv(batch, q_len, kv_len, scale=3.0):
 
 
 def test_far_keys_are_skipped_for_steep_heads_and_kept_for_the_flattest():
-    query, key, _ = qkv(1, 2048, 2048, scale=1.0)
+    query, key, value = qkv(1, 2048, 2048, scale=1.0)
     with torch.no_grad():
         plan = steep_plan(query, key)
         assert plan.skip_eps == EPS and plan.path == "sdpa_split"
-        ranged = certified_plan(plan, query, key, 0.25, layer=0)
-    first = ranged.key_ranges.first_key  # (H, blocks)
-    assert ranged.key_ranges.rows == ROWS and first.shape == (4, 2048 // ROWS)
+        _, ranges = certified_split(query, key, value, plan, 0.25)
+        from_diagonal_logits = certified_key_starts(query, key, plan.slopes, 0.25, 0, EPS, ROWS, KEY_BLOCK, near=1,
+                                                    centroid=False, row_group=ROW_GROUP)  # fmt: skip
+    first = ranges.first_key  # (H, blocks)
+    assert ranges.rows == ROWS and first.shape == (4, 2048 // ROWS)
+    # the kernel's diagonal log-sum-exps bound each row's LSE at least as tightly as its diagonal logit alone
+    assert (first >= from_diagonal_logits).all() and (first > from_diagonal_logits).any()
     assert first[0, -1] > 1024, f"slope 1/4 must skip most of 1792 earlier keys, starts at {first[0, -1]}"
     assert (first[0] >= first[-1]).all(), "a steeper head must never keep more than the flattest"
     with torch.no_grad():  # a decoding step at position 2047 over the same keys
