@@ -60,6 +60,7 @@ being filled always contains the current position and is never dropped, so a run
 cache extends step by step: `torch.maximum(old, new_norm)`) is all it needs before it completes.
 """
 
+import functools
 import math
 
 import torch
@@ -419,11 +420,29 @@ def certified_decode_start(
         raise ValueError(f"position must be a non-negative integer, got {position!r}")
     lse_lower = lse_lower.reshape(*query.shape[:2], 1)  # (B, H, 1)
     n = min(position // block, block_norms.shape[-1])  # blocks wholly before the current position's block
+    if eps == 0.0 or n == 0:
+        return torch.zeros(query.shape[:2], dtype=torch.long, device=query.device)
+    if centres is None:  # Cauchy-Schwarz alone, as in `block_log_mass_bounds`, in the few operations a step affords
+        m, decay = _block_decay(tuple(slopes.tolist()), block, n, str(query.device))  # (H, 1), (H, n)
+        # |s| |q|, kept > 0: a block without real keys has norm -inf and must give -inf, never 0 * -inf = NaN (a
+        # larger factor only loosens the bound on real blocks, whose norms are >= 0)
+        a = (upper_norms(query[:, :, 0]) * abs(scaling)).clamp(min=1e-300)  # (B, H)
+        terms = a[..., None] * block_norms[..., :n] + decay + (-m * position - lse_lower)  # (B, H, n)
+        return _passing_blocks(terms, eps) * block  # (B, H)
     positions = torch.tensor([position], device=query.device)  # (1,)
     log_bounds = block_log_mass_bounds(query, lse_lower, positions, slopes, scaling, block, block_norms[..., :n],
                                        None if centres is None else centres[:, :, :n],
                                        None if radii is None else radii[..., :n])  # (B, H, 1, n)  # fmt: skip
     return first_kept_key(log_bounds, eps, block)[..., 0]  # (B, H)
+
+
+@functools.lru_cache(maxsize=64)
+def _block_decay(slopes: tuple, block: int, n: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """m (H, 1) and m e_K + log G (H, n) of Theorem 3 for the first n blocks: what a decoding step's bound reuses."""
+    m = torch.tensor(slopes, dtype=torch.float64, device=device)[:, None]  # (H, 1)
+    log_g = torch.where(m > 0, torch.log(-torch.expm1(-m * block)) - torch.log(-torch.expm1(-m)), math.log(block))
+    ends = torch.arange(1, n + 1, device=device, dtype=torch.float64) * block - 1  # (n,) e_K
+    return m, m * ends + log_g  # (H, 1), (H, n)
 
 
 def kept_fraction(starts: torch.Tensor, query_length: int, row_block: int, query_offset: int = 0) -> torch.Tensor:

@@ -103,9 +103,12 @@ def decode_key_ranges(query, key, plan: AlibiAttentionPlan, scaling: float, norm
     position = plan.query_offset
     if norms is None:
         norms = key_block_norms(key, KEY_BLOCK, plan.key_padding).amax(0, keepdim=True)  # (1, H, blocks)
-    lse = near_key_lse(query, key, plan.slopes, scaling, position, DECODE_NEAR, plan.key_padding)  # (B, H, 1)
+    if DECODE_NEAR == 1:  # the diagonal logit (Theorem 2 with N = {i}), in float64: a step's fewest operations
+        lse = (query[:, :, 0].double() * key[:, :, position].double()).sum(-1) * scaling  # (B, H)
+    else:
+        lse = near_key_lse(query, key, plan.slopes, scaling, position, DECODE_NEAR, plan.key_padding)[..., 0]
     if plan.key_padding is not None:  # a padded row (its own token is padding) has no certificate: keep it dense
-        lse = lse.masked_fill(~plan.key_padding[:, None, position : position + 1], -torch.inf)
+        lse = lse.masked_fill(~plan.key_padding[:, None, position], -torch.inf)
     starts = certified_decode_start(query, norms, plan.slopes, scaling, position, plan.skip_eps, KEY_BLOCK, lse)
     return KeyRanges(1, starts.amin(0)[:, None])  # (H, 1)
 
@@ -128,6 +131,17 @@ class RunningKeyNorms:
         stale = norms is None or covered > length or not torch.equal(key[:, :, covered - 1], last)
         if stale:
             norms, covered = key.new_full((1, key.shape[1], 0), -torch.inf, dtype=torch.float64), 0
+        if length == covered + 1 and not stale:  # one new key, the common step: fold it in, in a few operations
+            new = upper_norms(key[:, :, covered])  # (B, H)
+            if key_padding is not None:
+                new = new.masked_fill(~key_padding[:, None, covered], -torch.inf)
+            new = new.amax(0)[None, :, None]  # (1, H, 1)
+            if covered % KEY_BLOCK == 0:  # it opens a block
+                norms = torch.cat([norms, new], dim=-1)  # (1, H, blocks)
+            else:
+                torch.maximum(norms[..., -1:], new, out=norms[..., -1:])  # the summary is this object's own
+            self.layers[layer] = (norms, length, key[:, :, covered].clone())
+            return norms
         blocks = -(-length // KEY_BLOCK)
         grown = norms.new_full((1, key.shape[1], blocks), -torch.inf)  # (1, H, blocks)
         grown[..., : norms.shape[-1]] = norms
