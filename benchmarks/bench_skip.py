@@ -10,16 +10,18 @@ vocabulary, random weights: dense cost does not depend on them), `alibi-dense` (
 and `alibi-skip` (the checkpoint, `alibi_skip_eps=--eps`). Inputs are real text: the recipe's held-out
 standard-library documents in the checkpoint's own tokenizer (what the certificate's gain depends on; random ids
 would say little). Forward: batch 1, no grad, no cache, `logits_to_keep=1`. Decoding: a static cache (its steps
-copy nothing: a dynamic cache's concatenation costs more than attention at these widths), one prefill
-untimed, then calls of `--steps` greedy steps each, timed per step; tokens are checked equal to the dense path's. Each process builds one
-contestant, warms up once and times `--repeats` calls (median); processes rotate over contestants, `--processes`
-rounds; a cell reports the median over processes and [min, max]. The skipping process also reports the kept
-fraction of causal key work per head: the key ranges its layers certified and used, recorded in one more forward.
+copy nothing: a dynamic cache's concatenation costs more than attention at these widths), one prefill untimed,
+then calls of `--steps` greedy steps each, timed per step; tokens are checked equal to the dense path's. Each
+process builds one contestant, warms up once and times `--repeats` calls (median); processes rotate over
+contestants, `--processes` rounds; a cell reports the median over processes and [min, max]. The skipping process
+also reports the kept fraction of causal key work per head: the key ranges its layers certified and used, recorded
+in one more forward.
 Run alone: two cores, any other load shows in the figures.
 """
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -27,6 +29,12 @@ import time
 from pathlib import Path
 
 CONTESTANTS = ("gpt2-sdpa", "alibi-dense", "alibi-skip")
+# glibc returns the top of its heap to the kernel when a free leaves more than its (adaptive) trim threshold there;
+# the MLP's 16 MiB activations at 8k then fault their pages in again in the next layer (~1 us per 4 KiB page). How
+# often depends on where each process's earlier allocations landed: 0 to 120k faults per 8k forward measured, for
+# GPT-2 and hf_alibi alike. A fixed mmap threshold and no trimming (what jemalloc or tcmalloc, PyTorch's advice for
+# CPU inference, do anyway) take that out of every contestant's figures; the default leaves it in.
+NO_TRIM = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
 
 
 def build(name: str, checkpoint: str, eps: float, length: int):
@@ -118,7 +126,9 @@ def run_cell(args, suite: str, length: int) -> dict:
             command = [sys.executable, "-m", "benchmarks.bench_skip", "--child", name, "--suite", suite,
                        "--length", str(length), "--checkpoint", args.checkpoint, "--eps", str(args.eps),
                        "--repeats", str(args.repeats), "--steps", str(args.steps)]  # fmt: skip
-            line = subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+            env = {**os.environ, **(NO_TRIM if args.no_trim else {})}
+            done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+            line = done.stdout.strip().splitlines()[-1]
             results[name].append(json.loads(line))
     cell = {"suite": suite, "length": length}
     for name, runs in results.items():
@@ -133,8 +143,9 @@ def run_cell(args, suite: str, length: int) -> dict:
 
 def markdown(cells: list[dict], args) -> str:
     unit = {"forward": "s per forward", "decode": "ms per token"}
-    lines = [f"Checkpoint `{args.checkpoint}`, eps {args.eps:g}, {args.processes} fresh processes per contestant, "
-             f"{args.repeats} timed call(s) each (median); ratios of medians against `gpt2-sdpa`.", "",
+    allocator = "glibc without heap trimming (`--no-trim`)" if args.no_trim else "default glibc malloc"
+    lines = [f"Checkpoint `{args.checkpoint}`, eps {args.eps:g}, {allocator}, {args.processes} fresh processes per "
+             f"contestant, {args.repeats} timed call(s) each (median); ratios of medians against `gpt2-sdpa`.", "",
              "| cell | `gpt2-sdpa` | `alibi-dense` | `alibi-skip` | skip / dense | kept per head |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for cell in cells:
@@ -164,6 +175,8 @@ def main(argv=None):
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=16, help="decoding steps timed per call")
+    parser.add_argument("--no-trim", action="store_true", help="every contestant's process with glibc's heap kept "
+                        "(NO_TRIM): no page faults from trimming, whose count depends on each process's heap layout")
     parser.add_argument("--out", default="results/skip/bench", help="writes <out>.json and <out>.md")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--suite", help=argparse.SUPPRESS)

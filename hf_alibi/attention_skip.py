@@ -51,9 +51,10 @@ exactly 0. On the demo checkpoint at 8k this LB (256-row diagonal blocks) certif
 0.399 with the diagonal logit alone, and costs nothing: the split computes those blocks first (`certified_split`).
 
 Cost. Norms O(L H D); per (row, key block) one product q_i.c_K: O(L (L / block) H D), a fraction ~2 / block of the
-attention itself, and O(L (L / block) H) exps. Norms are computed in the inputs' precision (at least float32) and rounded up by
-their error bound (`upper_norms`); everything else is float64, so the certificate holds for exact arithmetic on the
-inputs as given; `_ROUNDING_MARGIN` absorbs float64's own rounding.
+attention itself, and O(L (L / block) H) exps. Norms are computed in the inputs' precision (at least float32) and
+rounded up by their error bound (`upper_norms`); everything else is float64, so the certificate holds for exact
+arithmetic on the inputs as given; `_ROUNDING_MARGIN` absorbs float64's own rounding. (The max shift of Theorem 4's
+exps adds at most u |z_j - max z| <= u (2 |s| |q_i| N + m n) per logit, inside its gamma_{D+2} term for D >= 1.)
 
 Decoding. A full cache block never changes, so its summary (max norm; centre and radius) is computed once; the block
 being filled always contains the current position and is never dropped, so a running maximum of its norms (what a
