@@ -331,23 +331,26 @@ def attend_diagonals(plan: SplitPlan, query, key, value, scaling) -> tuple[torch
 
     When one strided call covers every row and head (batch 1, q a multiple of the block rows), its own results are
     the running ones: for inputs laid out as the model's, the kernel writes its output as (count, n, H, D) and its
-    log-sum-exp as (count, n, H) in memory, which is exactly (1, q, H, D) and (1, q, H). They are viewed, not copied:
-    no second q x H x D buffer exists (a 4 MiB temporary per layer at 8k whose free/reuse pattern made glibc return
-    and re-fault the MLP's pages every layer).
+    log-sum-exp as (count, n, H) in memory, which is exactly (1, q, H, D) and (1, q, H). They are viewed: no second
+    q x H x D buffer, no copy.
     """
     diagonals = [group for group in plan.groups if group[6]]
     batch, heads, q_len, dim = query.shape
-    if len(diagonals) == 1 and batch == 1:
-        count, stride, start, end, *_, head_start, head_end = diagonals[0]
-        if start == 0 and count * (end - start) == q_len and (head_start, head_end) == (0, heads):
-            mask, _, rows, keys = plan.views(diagonals[0])
-            out, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (count, H, n, .)
-            n = end - start
-            if out.dtype == plan.dtype and out.stride() == (n * heads * dim, dim, heads * dim, 1) and (
-                lse.stride() == (n * heads, 1, heads)
-            ):
-                return (out.as_strided((1, heads, q_len, dim), (q_len * heads * dim, dim, heads * dim, 1)),
-                        lse.as_strided((1, heads, q_len), (q_len * heads, 1, heads)))  # fmt: skip
+    whole = len(diagonals) == 1 and batch == 1 and diagonals[0][2] == 0 and diagonals[0][-2:] == (0, heads)
+    if whole and diagonals[0][0] * (diagonals[0][3] - diagonals[0][2]) == q_len:
+        n = diagonals[0][3]  # rows per block (the group starts at row 0)
+        mask, _, rows, keys = plan.views(diagonals[0])
+        out, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (count, H, n, .)
+        if out.dtype == plan.dtype and out.stride() == (n * heads * dim, dim, heads * dim, 1) and (
+            lse.stride() == (n * heads, 1, heads)
+        ):
+            return (out.as_strided((1, heads, q_len, dim), (q_len * heads * dim, dim, heads * dim, 1)),
+                    lse.as_strided((1, heads, q_len), (q_len * heads, 1, heads)))  # fmt: skip
+        output = _like_kernel_output(query, plan.dtype)  # another layout (or dtype): copied in, not recomputed
+        running = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
+        rows(output).copy_(out)
+        rows(running).copy_(lse)
+        return output, running
     output = _like_kernel_output(query, plan.dtype)  # (B, H, q, D)
     lse = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
     attend(plan, diagonals, query, key, value, scaling, output, lse)

@@ -94,8 +94,12 @@ def steep_plan(query, key, path_backend="sdpa", **options):
                                 skip_eps=EPS, **options)  # fmt: skip
 
 
-def qkv(batch, q_len, kv_len, scale=3.0):
+def qkv(batch, q_len, kv_len, scale=3.0, model_layout=False):
+    """(B, 4, n, 16) query, key, value; `model_layout`: laid out (B, n, 4, 16) in memory, as the model's are."""
     generator = torch.Generator().manual_seed(1)
+    if model_layout:
+        shapes = [(batch, n, 4, 16) for n in (q_len, kv_len, kv_len)]
+        return [scale * torch.randn(shape, generator=generator).transpose(1, 2) for shape in shapes]
     return [scale * torch.randn(batch, 4, n, 16, generator=generator) for n in (q_len, kv_len, kv_len)]
 
 
@@ -122,11 +126,12 @@ def test_far_keys_are_skipped_for_steep_heads_and_kept_for_the_flattest():
 
 @pytest.mark.parametrize(
     "batch, q_len, kv",
-    [(2, 1500, 1500), (2, 1, 1500), (1, 1, 9000)],
-    ids=["prefill", "decoding_step", "decoding_step_in_segments"],  # a long range: segments merged by log-sum-exp
+    [(2, 1500, 1500), (1, 1024, 1024), (2, 1, 1500), (1, 1, 9000)],
+    # whole blocks, batch 1: the diagonals' kernel output is the running output; a long decoding range: segments
+    ids=["prefill", "prefill_of_whole_blocks", "decoding_step", "decoding_step_in_segments"],
 )
 def test_one_call_with_certified_ranges_matches_dense(batch, q_len, kv):
-    query, key, value = qkv(batch, q_len, kv)
+    query, key, value = qkv(batch, q_len, kv, model_layout=batch == 1)
     mask = torch.ones(batch, kv, dtype=torch.long)
     mask[1:, :200] = 0
     with torch.no_grad():
