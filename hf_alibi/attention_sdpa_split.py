@@ -336,9 +336,9 @@ def attend_diagonals(plan: SplitPlan, query, key, value, scaling) -> tuple[torch
     """
     diagonals = [group for group in plan.groups if group[6]]
     batch, heads, q_len, dim = query.shape
-    whole = len(diagonals) == 1 and batch == 1 and diagonals[0][2] == 0 and diagonals[0][-2:] == (0, heads)
-    if whole and diagonals[0][0] * (diagonals[0][3] - diagonals[0][2]) == q_len:
-        n = diagonals[0][3]  # rows per block (the group starts at row 0)
+    count, _, start, end, *_, head_start, head_end = diagonals[0]
+    if len(diagonals) == 1 and batch == 1 and (start, count * end, head_start, head_end) == (0, q_len, 0, heads):
+        n = end  # rows per block: the group's calls tile rows [0, q) in `count` blocks
         mask, _, rows, keys = plan.views(diagonals[0])
         out, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (count, H, n, .)
         if out.dtype == plan.dtype and out.stride() == (n * heads * dim, dim, heads * dim, 1) and (

@@ -112,8 +112,12 @@ def upper_norms(tensor: torch.Tensor) -> torch.Tensor:
     precision (at least float32), whose relative error is at most gamma_{D+2} (a sum of D squares and a square root,
     in any order), then multiplied by 1 + 2 gamma_{D+2}. A float32 norm costs a sixth of a float64 copy and norm."""
     dtype = torch.promote_types(tensor.dtype, torch.float32)
-    unit, n = torch.finfo(dtype).eps / 2, tensor.shape[-1] + 2
-    return tensor.to(dtype).norm(dim=-1).double() * (1 + 2 * n * unit / (1 - n * unit))
+    return tensor.to(dtype).norm(dim=-1).double() * (1 + 2 * _gamma(tensor.shape[-1] + 2, torch.finfo(dtype).eps / 2))
+
+
+def _gamma(n: int, unit: float) -> float:
+    """Higham's gamma_n = n u / (1 - n u): the relative error bound of n roundings with unit roundoff u."""
+    return n * unit / (1 - n * unit)
 
 
 def key_block_norms(
@@ -211,7 +215,7 @@ def block_log_mass_bounds(
     m = slopes.double().to(query.device)  # (H,)
     ends = torch.arange(1, n_blocks + 1, device=query.device, dtype=torch.float64) * block - 1  # (nb,) e_K
     distance = positions.double()[:, None] - ends[None, :]  # (rows, nb): i - e_K >= 0
-    log_g = torch.where(m > 0, torch.log(-torch.expm1(-m * block)) - torch.log(-torch.expm1(-m)), math.log(block))
+    log_g = _log_geometric(m, block)  # (H,)
     return upper - m[:, None, None] * distance + (log_g[:, None, None] - lse_lower[..., None])  # (B, H, rows, nb)
 
 
@@ -276,6 +280,8 @@ def certified_key_starts(
         raise ValueError(f"query_offset={query_offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
     _check_slopes(slopes, heads)
     _real_keys(key, key_padding)  # checks its shape
+    if lse_lower is not None and lse_lower.shape != (batch, heads, q_len):
+        raise ValueError(f"lse_lower must have shape {(batch, heads, q_len)}, got {tuple(lse_lower.shape)}")
     n_row_blocks = -(-q_len // row_block)
     starts = torch.zeros(heads, n_row_blocks, dtype=torch.long, device=query.device)
     usable = (query_offset + (n_row_blocks - 1) * row_block) // key_block  # blocks before the last row block
@@ -284,8 +290,6 @@ def certified_key_starts(
     droppable = key[:, :, : usable * key_block]  # no later key is ever dropped
     padding = None if key_padding is None else key_padding[:, : usable * key_block]
     norms = key_block_norms(droppable, key_block, padding, key_norms)  # (B, H, nb)
-    if lse_lower is not None and lse_lower.shape != (batch, heads, q_len):
-        raise ValueError(f"lse_lower must have shape {(batch, heads, q_len)}, got {tuple(lse_lower.shape)}")
     if not centroid:
         lse = near_key_lse(query, key, slopes, scaling, query_offset, near, key_padding) if lse_lower is None else (
             lse_lower.double())  # (B, H, q)  # fmt: skip
@@ -334,13 +338,9 @@ def kernel_lse_lower_bound(
     (B|1, H) those of its keys. Returns float64 (B, H, q)."""
     _check_positive("keys", keys)
     unit = 2.0**-24  # the kernel's arithmetic is float32 whatever its inputs (bf16 and fp16 inputs are exact in it)
-
-    def gamma(n):
-        return n * unit / (1 - n * unit)
-
     m = slopes.double().to(lse.device)[:, None]  # (H, 1)
     logits = query_norms.double() * abs(scaling) * key_norm_max.double()[..., None] + m * keys  # (B, H, q)
-    delta = gamma(dim + 2) * logits + 2 * (gamma(keys + 2) + _KERNEL_EXP_ERROR)  # (B, H, q)
+    delta = _gamma(dim + 2, unit) * logits + 2 * (_gamma(keys + 2, unit) + _KERNEL_EXP_ERROR)  # (B, H, q)
     return lse.double() - 4 * delta
 
 
@@ -372,10 +372,7 @@ def _grouped_starts(a, lse, norms, slopes, offset, eps, row_block, key_block, ke
     order = a.argsort(dim=-1)  # (B, H, R, rows): each row block's rows by query norm
     a = a.gather(-1, order).unflatten(-1, (groups, row_group)).amax(-1)  # (B, H, R, groups)
     c = c.gather(-1, order).unflatten(-1, (groups, row_group)).amax(-1)  # (B, H, R, groups)
-    ends = torch.arange(1, n_blocks + 1, device=device, dtype=torch.float64) * key_block - 1  # (nb,) e_K
-    log_g = torch.where(m > 0, torch.log(-torch.expm1(-m * key_block)) - torch.log(-torch.expm1(-m)),
-                        math.log(key_block))  # (H,)  # fmt: skip
-    b = m[:, None] * ends + log_g[:, None]  # (H, nb)
+    b = _block_decay(tuple(slopes.tolist()), key_block, n_blocks, str(device))[1]  # (H, nb): m e_K + log G_K
     empty = norms == -math.inf  # (B, H, nb): blocks without real keys carry no mass
     first_row = offset + torch.arange(n_row_blocks, device=device) * row_block  # (R,)
     beyond = torch.arange(n_blocks, device=device) >= (first_row // key_block)[:, None]  # (R, nb) not droppable
@@ -437,11 +434,17 @@ def certified_decode_start(
     return first_kept_key(log_bounds, eps, block)[..., 0]  # (B, H)
 
 
+def _log_geometric(m: torch.Tensor, block: int) -> torch.Tensor:
+    """log G of Theorem 3 for slopes `m` (float64, any shape): log sum_{d < block} e^{-m d}; log(block) where m = 0."""
+    return torch.where(m > 0, torch.log(-torch.expm1(-m * block)) - torch.log(-torch.expm1(-m)), math.log(block))
+
+
 @functools.lru_cache(maxsize=64)
 def _block_decay(slopes: tuple, block: int, n: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """m (H, 1) and m e_K + log G (H, n) of Theorem 3 for the first n blocks: what a decoding step's bound reuses."""
+    """m (H, 1) and m e_K + log G (H, n) of Theorem 3 for the first n blocks: the per-block part of every bound that
+    splits m (i - e_K) into per-row and per-block terms (grouped prefill rows, decoding steps)."""
     m = torch.tensor(slopes, dtype=torch.float64, device=device)[:, None]  # (H, 1)
-    log_g = torch.where(m > 0, torch.log(-torch.expm1(-m * block)) - torch.log(-torch.expm1(-m)), math.log(block))
+    log_g = _log_geometric(m, block)  # (H, 1)
     ends = torch.arange(1, n + 1, device=device, dtype=torch.float64) * block - 1  # (n,) e_K
     return m, m * ends + log_g  # (H, 1), (H, n)
 

@@ -8,9 +8,9 @@ mass is certified <= eps (`certified_key_starts`):
   then only the kept keys left of each block, merged into the diagonal's results;
 - prefill on FlexAttention (`certified_plan`): the ranges before the call, from the diagonal logit (Theorem 2), as
   per-head block masks;
-- decoding (one query row over a dynamic cache): per head, from the current query's norm, the exact log-sum-exp of
-  its `DECODE_NEAR` nearest keys and the running maximum of key norms per block of cache positions (`RunningKeyNorms`),
-  so a step costs the kept keys, not a pass over the whole cache.
+- decoding (one query row over a dynamic cache): per head, from the current query's norm, its diagonal logit and
+  the running maximum of key norms per block of cache positions (`RunningKeyNorms`), so a step costs the kept keys,
+  not a pass over the whole cache.
 Every output moves by at most 2 * eps * max|v| (Theorem 1 there).
 """
 
@@ -25,7 +25,6 @@ from .attention_skip import (
     certified_key_starts,
     kernel_lse_lower_bound,
     key_block_norms,
-    near_key_lse,
     upper_norms,
 )
 
@@ -33,13 +32,12 @@ ROWS = SKIP_CHUNKS[0]  # query rows per block (the split's one level when skippi
 # Keys per block of the bound. Finer blocks certify more of the steep heads (results/skip/kept_fraction.md: at 8k on
 # the demo checkpoint 0.356 of causal work kept with 64-key blocks against 0.381 with 256) for 4x the bound's work.
 KEY_BLOCK = 64
-# Nearest keys whose exact log-sum-exp bounds each row's from below (Theorem 2) where no kernel has computed a block
-# first (FlexAttention prefill, decoding): the diagonal alone. On the demo checkpoint at 8k, 32 near keys certified
-# 0.352 of causal work against 0.381, but their float64 products cost more than the kernel work they save. The split
+# Nearest keys whose exact log-sum-exp bounds each row's from below (Theorem 2) on FlexAttention's prefill, where no
+# kernel has computed a block first: the diagonal alone (decoding uses it too). On the demo checkpoint at 8k, 32 near
+# keys certified 0.352 of causal work against 0.381, but their float64 products cost more than they save. The split
 # needs none: its diagonal blocks' log-sum-exps (Theorem 4) certify 0.382 against the diagonal logit's 0.399 at no
 # extra cost (the exact log-sum-exp of every key would give 0.353; an oracle that knows the dropped mass, 0.304).
 NEAR = 1
-DECODE_NEAR = 1
 # Rows bounded together (sorted by query norm): 16x less work than row by row, for 0.001 more kept work at 8k
 # (0.3803 / 0.3818 with 4 / 16 rows; 0.3923 with 16 rows unsorted).
 ROW_GROUP = 16
@@ -103,10 +101,9 @@ def decode_key_ranges(query, key, plan: AlibiAttentionPlan, scaling: float, norm
     position = plan.query_offset
     if norms is None:
         norms = key_block_norms(key, KEY_BLOCK, plan.key_padding).amax(0, keepdim=True)  # (1, H, blocks)
-    if DECODE_NEAR == 1:  # the diagonal logit (Theorem 2 with N = {i}), in float64: a step's fewest operations
-        lse = (query[:, :, 0].double() * key[:, :, position].double()).sum(-1) * scaling  # (B, H)
-    else:
-        lse = near_key_lse(query, key, plan.slopes, scaling, position, DECODE_NEAR, plan.key_padding)[..., 0]
+    # the diagonal logit (Theorem 2 with N = {i}) in float64, as `near_key_lse(..., near=1)` gives it, in a step's
+    # fewest operations
+    lse = (query[:, :, 0].double() * key[:, :, position].double()).sum(-1) * scaling  # (B, H)
     if plan.key_padding is not None:  # a padded row (its own token is padding) has no certificate: keep it dense
         lse = lse.masked_fill(~plan.key_padding[:, None, position], -torch.inf)
     starts = certified_decode_start(query, norms, plan.slopes, scaling, position, plan.skip_eps, KEY_BLOCK, lse)

@@ -32,6 +32,20 @@ def run_workers(nproc: int, case: str, out: Path, timeout: float = 600, expect_f
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(nproc)]
 
 
+def save_model_and_rows(folder: Path) -> torch.Tensor:
+    """What the workers load: a tiny ALiBi model (seed 0) at `folder/model` and 4 training rows of 16 tokens at
+    `folder/in.pt`; returns the rows."""
+    from conftest import tiny_config_kwargs
+
+    from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
+
+    torch.manual_seed(0)
+    AlibiGPT2LMHeadModel(AlibiGPT2Config(**tiny_config_kwargs())).save_pretrained(folder / "model")
+    rows = torch.randint(3, 256, (4, 16), generator=torch.Generator().manual_seed(4))
+    torch.save({"train": rows}, folder / "in.pt")
+    return rows
+
+
 def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
 

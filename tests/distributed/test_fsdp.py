@@ -9,12 +9,11 @@ import shutil
 
 import pytest
 import torch
-from conftest import tiny_config_kwargs
-from distributed_launch import max_difference, run_workers, train_steps
+from distributed_launch import max_difference, run_workers, save_model_and_rows, train_steps
 from transformers import AutoModelForCausalLM
 from transformers.distributed import consolidate_distributed_checkpoint
 
-from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
+from hf_alibi import get_alibi_slopes
 
 STEPS, MORE_STEPS = 2, 2  # before and after the sharded checkpoint
 ATOL = 1e-5  # fp32; measured ~1e-7 (the reduce-scatter averages the ranks' gradients in another order)
@@ -31,9 +30,7 @@ def one_process_training(folder, rows: torch.Tensor, steps: int) -> tuple[list[f
 def fsdp_run(tmp_path_factory):
     """2 ranks: STEPS steps, a sharded checkpoint (model and optimizer), MORE_STEPS steps."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    torch.manual_seed(0)
-    AlibiGPT2LMHeadModel(AlibiGPT2Config(**tiny_config_kwargs())).save_pretrained(tmp / "model")
-    torch.save({"train": torch.randint(3, 256, (4, 16), generator=torch.Generator().manual_seed(4))}, tmp / "in.pt")
+    save_model_and_rows(tmp)
     ranks = run_workers(2, "fsdp", tmp / "out", folder=tmp / "model", inputs=tmp / "in.pt", steps=STEPS,
                         more_steps=MORE_STEPS, save=tmp / "sharded")  # fmt: skip
     return tmp, ranks
@@ -97,10 +94,7 @@ def test_tensor_parallel_times_fsdp_on_four_processes_trains_like_one_process(tm
     """4 ranks: TP over pairs, FSDP2 across them; the losses (mean over FSDP groups) and the trained model's logits
     equal one process's. (The trained weights are compared through their logits: `full_tensor()` of c_attn's bias,
     sharded twice on one dimension (strided q|k|v by TP, then by FSDP), does not reassemble it in this torch.)"""
-    torch.manual_seed(0)
-    AlibiGPT2LMHeadModel(AlibiGPT2Config(**tiny_config_kwargs())).save_pretrained(tmp_path / "model")
-    rows = torch.randint(3, 256, (4, 16), generator=torch.Generator().manual_seed(4))
-    torch.save({"train": rows}, tmp_path / "in.pt")
+    rows = save_model_and_rows(tmp_path)
     ranks = run_workers(4, "tp_fsdp", tmp_path / "out", folder=tmp_path / "model", inputs=tmp_path / "in.pt",
                         steps=STEPS)  # fmt: skip
     assert [r["heads"][0] for r in ranks] == [(0, 6), (6, 12), (0, 6), (6, 12)], "TP pairs must hold both halves"

@@ -12,11 +12,10 @@
 
 import pytest
 import torch
-from conftest import tiny_config_kwargs
-from distributed_launch import max_difference, run_workers, train_steps
+from distributed_launch import max_difference, run_workers, save_model_and_rows, train_steps
 from transformers import AutoModelForCausalLM
 
-from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
+from hf_alibi import get_alibi_slopes
 
 STEPS = 2
 ATOL = 1e-5  # fp32, AdamW; measured ~5e-6
@@ -25,9 +24,7 @@ ATOL = 1e-5  # fp32, AdamW; measured ~5e-6
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trainer")
-    torch.manual_seed(0)
-    AlibiGPT2LMHeadModel(AlibiGPT2Config(**tiny_config_kwargs())).save_pretrained(tmp / "model")
-    torch.save({"train": torch.randint(3, 256, (4, 16), generator=torch.Generator().manual_seed(4))}, tmp / "in.pt")
+    save_model_and_rows(tmp)
     return tmp
 
 
