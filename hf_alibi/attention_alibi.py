@@ -46,7 +46,7 @@ def alibi_attention(
     if plan.skip_eps > 0:
         plan = certified_plan(plan, query, key, scaling, layer)
     buffer = key.shape[2]
-    if _is_static(plan.key_length) and buffer > plan.key_length:  # a static cache's buffer: its filled part only
+    if plan.paged is None and _is_static(plan.key_length) and buffer > plan.key_length:  # a static cache's buffer: its filled part only
         key, value = key[:, :, : plan.key_length], value[:, :, : plan.key_length]  # (B, H, kv, D) views
     output, weights = ALIBI_ATTENTION_FUNCTIONS[plan.path](query, key, value, plan, scaling)
     if not output_attentions:
@@ -234,6 +234,59 @@ def flash_alibi_attention(query, key, value, plan, scaling):
     return output, None
 
 
+def paged_alibi_attention(query, key, value, plan, scaling):
+    """A continuous-batching forward (`attention_paged.py`): query (1, H, T, D) holds every request's new rows, key
+    and value (1, H, K, D) every request's keys. Each prefill segment attends its own key slice through its own
+    batch-1 plan; the decoding rows attend their gathered keys in one batched call."""
+    paged = plan.paged
+    batch, heads, _, head_dim = query.shape
+    output = query.new_zeros(batch, paged.total_rows, heads, head_dim)  # (1, T, H, D): padding rows stay zero
+    for segment in paged.segments:
+        rows, keys = slice(segment.row_start, segment.row_end), slice(segment.key_start, segment.key_end)
+        output[:, rows] = alibi_attention(query[:, :, rows], key[:, :, keys], value[:, :, keys], segment.plan,
+                                          scaling)[0]  # (1, q_r, H, D)  # fmt: skip
+    decode = paged.decode
+    if decode is not None:
+        n, longest = decode.rows.shape[0], decode.plan.key_length
+        rows = query[0].index_select(1, decode.rows).transpose(0, 1)[:, :, None]  # (n, H, 1, D)
+        # The cache returns keys as (1, H, K, D) views of (K, H, D): gather whole (H, D) rows, then view per request
+        gathered = [t[0].transpose(0, 1).index_select(0, decode.key_index) for t in (key, value)]  # 2 x (n K_max, H, D)
+        k, v = (t.view(n, longest, heads, head_dim).transpose(1, 2) for t in gathered)  # 2 x (n, H, K_max, D)
+        out = ALIBI_ATTENTION_FUNCTIONS[decode.plan.path](rows, k, v, decode.plan, scaling)[0]  # (n, 1, H, D)
+        output[0].index_copy_(0, decode.rows, out[:, 0])
+    return output, None
+
+
+def paged_flash_alibi_attention(query, key, value, plan, scaling):
+    """Continuous batching on FlashAttention-2 (CUDA): its varlen kernel over the request boundaries, or its paged
+    kernel over the cache's blocks on the decode fast path, both with `alibi_slopes` and bottom-right causality."""
+    try:
+        from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+    except ImportError as error:
+        raise ImportError("attn_implementation='flash_attention_2' needs the flash-attn package") from error
+    paged = plan.paged
+    slopes = plan.slopes.to(device=query.device, dtype=torch.float32)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D), (K, H, D)
+    if paged.kernel_cache is not None:  # one decoding row per request: the kernel reads and writes the blocks
+        k_cache, v_cache, block_table, cu_k = paged.kernel_cache
+        requests = q.shape[0]
+        cache_seqlens = (cu_k[1 : requests + 1] - cu_k[:requests] - 1).to(torch.int32)  # cached tokens per request
+        out = flash_attn_with_kvcache(
+            q[:, None], k_cache, v_cache, k[:, None], v[:, None], cache_seqlens=cache_seqlens,
+            block_table=block_table, softmax_scale=scaling, causal=True, alibi_slopes=slopes,
+        )  # (T, 1, H, D)  # fmt: skip
+        return out.reshape(1, -1, *out.shape[-2:]), None  # (1, T, H, D)
+    cu_k = paged.cache_kwargs["cu_seq_lens_k"]
+    cu_k = cu_k["full_attention"] if isinstance(cu_k, dict) else cu_k
+    max_k = paged.cache_kwargs["max_length_k"]
+    max_k = max_k["full_attention"] if isinstance(max_k, dict) else max_k
+    out = flash_attn_varlen_func(
+        q, k, v, paged.cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32), paged.max_length_q, int(max_k),
+        softmax_scale=scaling, causal=True, alibi_slopes=slopes,
+    )  # (T, H, D)  # fmt: skip
+    return out[None], None  # (1, T, H, D)
+
+
 # The plan's path -> its function (`attention_plan.py` says why each path exists)
 ALIBI_ATTENTION_FUNCTIONS = {
     "eager": eager_alibi_attention,
@@ -242,4 +295,6 @@ ALIBI_ATTENTION_FUNCTIONS = {
     "sdpa_mask": sdpa_mask_attention,
     "flex_attention": flex_alibi_attention,
     "flash_attention_2": flash_alibi_attention,
+    "paged": paged_alibi_attention,
+    "paged_flash_attention_2": paged_flash_alibi_attention,
 }

@@ -24,6 +24,9 @@ The paths (`AlibiAttentionPlan.path`) and why each one exists:
   under torch.export.
 - `flex_attention`: the analytic `score_mod` and a block mask (padding, documents, key ranges) that skips blocks.
 - `flash_attention_2`: flash-attn's own `alibi_slopes` (CUDA), dense or varlen.
+- `paged` / `paged_flash_attention_2`: transformers' continuous batching (a `PagedAttentionCache` and one flattened
+  row of requests), planned by `attention_paged.plan_paged_attention`: each request attends as a batch-1 cached
+  forward of its own, through the paths above; FlashAttention-2 takes the request boundaries directly.
 """
 
 from dataclasses import dataclass, replace
@@ -35,7 +38,8 @@ from .alibi import alibi_causal_bias
 from .attention_sdpa_split import SKIP_CHUNKS, SPLIT_CHUNKS, SplitPlan, split_kernels_work, split_plan
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
-PATHS = ("eager", "sdpa_split", "sdpa_bank", "sdpa_mask", "flex_attention", "flash_attention_2")
+PATHS = ("eager", "sdpa_split", "sdpa_bank", "sdpa_mask", "flex_attention", "flash_attention_2", "paged",
+         "paged_flash_attention_2")
 # Rows per query chunk of the bias bank (the config's `alibi_sdpa_query_chunk`)
 SDPA_QUERY_CHUNK = 256
 
@@ -86,6 +90,7 @@ class AlibiAttentionPlan:
     # its own key ranges from its queries and keys. Decoding keeps a dynamic cache's key-norm summary in `key_norms`.
     skip_eps: float = 0.0
     key_norms: object | None = None
+    paged: object | None = None  # paged paths: the flattened batch's `attention_paged.PagedPlan`
 
     def bias_in(self, dtype: torch.dtype) -> torch.Tensor:
         """The SDPA bias in `dtype`: the one cast at planning time, or (a layer in another dtype) a cast of fp32."""
@@ -101,6 +106,7 @@ class AlibiAttentionPlan:
             bias_cast=None if self.bias_cast is None else self.bias_cast[:, heads],
             key_ranges=None if ranges is None else KeyRanges(ranges.rows, ranges.first_key[heads]),
             split=None,  # its masks hold every head: the split builds the subset's own
+            paged=None if self.paged is None else self.paged.for_heads(heads),
         )
         if ranges is not None and self.block_mask is not None:  # per-head block masks (a sliced one has no mask_mod)
             subset = replace(subset, block_mask=_flex_block_mask(subset, self.slopes.device))

@@ -27,6 +27,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 
 from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention
+from .attention_paged import PAGED_KWARGS, is_paged_cache, plan_paged_attention
 from .attention_plan import SUPPORTED_ATTENTION, AlibiAttentionPlan, plan_alibi_attention
 from .attention_skip_ranges import RunningKeyNorms
 from .configuration_alibi_gpt2 import AlibiGPT2Config
@@ -80,7 +81,9 @@ class AlibiGPT2Attention(nn.Module):
         query, key, value = (
             t.view(batch, length, -1, self.head_dim).transpose(1, 2) for t in (query, key, value)
         )  # 3 x (B, H', q, D)
-        if cache is not None:
+        if alibi.paged is not None:  # continuous batching: every scheduled request's keys, (1, H', K, D)
+            key, value, alibi = alibi.paged.update_cache(cache, key, value, self.layer_idx, alibi)
+        elif cache is not None:
             key, value = cache.update(key, value, self.layer_idx)  # (B, H', kv, D)
         output, weights = alibi_attention(
             query, key, value, alibi, self.scaling, output_attentions, heads=self.heads, layer=self.layer_idx
@@ -220,24 +223,17 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         inputs_embeds = self.ln_embd(self._embed(input_ids, inputs_embeds, token_type_ids))  # (B, q, C)
         batch, query_length = inputs_embeds.shape[:2]  # BLOOM normalises passed-in embeddings too
-        if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
-
-        past_length = cache.get_seq_length() if cache is not None else 0  # a 0-d tensor for static caches
-        if isinstance(past_length, torch.Tensor):
-            past_length = past_length.clone()  # the cache advances it in place during this forward
-        key_length = cache.get_mask_sizes(query_length, 0)[0] if cache is not None else query_length
-        implementation = self.config._attn_implementation or "sdpa"
-        if output_attentions and implementation in SUPPORTED_ATTENTION:
-            implementation = "eager"  # weights come from the eager path in every layer: plan it once, here
-        # One plan per forward, validated and built once; every layer only reads it (attention_plan.py)
-        alibi = plan_alibi_attention(
-            implementation, self.alibi_slopes, batch, query_length, key_length, past_length,
-            attention_mask=attention_mask, position_ids=position_ids, cu_seq_lens=kwargs.get("cu_seq_lens_q"),
-            dtype=_compute_dtype(inputs_embeds), dropout=self.config.attn_pdrop if self.training else 0.0,
-            sdpa_split=self.config.alibi_sdpa_split, query_chunk=self.config.alibi_sdpa_query_chunk,
-            skip_eps=self.config.alibi_skip_eps, key_norms=lambda: _running_key_norms(cache),
-        )  # fmt: skip
+        if is_paged_cache(cache):  # transformers' continuous batching: one flattened row of requests
+            if output_attentions:
+                raise ValueError("output_attentions is not available under continuous batching (a paged cache)")
+            alibi = plan_paged_attention(
+                self.config._attn_implementation or "sdpa", self.alibi_slopes, query_length, position_ids, kwargs,
+                dtype=_compute_dtype(inputs_embeds), sdpa_split=self.config.alibi_sdpa_split,
+                query_chunk=self.config.alibi_sdpa_query_chunk, skip_eps=self.config.alibi_skip_eps,
+            )  # fmt: skip
+        else:
+            cache, alibi = self._plan(cache, batch, query_length, inputs_embeds, attention_mask, position_ids,
+                                      use_cache, output_attentions, kwargs)  # fmt: skip
 
         hidden_states = self.drop(inputs_embeds)
         all_hidden_states = () if output_hidden_states else None
@@ -261,6 +257,28 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             attentions=all_attentions,
         )
         return output if return_dict else output.to_tuple()
+
+    def _plan(self, cache, batch, query_length, inputs_embeds, attention_mask, position_ids, use_cache,
+              output_attentions, kwargs) -> tuple[Cache | None, AlibiAttentionPlan]:  # fmt: skip
+        """The cache this forward uses (a new dynamic one if asked for) and its one attention plan, validated and
+        built once; every layer only reads it (attention_plan.py)."""
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        past_length = cache.get_seq_length() if cache is not None else 0  # a 0-d tensor for static caches
+        if isinstance(past_length, torch.Tensor):
+            past_length = past_length.clone()  # the cache advances it in place during this forward
+        key_length = cache.get_mask_sizes(query_length, 0)[0] if cache is not None else query_length
+        implementation = self.config._attn_implementation or "sdpa"
+        if output_attentions and implementation in SUPPORTED_ATTENTION:
+            implementation = "eager"  # weights come from the eager path in every layer: plan it once, here
+        alibi = plan_alibi_attention(
+            implementation, self.alibi_slopes, batch, query_length, key_length, past_length,
+            attention_mask=attention_mask, position_ids=position_ids, cu_seq_lens=kwargs.get("cu_seq_lens_q"),
+            dtype=_compute_dtype(inputs_embeds), dropout=self.config.attn_pdrop if self.training else 0.0,
+            sdpa_split=self.config.alibi_sdpa_split, query_chunk=self.config.alibi_sdpa_query_chunk,
+            skip_eps=self.config.alibi_skip_eps, key_norms=lambda: _running_key_norms(cache),
+        )  # fmt: skip
+        return cache, alibi
 
     def _embed(self, input_ids, inputs_embeds, token_type_ids) -> torch.Tensor:
         """Token (plus segment) embeddings, after checking the input shapes with errors that name them."""
@@ -309,8 +327,9 @@ def _compute_dtype(hidden_states: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden_states.dtype
 
 
-# flash-attention style descriptions of packed rows (transformers' DataCollatorWithFlattening): for the model
-_PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+# Descriptions of one flattened row, for the model: flash-attention style packed rows (transformers'
+# DataCollatorWithFlattening) and continuous batching's requests with the paged cache's indices
+_FLATTENED_BATCH_KWARGS = PAGED_KWARGS
 
 
 class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
@@ -360,7 +379,7 @@ class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
         logits_to_keep (`int` or `torch.Tensor`, *optional*): compute logits only for the last `n` positions (0: all).
         Other arguments as in [`AlibiGPT2Model.forward`].
         """
-        packing = {name: kwargs.pop(name) for name in _PACKING_KWARGS if name in kwargs}
+        flattened = {name: kwargs.pop(name) for name in _FLATTENED_BATCH_KWARGS if name in kwargs}
         outputs = self.transformer(
             input_ids,
             cache=cache,
@@ -372,7 +391,7 @@ class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            **packing,
+            **flattened,
         )
         hidden_states = outputs.last_hidden_state  # (B, q, C)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

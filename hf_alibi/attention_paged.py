@@ -1,0 +1,194 @@
+"""ALiBi under transformers' continuous batching: one plan per forward over a flattened batch of requests.
+
+`generate_batch()`, `init_continuous_batching()` and `transformers serve --continuous-batching` run the model on a
+`PagedAttentionCache`: one row (1, T) that concatenates every scheduled request's new tokens (a prompt, a chunk of a
+long prompt, or one decoding token), described by `cu_seq_lens_q` (T's request boundaries) and `cu_seq_lens_k` (the
+boundaries of the keys that `cache.update` returns: each request's cached tokens then its new ones, in order). The
+mask transformers builds for that call is block-diagonal and causal but carries no bias, so the model plans its own.
+
+A request's distances are its own: request r has q_r new tokens and k_r keys, its queries sit at positions
+k_r - q_r .. k_r - 1 of that request (bottom-right alignment, as with a dynamic cache) and its keys at 0 .. k_r - 1,
+so attention within it is exactly a batch-1 cached forward with query offset k_r - q_r. The plan uses that:
+- a request with several new tokens (a prompt or a prompt's chunk) is a `PagedSegment`: its rows, its key slice and
+  an ordinary `AlibiAttentionPlan` for batch 1 (the split, the bias bank, certified skipping: whatever
+  `plan_alibi_attention` chooses for that shape);
+- the decoding rows of all other requests go to one batched call (`PagedDecode`): their keys gathered into
+  (n, H, K_max, D) and one (n, H, 1, K_max) bias, so n decoding requests cost one kernel call over n * K_max keys
+  rather than n calls (or one call over every request's keys, as a block-diagonal mask over the whole batch
+  would). With certified skipping on, decoding rows are segments too, so that each skips its own far keys.
+FlashAttention-2 needs none of this: its varlen and paged kernels take the boundaries and `alibi_slopes` directly.
+"""
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .attention_plan import SDPA_QUERY_CHUNK, AlibiAttentionPlan, _in_dtype, plan_alibi_attention
+
+# What transformers' continuous batching hands the model beside `position_ids` (continuous_batching/input_outputs.py)
+PAGED_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "read_index", "write_index",
+                "block_table")  # fmt: skip
+PAGED_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
+_PREFIX = "paged|"  # transformers switches eager models to "paged|eager" for continuous batching
+
+
+def is_paged_cache(cache) -> bool:
+    """True for transformers' continuous-batching cache (it is not a `Cache`: no `get_seq_length`)."""
+    from transformers.generation.continuous_batching import PagedAttentionCache
+
+    return isinstance(cache, PagedAttentionCache)
+
+
+@dataclass(frozen=True, eq=False)
+class PagedSegment:
+    """One request's new rows [row_start, row_end) of the flattened batch over its keys [key_start, key_end)."""
+
+    row_start: int
+    row_end: int
+    key_start: int
+    key_end: int
+    plan: AlibiAttentionPlan  # batch 1, query offset = its cached tokens
+
+
+@dataclass(frozen=True, eq=False)
+class PagedDecode:
+    """The decoding rows of n requests as one batched call: row `rows[i]` attends keys `key_index[i]` (padded)."""
+
+    rows: torch.Tensor  # (n,) int64 rows of the flattened batch
+    key_index: torch.Tensor  # (n * K_max,) int64 rows of the returned keys, each request's padded by its last key
+    plan: AlibiAttentionPlan  # bias (n, H, 1, K_max): the per-key ALiBi bias, padding masked
+
+
+@dataclass(frozen=True, eq=False)
+class PagedPlan:
+    """The flattened batch: what `cache.update` needs, and how its rows attend (module docstring)."""
+
+    cache_kwargs: dict  # the continuous-batching kwargs `PagedAttentionCache.update` reads (copied per layer)
+    total_rows: int
+    segments: tuple[PagedSegment, ...] = ()
+    decode: PagedDecode | None = None
+    # flash_attention_2: the boundaries as tensors (no host sync), and the paged kernel's cache after `update_cache`
+    cu_seq_lens_q: torch.Tensor | None = None
+    max_length_q: int = 0
+    kernel_cache: tuple | None = None  # (k_cache, v_cache, block_table, cu_seq_lens_k) of the decode fast path
+
+    def update_cache(self, cache, key, value, layer_idx: int, plan: AlibiAttentionPlan):
+        """Write this layer's new keys and values; return every request's keys (1, H', K, D) and the layer's plan.
+
+        The paged cache rewrites the kwargs it is given (per layer), so each layer passes its own copy. On the
+        FlashAttention-2 decode fast path the cache returns the new keys only and the kernel reads its blocks.
+        """
+        kwargs = dict(self.cache_kwargs)
+        key, value = cache.update(key, value, layer_idx, kwargs)  # (1, H', K, D)
+        if kwargs.get("k_cache") is None:
+            return key, value, plan
+        fast = (kwargs["k_cache"], kwargs["v_cache"], kwargs["block_table"], kwargs["cu_seq_lens_k"])
+        return key, value, replace(plan, paged=replace(self, kernel_cache=fast))
+
+    def for_heads(self, heads: slice) -> "PagedPlan":
+        """The plan for a tensor-parallel rank's global heads `heads`."""
+        segments = tuple(replace(s, plan=s.plan.for_heads(heads)) for s in self.segments)
+        decode = None if self.decode is None else replace(self.decode, plan=self.decode.plan.for_heads(heads))
+        return replace(self, segments=segments, decode=decode)
+
+
+def plan_paged_attention(
+    implementation: str,
+    slopes: torch.Tensor,
+    query_length: int,
+    position_ids: torch.Tensor | None,
+    paged_kwargs: dict,
+    dtype: torch.dtype = torch.float32,
+    sdpa_split: bool = True,
+    query_chunk: int = SDPA_QUERY_CHUNK,
+    skip_eps: float = 0.0,
+) -> AlibiAttentionPlan:
+    """The plan of one continuous-batching forward over `query_length` flattened tokens (module docstring).
+
+    `paged_kwargs` are the keyword arguments transformers passed with the paged cache (`PAGED_KWARGS`);
+    `position_ids` (1, T), each request's positions, are checked against the boundaries they must agree with.
+    """
+    implementation = implementation.removeprefix(_PREFIX)
+    if implementation not in PAGED_IMPLEMENTATIONS:
+        raise ValueError(
+            f"continuous batching runs ALiBi GPT-2 on {PAGED_IMPLEMENTATIONS}, not attn_implementation="
+            f"{implementation!r}: load the model with one of those"
+        )
+    missing = [name for name in ("cu_seq_lens_q", "cu_seq_lens_k", "read_index", "write_index") if
+               name not in paged_kwargs]  # fmt: skip
+    if missing:
+        raise ValueError(f"a PagedAttentionCache forward needs the continuous-batching arguments {missing}")
+    slopes = slopes.float()
+    cache_kwargs = {name: paged_kwargs.get(name) for name in PAGED_KWARGS}
+    cu_k = cache_kwargs["cu_seq_lens_k"]
+    if isinstance(cu_k, dict):
+        if set(cu_k) != {"full_attention"}:
+            raise ValueError(f"ALiBi GPT-2 has full-attention layers only, got cache layer types {sorted(cu_k)}")
+        cu_k = cu_k["full_attention"]
+    if implementation == "flash_attention_2":
+        paged = PagedPlan(cache_kwargs, query_length, cu_seq_lens_q=cache_kwargs["cu_seq_lens_q"],
+                          max_length_q=int(paged_kwargs.get("max_length_q") or query_length))  # fmt: skip
+        return AlibiAttentionPlan("paged_flash_attention_2", slopes, query_length, query_length, 0, paged=paged)
+
+    cu_q_list, cu_k_list = cache_kwargs["cu_seq_lens_q"].tolist(), cu_k.tolist()  # one host read per forward
+    _check_boundaries(cu_q_list, cu_k_list, query_length, position_ids)
+    base = "eager" if implementation == "eager" else "sdpa"
+    segments, decoding = [], []
+    for request in range(len(cu_q_list) - 1):
+        rows = (cu_q_list[request], cu_q_list[request + 1])
+        keys = (cu_k_list[request], cu_k_list[request + 1])
+        q_len, k_len = rows[1] - rows[0], keys[1] - keys[0]
+        if q_len == 0:  # a padding entry (static shapes): no rows
+            continue
+        if q_len == 1 and skip_eps == 0:
+            decoding.append((rows[0], keys))
+            continue
+        plan = plan_alibi_attention(
+            base, slopes, 1, q_len, k_len, k_len - q_len, dtype=dtype, sdpa_split=sdpa_split,
+            query_chunk=query_chunk, skip_eps=skip_eps,
+        )  # fmt: skip
+        segments.append(PagedSegment(*rows, *keys, plan))
+    decode = _decode_group(base, slopes, decoding, dtype) if decoding else None
+    paged = PagedPlan(cache_kwargs, query_length, tuple(segments), decode)
+    return AlibiAttentionPlan("paged", slopes, query_length, cu_k_list[-1], 0, paged=paged)
+
+
+def _check_boundaries(cu_q: list[int], cu_k: list[int], query_length: int, position_ids) -> None:
+    """Each request has at least as many keys as new tokens, and its new tokens sit at its last positions."""
+    if len(cu_q) != len(cu_k) or cu_q[0] != 0 or cu_k[0] != 0 or cu_q[-1] > query_length:
+        raise ValueError(f"inconsistent continuous-batching boundaries cu_seq_lens_q={cu_q}, cu_seq_lens_k={cu_k} "
+                         f"for {query_length} tokens")  # fmt: skip
+    for request in range(len(cu_q) - 1):
+        q_len, k_len = cu_q[request + 1] - cu_q[request], cu_k[request + 1] - cu_k[request]
+        if q_len < 0 or k_len < q_len:
+            raise ValueError(f"request {request} has {q_len} new tokens but {k_len} keys (cu_seq_lens_q={cu_q}, "
+                             f"cu_seq_lens_k={cu_k})")  # fmt: skip
+    if position_ids is None or cu_q[-1] == 0:
+        return
+    lengths = torch.tensor([b - a for a, b in zip(cu_q, cu_q[1:])])  # (R,)
+    offsets = torch.tensor([(kb - ka) - (qb - qa) for qa, qb, ka, kb in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])])
+    starts = torch.tensor(cu_q[:-1])
+    expected = torch.arange(cu_q[-1]) - torch.repeat_interleave(starts - offsets, lengths)  # (T',)
+    given = position_ids.reshape(-1)[: cu_q[-1]].cpu().long()
+    if not torch.equal(given, expected):
+        raise ValueError(
+            "position_ids disagree with the continuous-batching boundaries: each request's new tokens must sit at "
+            f"its last positions ({expected.tolist()[:16]}... expected, got {given.tolist()[:16]}...)"
+        )
+
+
+def _decode_group(implementation: str, slopes, decoding: list, dtype) -> PagedDecode:
+    """One batched call for n decoding rows: keys gathered and padded to the longest, per-key bias, padding masked."""
+    device = slopes.device
+    rows = torch.tensor([row for row, _ in decoding], device=device)  # (n,)
+    starts = torch.tensor([keys[0] for _, keys in decoding], device=device)  # (n,)
+    lengths = torch.tensor([keys[1] - keys[0] for _, keys in decoding], device=device)  # (n,)
+    longest = int(lengths.max())
+    offset = torch.arange(longest, device=device)  # (K_max,)
+    key_index = starts[:, None] + torch.minimum(offset[None, :], lengths[:, None] - 1)  # (n, K_max)
+    distance = (lengths - 1)[:, None] - offset[None, :]  # (n, K_max): i - j, negative past the request's keys
+    bias = -slopes[None, :, None, None] * distance[:, None, None, :].float()  # (n, H, 1, K_max)
+    bias = bias.masked_fill((distance < 0)[:, None, None, :], torch.finfo(torch.float32).min)
+    path = "eager" if implementation == "eager" else "sdpa_mask"
+    plan = AlibiAttentionPlan(path, slopes, 1, longest, longest - 1, bias=bias, bias_cast=_in_dtype(bias, dtype))
+    return PagedDecode(rows, key_index.reshape(-1), plan)
