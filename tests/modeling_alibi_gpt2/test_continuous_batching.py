@@ -170,6 +170,9 @@ def test_paged_attention_gives_each_request_its_own_distances(make_model):
             single = plan_alibi_attention("eager", slopes, 1, q, k, k - q)
             want, _ = alibi_attention(query[:, :, rows], key[:, :, keys], value[:, :, keys], single, dim**-0.5)
             torch.testing.assert_close(got[:, rows], want, atol=2e-6, rtol=1e-5, msg=f"{backend}, request {r}")
+        # a tensor-parallel rank's heads: the same rows, the slice of heads (their own slopes)
+        heads_4_to_8 = alibi_attention(query[:, 4:8], key[:, 4:8], value[:, 4:8], plan, dim**-0.5, heads=slice(4, 8))
+        torch.testing.assert_close(heads_4_to_8[0], got[:, :, 4:8], atol=2e-6, rtol=1e-5)
 
 
 def test_paged_plans_refuse_what_they_cannot_run_by_name(make_model):
