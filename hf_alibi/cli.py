@@ -10,8 +10,8 @@ hf-alibi evaluate --model FOLDER [FOLDER ...]         # any checkpoint at 1x-16x
 hf-alibi sweep --config budget_sweep                  # the 16L/L ratio of every model at several training budgets
 hf-alibi serve FOLDER [--port 8000] [--continuous-batching]   # transformers' OpenAI-compatible server for a checkpoint
 
-train, evaluate, sweep and plot-bias need `pip install 'hf_alibi[experiments]'`; `export --to gguf` needs `hf_alibi[gguf]`;
-serve needs `hf_alibi[serve]`.
+train, evaluate, sweep and plot-bias need `pip install 'hf_alibi[experiments]'`; `export --to gguf` needs
+`hf_alibi[gguf]`; serve needs `hf_alibi[serve]`.
 `hf-alibi train --help` and `hf-alibi evaluate --help` list every argument. An error prints one line,
 `hf-alibi: error: ...`, and exits with status 2, having written nothing; `--debug` (or HF_ALIBI_DEBUG=1) shows the
 traceback instead.

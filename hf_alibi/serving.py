@@ -60,8 +60,9 @@ class ServeOptions:
             raise ValueError(f"host must be an address, got {self.host!r}")
         if not _is_int(self.port) or not 1 <= self.port <= 65535:
             raise ValueError(f"port must be an integer in 1-65535, got {self.port!r}")
-        if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:
-            raise ValueError(f"attn_implementation must be one of {ATTN_IMPLEMENTATIONS}, got {self.attn_implementation!r}")
+        attention = self.attn_implementation
+        if attention is not None and attention not in ATTN_IMPLEMENTATIONS:
+            raise ValueError(f"attn_implementation must be one of {ATTN_IMPLEMENTATIONS}, got {attention!r}")
         eps = self.alibi_skip_eps
         if eps is not None and (isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < 1):
             raise ValueError(f"alibi_skip_eps must be a number in [0, 1), got {eps!r}")

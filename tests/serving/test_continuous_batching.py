@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import openai
 import pytest
-from conftest import MAX_TOKENS, Reference, save_tiny_checkpoint
+from tiny_checkpoint import MAX_TOKENS, Reference, save_tiny_checkpoint
 from server_process import started
 
 pytestmark = pytest.mark.slow

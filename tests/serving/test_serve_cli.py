@@ -1,8 +1,9 @@
 """`hf-alibi serve`: --help lists every option; a bad value is one line `hf-alibi: error: ...` naming it, exit status
-2, before any server starts (were one started, `main` would not return)."""
+2, before any server starts (were one started, `main` would not return); the options reach the model the app loads;
+and transformers' own ModelManager still fails on an ALiBi checkpoint (the reason `AutoLoadingModelManager` exists)."""
 
 import pytest
-from conftest import save_tiny_checkpoint
+from tiny_checkpoint import save_tiny_checkpoint
 
 from hf_alibi.cli import main
 
@@ -60,3 +61,20 @@ def test_serving_a_missing_folder_is_one_error_line_naming_it(tmp_path, capfd):
 def test_skip_eps_for_a_model_that_is_not_alibi_is_refused_naming_its_type(gpt2_folder, capfd):
     assert main(["serve", str(gpt2_folder), "--alibi-skip-eps", "1e-7"]) == 2
     assert "model_type 'gpt2'" in _error_line(capfd)
+
+
+def test_skip_eps_and_attention_implementation_reach_the_served_model(checkpoint):
+    from hf_alibi.serving import ServeOptions, build_app
+
+    app = build_app(ServeOptions(str(checkpoint), alibi_skip_eps=1e-7, attn_implementation="eager", device="cpu"))
+    model, tokenizer = app.state.model_manager.load_model_and_processor(str(checkpoint))  # the preloaded one
+    assert type(model).__name__ == "AlibiGPT2LMHeadModel" and tokenizer.chat_template is not None
+    assert model.config.alibi_skip_eps == 1e-7 and model.config._attn_implementation == "eager"
+
+
+def test_transformers_own_model_manager_still_cannot_load_an_alibi_checkpoint(checkpoint):
+    """Why `AutoLoadingModelManager` exists; when this fails, transformers loads through the Auto classes: drop it."""
+    from transformers.cli.serving.model_manager import ModelManager
+
+    with pytest.raises(AttributeError, match="AlibiGPT2LMHeadModel"):
+        ModelManager(device="cpu", force_model=str(checkpoint))
