@@ -8,8 +8,10 @@ hf-alibi plot-bias [MODEL_OR_CONFIG | --n-head N] --output FILE.png   # bias mat
 hf-alibi train --config cpu_demo [--KEY VALUE ...]    # train short, test long (a shipped config or a YAML file)
 hf-alibi evaluate --model FOLDER [FOLDER ...]         # any checkpoint at 1x-16x its training length
 hf-alibi sweep --config budget_sweep                  # the 16L/L ratio of every model at several training budgets
+hf-alibi serve FOLDER [--port 8000] [--continuous-batching]   # transformers' OpenAI-compatible server for a checkpoint
 
-train, evaluate, sweep and plot-bias need `pip install 'hf_alibi[experiments]'`; `export --to gguf` needs `hf_alibi[gguf]`.
+train, evaluate, sweep and plot-bias need `pip install 'hf_alibi[experiments]'`; `export --to gguf` needs
+`hf_alibi[gguf]`; serve needs `hf_alibi[serve]`.
 `hf-alibi train --help` and `hf-alibi evaluate --help` list every argument. An error prints one line,
 `hf-alibi: error: ...`, and exits with status 2, having written nothing; `--debug` (or HF_ALIBI_DEBUG=1) shows the
 traceback instead.
@@ -117,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     bias.add_argument("--heads", type=int, nargs="+", help="heads to draw (default: steepest, middle, flattest)")
     bias.add_argument("--size", type=int, default=64, help="positions per side of each bias matrix")
     bias.add_argument("--eps", type=float, default=0.01, help="attention mass beyond the marked window")
+    from .serving import add_arguments as add_serve_arguments  # the options' dataclass only: nothing heavy
+
+    add_serve_arguments(commands.add_parser("serve", help="serve a checkpoint with transformers' OpenAI-compatible "
+                                            "server (/v1/completions, /v1/chat/completions)"))  # fmt: skip
     # train and evaluate parse their own arguments (HfArgumentParser dataclasses, --config YAML): see their --help
     commands.add_parser("train", add_help=False, help="train short, test long (--config NAME_OR_YAML; see --help)")
     commands.add_parser("evaluate", add_help=False, help="evaluate checkpoints at multiples of their training length")
@@ -157,6 +163,10 @@ def run(argv: list[str]) -> None:
     elif args.command == "export":
         path = export_checkpoint(args.source, args.destination, args.to, args.max_seq_len)
         print(f"wrote {args.to} export to {path}")
+    elif args.command == "serve":
+        from .serving import options_from_arguments, serve
+
+        serve(options_from_arguments(args))  # every option is checked, and the model loaded, before it listens
 
 
 def error_line(exc: BaseException) -> str:

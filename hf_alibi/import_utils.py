@@ -1,7 +1,8 @@
 """Optional dependencies: which install extra brings which packages, and one check that names the missing extra.
 
 `pip install hf_alibi` is the model (torch, transformers, safetensors); `hf_alibi[experiments]` adds the
-train-short/test-long experiment's packages, `hf_alibi[gguf]` the GGUF writer. The table below and pyproject's
+train-short/test-long experiment's packages, `hf_alibi[gguf]` the GGUF writer, `hf_alibi[serve]` the packages of
+transformers' OpenAI-compatible server (`hf-alibi serve`). The table below and pyproject's
 `[project.optional-dependencies]` say the same (`tests/test_packaging.py` checks it in the built wheel).
 """
 
@@ -12,12 +13,15 @@ EXTRAS = {
     "experiments": {"datasets": "datasets", "evaluate": "evaluate", "accelerate": "accelerate",
                     "matplotlib": "matplotlib", "yaml": "pyyaml"},
     "gguf": {"gguf": "gguf"},
+    # `hf-alibi serve` runs transformers' own server: its `serving` extra (transformers' is_serve_available)
+    "serve": {module: "transformers[serving]" for module in ("fastapi", "uvicorn", "pydantic", "openai")},
 }  # fmt: skip
 
 
 def require_extra(extra: str, feature: str) -> None:
     """Raise `ImportError` naming `feature`, the missing packages and `pip install 'hf_alibi[extra]'`."""
-    missing = [dist for module, dist in EXTRAS[extra].items() if importlib.util.find_spec(module) is None]
+    # dict.fromkeys: one distribution (transformers[serving]) may bring several of the modules
+    missing = list(dict.fromkeys(d for module, d in EXTRAS[extra].items() if importlib.util.find_spec(module) is None))
     if missing:
         raise ImportError(
             f"{feature} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed: "

@@ -44,8 +44,10 @@ loaded = AutoModelForCausalLM.from_pretrained(out / "core").eval()
 ids = torch.randint(0, 50, (1, 8))
 generated = loaded.generate(ids, max_new_tokens=4, do_sample=False).shape[1]
 errors = {}
+from hf_alibi.serving import ServeOptions, build_app
 for feature, call in {"experiments": lambda: __import__("hf_alibi.experiments"),
-                      "gguf": lambda: hf_alibi.export(model, "gguf", out / "m.gguf", tokenizer=object())}.items():
+                      "gguf": lambda: hf_alibi.export(model, "gguf", out / "m.gguf", tokenizer=object()),
+                      "serve": lambda: build_app(ServeOptions(str(out / "core")))}.items():
     try:
         call()
     except ImportError as exc:
@@ -142,12 +144,14 @@ def test_wheel_core_needs_torch_transformers_safetensors_and_the_extras_hold_the
     for line in metadata.get_all("Requires-Dist"):
         requirement, _, marker = line.partition(";")
         extra = marker.split("==")[1].strip().strip("'\"") if marker else None
-        name = requirement.strip().split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip()
+        # the name with the extras it asks for (`transformers[serving]`), without the version
+        name = requirement.strip().split(">")[0].split("<")[0].split("=")[0].strip()
         requirements.setdefault(extra, set()).add(name)
     assert requirements[None] == {"torch", "transformers", "safetensors"}, requirements[None]
     for extra, modules in EXTRAS.items():  # the table behind the ImportErrors says what pyproject installs
         assert requirements[extra] == set(modules.values()), (extra, requirements[extra])
-    assert "hf_alibi" in requirements["dev"] and "pytest" in requirements["dev"]
+    assert f"hf_alibi[{','.join(sorted(EXTRAS))}]" in requirements["dev"], requirements["dev"]
+    assert {"pytest", "openai"} <= requirements["dev"], requirements["dev"]
     assert "hf_alibi/experiments/configs/cpu_demo.yaml" in zipfile.ZipFile(wheel).namelist()
 
 
@@ -199,7 +203,7 @@ def test_wheel_installed_alone_in_a_fresh_venv_imports_loads_converts_and_writes
 
 def test_core_install_runs_the_model_imports_no_other_family_and_names_each_missing_extra(venv, tmp_path):
     venv, python = venv
-    absent = ("datasets", "evaluate", "accelerate", "matplotlib", "gguf")  # the extras' packages, not installed
+    absent = ("datasets", "evaluate", "accelerate", "matplotlib", "gguf", "fastapi", "uvicorn")  # the extras' packages
     done = _run_elsewhere(python, tmp_path, ["-P", "-c", CORE_USE, str(tmp_path)], absent)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -208,6 +212,8 @@ def test_core_install_runs_the_model_imports_no_other_family_and_names_each_miss
     assert report["convert"] == "hf_alibi.conversion.dispatch"  # loaded on first use, with no extra
     assert "pip install 'hf_alibi[experiments]'" in report["errors"]["experiments"], report["errors"]
     assert "pip install 'hf_alibi[gguf]'" in report["errors"]["gguf"], report["errors"]
+    assert "needs transformers[serving]" in report["errors"]["serve"], report["errors"]
+    assert "pip install 'hf_alibi[serve]'" in report["errors"]["serve"], report["errors"]
     script = venv / ("Scripts/hf-alibi.exe" if os.name == "nt" else "bin/hf-alibi")
     done = _run_elsewhere(python, tmp_path, [str(script), "train", "--config", "smoke"], absent)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr

@@ -1,0 +1,299 @@
+"""`hf-alibi serve`: transformers' own OpenAI-compatible server (the app, handlers and generation state behind
+`transformers serve`) for an ALiBi GPT-2 checkpoint, or any checkpoint `AutoModelForCausalLM` loads (GPT-2 too, so
+both run on the same server in a benchmark).
+
+    hf-alibi serve ./alibi-tiny --port 8000          # then openai.OpenAI(base_url="http://127.0.0.1:8000/v1", ...)
+    hf-alibi serve ./alibi-tiny --continuous-batching --cb-block-size 32
+
+Why not `transformers serve ./alibi-tiny` itself: its `ModelManager._load_model` (transformers 5.24) finds the model
+class with `getattr(transformers, config.architectures[0])`, and `AlibiGPT2LMHeadModel`, registered with the Auto
+classes by `import hf_alibi`, is not an attribute of `transformers`. `AutoLoadingModelManager` is that one method,
+loading through `AutoModelForCausalLM` instead; everything else is transformers' code.
+
+Requests are checked (`check_request`) before transformers' handlers see them: the fields those handlers convert with
+`int()`/`float()` would otherwise fail inside them as a 500, and a huge `max_tokens` would hold the one generation
+thread (every other request waits on it) for as long as the model does not emit end-of-text.
+"""
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field, fields
+
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+GRACEFUL_SHUTDOWN_S = 5  # seconds open connections get after SIGTERM before uvicorn closes them
+# Request fields transformers' handlers turn into numbers with int() / float(): the token budgets and sampling knobs.
+INTEGER_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+NUMBER_FIELDS = ("temperature", "top_p", "frequency_penalty")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `hf-alibi serve` runs; every field is a flag (`--continuous-batching`, `--cb-block-size N`, ...)."""
+
+    model: str = field(metadata={"help": "checkpoint folder or Hub id, loaded once at start and served alone"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    port: int = field(default=8000, metadata={"help": "TCP port to listen on (1-65535)"})
+    continuous_batching: bool = field(
+        default=False, metadata={"help": "batch concurrent requests on transformers' paged attention cache"}
+    )
+    cb_max_batch_tokens: int | None = field(default=None, metadata={"help": "continuous batching: tokens per batch"})
+    cb_num_blocks: int | None = field(default=None, metadata={"help": "continuous batching: KV cache blocks"})
+    cb_block_size: int | None = field(default=None, metadata={"help": "continuous batching: tokens per KV block"})
+    attn_implementation: str | None = field(
+        default=None, metadata={"help": f"one of {', '.join(ATTN_IMPLEMENTATIONS)} (default: the model's own)"}
+    )
+    alibi_skip_eps: float | None = field(
+        default=None, metadata={"help": "ALiBi models only: skip keys of softmax mass <= this (in [0, 1))"}
+    )
+    device: str = field(default="auto", metadata={"help": "device_map for loading: auto, cpu, cuda:0, ..."})
+    dtype: str = field(default="auto", metadata={"help": f"one of {', '.join(DTYPES)} (auto: the weights' own)"})
+    max_tokens_limit: int = field(
+        default=4096, metadata={"help": "largest max_tokens a request may ask for (more is a 400)"}
+    )
+
+    def __post_init__(self):
+        if not self.model:
+            raise ValueError(f"model must name a folder or Hub id, got {self.model!r}")
+        if not self.host:
+            raise ValueError(f"host must be an address, got {self.host!r}")
+        if not _is_int(self.port) or not 1 <= self.port <= 65535:
+            raise ValueError(f"port must be an integer in 1-65535, got {self.port!r}")
+        attention = self.attn_implementation
+        if attention is not None and attention not in ATTN_IMPLEMENTATIONS:
+            raise ValueError(f"attn_implementation must be one of {ATTN_IMPLEMENTATIONS}, got {attention!r}")
+        eps = self.alibi_skip_eps
+        if eps is not None and (isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < 1):
+            raise ValueError(f"alibi_skip_eps must be a number in [0, 1), got {eps!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not _is_int(self.max_tokens_limit) or self.max_tokens_limit < 1:
+            raise ValueError(f"max_tokens_limit must be a positive integer, got {self.max_tokens_limit!r}")
+        for name, value in self.continuous_batching_settings().items():
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"cb_{name} must be a positive integer, got {value!r}")
+            if not self.continuous_batching:
+                raise ValueError(f"cb_{name}={value} needs continuous_batching (--continuous-batching)")
+
+    def continuous_batching_settings(self) -> dict[str, int]:
+        """The `ContinuousBatchingConfig` fields given (as `transformers serve` passes its --cb-* flags)."""
+        settings = {"max_batch_tokens": self.cb_max_batch_tokens, "num_blocks": self.cb_num_blocks,
+                    "block_size": self.cb_block_size}  # fmt: skip
+        return {name: value for name, value in settings.items() if value is not None}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per `ServeOptions` field (`model` positional), its help the field's own."""
+    for option in fields(ServeOptions):
+        help_text = option.metadata["help"]
+        if option.name == "model":
+            parser.add_argument("model", help=help_text)
+        elif option.type is bool:
+            parser.add_argument(f"--{option.name.replace('_', '-')}", action="store_true", help=help_text)
+        else:
+            kind = {int: int, float: float, str: str}[next(t for t in (int, float, str) if t in _types(option))]
+            shown = "" if option.default is None or "default" in help_text else f" (default: {option.default})"
+            parser.add_argument(f"--{option.name.replace('_', '-')}", type=kind, default=option.default,
+                                help=help_text + shown)  # fmt: skip
+
+
+def _types(option) -> tuple:
+    return getattr(option.type, "__args__", (option.type,))
+
+
+def options_from_arguments(args: argparse.Namespace) -> ServeOptions:
+    return ServeOptions(**{option.name: getattr(args, option.name) for option in fields(ServeOptions)})
+
+
+def check_request(body: dict, max_tokens_limit: int, required: tuple[str, ...] = ()) -> None:
+    """Raise a 400 naming the first field of `body` that transformers' handlers would fail on (as a 500, or as a 200
+    whose stream holds the error) or that would make generation run without end: a missing `required` field, a
+    token budget (also inside transformers' `generation_config` JSON) that is not an integer in 1-`max_tokens_limit`,
+    a sampling parameter that is not a number, chat `messages` that are not a list of {role, content} objects."""
+    from fastapi import HTTPException
+
+    for name in required:
+        if name not in body:
+            raise HTTPException(400, f"{name} is required")
+    for name in INTEGER_FIELDS:
+        value = body.get(name)
+        if value is not None and (not _is_int(value) or not 1 <= value <= max_tokens_limit):
+            raise HTTPException(400, f"{name} must be an integer in 1-{max_tokens_limit}, got {value!r}")
+    for name in NUMBER_FIELDS:
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value)):
+            raise HTTPException(400, f"{name} must be a number, got {value!r}")
+    if body.get("generation_config") is not None:
+        _check_generation_config(body["generation_config"], max_tokens_limit)
+    if "messages" in body:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not all(_is_message(message) for message in messages):
+            raise HTTPException(400, f"messages must be a list of {{role, content}} objects, got {messages!r}")
+
+
+def _check_generation_config(text, max_tokens_limit: int) -> None:
+    """transformers' own request field: a JSON object of `GenerationConfig` fields, which must not lift the limit."""
+    from fastapi import HTTPException
+
+    try:
+        settings = json.loads(text) if isinstance(text, str) else None
+    except json.JSONDecodeError:
+        settings = None
+    if not isinstance(settings, dict):
+        raise HTTPException(400, f"generation_config must be a string holding a JSON object, got {text!r}")
+    for name in ("max_new_tokens", "max_length"):
+        value = settings.get(name)
+        if value is not None and (not _is_int(value) or not 1 <= value <= max_tokens_limit):
+            raise HTTPException(400, f"generation_config's {name} must be an integer in 1-{max_tokens_limit}, "
+                                     f"got {value!r}")  # fmt: skip
+
+
+def _is_message(message) -> bool:
+    """What transformers' `get_processor_inputs_from_messages` reads without failing: a string role, and content
+    that is absent, a string, or a list of typed parts."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        return False
+    content = message.get("content")
+    return content is None or isinstance(content, str) or (
+        isinstance(content, list) and all(isinstance(part, dict) and "type" in part for part in content)
+    )
+
+
+class CheckedHandler:
+    """A transformers handler whose requests pass `check_request` first (`build_server` calls `handle_request`)."""
+
+    def __init__(self, handler, max_tokens_limit: int, required: tuple[str, ...] = ()):
+        self.handler = handler
+        self.max_tokens_limit = max_tokens_limit
+        self.required = required
+
+    async def handle_request(self, body: dict, request_id: str):
+        check_request(body, self.max_tokens_limit, self.required)
+        return await self.handler.handle_request(body, request_id)
+
+
+def _model_manager_class():
+    """`AutoLoadingModelManager`, defined on first use: transformers' serving modules import fastapi."""
+    from transformers import AutoModelForCausalLM
+    from transformers.cli.serving.model_manager import ModelManager
+    from transformers.cli.serving.utils import split_revision
+
+    class AutoLoadingModelManager(ModelManager):
+        """transformers' `ModelManager`, loading every model with `AutoModelForCausalLM.from_pretrained`.
+
+        transformers 5.24's `_load_model` ends in `getattr(transformers, config.architectures[0])`, which fails for
+        a class registered with the Auto classes (`AlibiGPT2LMHeadModel`) rather than defined in transformers. The
+        same keyword arguments go to the Auto class instead, plus `model_kwargs` (e.g. `alibi_skip_eps`). Drop this
+        class when a transformers release loads through the Auto classes.
+        """
+
+        def __init__(self, *, model_kwargs: dict, **kwargs):
+            self.model_kwargs = dict(model_kwargs)  # before super().__init__, which loads force_model
+            super().__init__(**kwargs)
+
+        def _load_model(self, model_id_and_revision, tqdm_class=None, progress_callback=None, gguf_file=None):
+            model_id, revision = split_revision(model_id_and_revision)
+            return AutoModelForCausalLM.from_pretrained(
+                model_id, revision=revision, attn_implementation=self.attn_implementation, dtype=self.dtype,
+                device_map=self.device, trust_remote_code=self.trust_remote_code, tqdm_class=tqdm_class,
+                **self.model_kwargs,
+            )  # fmt: skip
+
+    return AutoLoadingModelManager
+
+
+def build_app(options: ServeOptions):
+    """The FastAPI app of `transformers serve` for `options.model`, loaded now (the server is pinned to it).
+
+    `ValueError` naming the source when it holds no checkpoint, or `alibi_skip_eps` for a model that is not ALiBi;
+    `ImportError` naming `hf_alibi[serve]` when transformers' serving packages are missing. The app's `state` holds
+    `model_manager` and `generation_state`.
+    """
+    from .import_utils import require_extra
+
+    require_extra("serve", "hf-alibi serve")
+    from transformers import ContinuousBatchingConfig
+    from transformers.cli.serving.chat_completion import ChatCompletionHandler
+    from transformers.cli.serving.completion import CompletionHandler
+    from transformers.cli.serving.response import ResponseHandler
+    from transformers.cli.serving.server import build_server
+    from transformers.cli.serving.systemone import SystemOneHandler
+    from transformers.cli.serving.transcription import TranscriptionHandler
+    from transformers.cli.serving.utils import GenerationState
+
+    from .conversion.common import load_config
+
+    config = load_config(options.model)  # a missing folder or unknown id fails here, naming it
+    model_kwargs = {}
+    if options.alibi_skip_eps is not None:
+        if config.model_type != "alibi_gpt2":
+            raise ValueError(f"alibi_skip_eps={options.alibi_skip_eps} needs an ALiBi GPT-2 (alibi_gpt2) checkpoint; "
+                             f"{options.model} is model_type {config.model_type!r}")  # fmt: skip
+        model_kwargs["alibi_skip_eps"] = options.alibi_skip_eps
+    manager = _model_manager_class()(
+        model_kwargs=model_kwargs, device=options.device, dtype=options.dtype,
+        attn_implementation=options.attn_implementation, continuous_batching=options.continuous_batching,
+        force_model=options.model,
+    )  # fmt: skip
+    cb_settings = options.continuous_batching_settings()
+    state = GenerationState(
+        continuous_batching=options.continuous_batching,
+        cb_config=ContinuousBatchingConfig(**cb_settings) if cb_settings else None,
+    )
+    handlers = dict(model_manager=manager, generation_state=state)
+    app = build_server(
+        manager,
+        CheckedHandler(ChatCompletionHandler(**handlers), options.max_tokens_limit, required=("messages",)),
+        completion_handler=CheckedHandler(CompletionHandler(**handlers), options.max_tokens_limit),
+        response_handler=CheckedHandler(ResponseHandler(**handlers), options.max_tokens_limit, required=("input",)),
+        transcription_handler=TranscriptionHandler(manager, state),
+        systemone_handler=SystemOneHandler(**handlers),
+        generation_state=state,
+    )
+    _stop_on_shutdown(app, state)
+    app.state.model_manager = manager
+    app.state.generation_state = state
+    return app
+
+
+def _stop_on_shutdown(app, state) -> None:
+    """Stop `state`'s generation workers (continuous batching's thread) when the app shuts down, after
+    `build_server`'s own lifespan has freed the model: whichever ASGI server runs the app, they do not outlive it."""
+    from contextlib import asynccontextmanager
+
+    served = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app):
+        try:
+            async with served(app) as lifespan_state:
+                yield lifespan_state
+        finally:
+            state.shutdown()
+
+    app.router.lifespan_context = lifespan
+
+
+def serve(options: ServeOptions) -> None:
+    """Build the app and serve it with uvicorn until SIGINT or SIGTERM. Open connections get `GRACEFUL_SHUTDOWN_S`
+    to finish, so a stalled streaming client cannot hold the exit. uvicorn re-raises the signal once it has shut
+    down: SIGTERM ends the process by that signal; Ctrl-C's KeyboardInterrupt is how a server is stopped, not an
+    error, and returns."""
+    import uvicorn
+
+    app = build_app(options)
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
+    print(f"serving {options.model} on http://{options.host}:{options.port}/v1", flush=True)
+    try:
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+
+
+__all__ = ["ServeOptions", "add_arguments", "build_app", "check_request", "serve"]

@@ -1,0 +1,80 @@
+"""`hf-alibi serve`: --help lists every option; a bad value is one line `hf-alibi: error: ...` naming it, exit status
+2, before any server starts (were one started, `main` would not return); the options reach the model the app loads;
+and transformers' own ModelManager still fails on an ALiBi checkpoint (the reason `AutoLoadingModelManager` exists)."""
+
+import pytest
+from tiny_checkpoint import save_tiny_checkpoint
+
+from hf_alibi.cli import main
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("cli") / "gpt2-tiny", family="gpt2")
+
+
+def test_serve_help_lists_every_option_and_exits_0(capsys):
+    assert main(["serve", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: hf-alibi serve")
+    for flag in ("--host", "--port", "--continuous-batching", "--cb-max-batch-tokens", "--cb-num-blocks",
+                 "--cb-block-size", "--attn-implementation", "--alibi-skip-eps", "--device", "--dtype",
+                 "--max-tokens-limit"):  # fmt: skip
+        assert flag in text, flag
+
+
+# (case, arguments after `serve GPT2_FOLDER`, text the error line must name)
+CASES = [
+    ("port_too_large", ["--port", "70000"], "got 70000"),
+    ("port_zero", ["--port", "0"], "got 0"),
+    ("port_not_a_number", ["--port", "http"], "'http'"),
+    ("negative_skip_eps", ["--alibi-skip-eps", "-1"], "got -1.0"),
+    ("skip_eps_of_one", ["--alibi-skip-eps", "1"], "got 1.0"),
+    ("unknown_attention", ["--attn-implementation", "paged"], "got 'paged'"),
+    ("unknown_dtype", ["--dtype", "float8"], "got 'float8'"),
+    ("zero_max_tokens_limit", ["--max-tokens-limit", "0"], "got 0"),
+    ("cb_flag_without_cb", ["--cb-block-size", "16"], "cb_block_size=16 needs continuous_batching"),
+    ("negative_cb_blocks", ["--continuous-batching", "--cb-num-blocks", "-4"], "got -4"),
+    ("extra_argument", ["surplus"], "surplus"),
+]  # fmt: skip
+
+
+def _error_line(capfd) -> str:
+    captured = capfd.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hf-alibi: error: "), captured
+    assert "Traceback" not in captured.err + captured.out
+    return lines[0]
+
+
+@pytest.mark.parametrize("arguments, names", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_bad_serve_option_is_one_error_line_naming_the_value_with_status_2(gpt2_folder, capfd, arguments, names):
+    assert main(["serve", str(gpt2_folder), *arguments]) == 2
+    assert names in _error_line(capfd)
+
+
+def test_serving_a_missing_folder_is_one_error_line_naming_it(tmp_path, capfd):
+    assert main(["serve", str(tmp_path / "no_such_model")]) == 2
+    assert f"{str(tmp_path / 'no_such_model')!r}: no such folder" in _error_line(capfd)
+
+
+def test_skip_eps_for_a_model_that_is_not_alibi_is_refused_naming_its_type(gpt2_folder, capfd):
+    assert main(["serve", str(gpt2_folder), "--alibi-skip-eps", "1e-7"]) == 2
+    assert "model_type 'gpt2'" in _error_line(capfd)
+
+
+def test_skip_eps_and_attention_implementation_reach_the_served_model(checkpoint):
+    from hf_alibi.serving import ServeOptions, build_app
+
+    app = build_app(ServeOptions(str(checkpoint), alibi_skip_eps=1e-7, attn_implementation="eager", device="cpu"))
+    model, tokenizer = app.state.model_manager.load_model_and_processor(str(checkpoint))  # the preloaded one
+    assert type(model).__name__ == "AlibiGPT2LMHeadModel" and tokenizer.chat_template is not None
+    assert model.config.alibi_skip_eps == 1e-7 and model.config._attn_implementation == "eager"
+
+
+def test_transformers_own_model_manager_still_cannot_load_an_alibi_checkpoint(checkpoint):
+    """Why `AutoLoadingModelManager` exists; when this fails, transformers loads through the Auto classes: drop it."""
+    from transformers.cli.serving.model_manager import ModelManager
+
+    with pytest.raises(AttributeError, match="AlibiGPT2LMHeadModel"):
+        ModelManager(device="cpu", force_model=str(checkpoint))
