@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 OURS = {"alibi": [], "alibi-cb": ["--continuous-batching"], "alibi-skip": ["--alibi-skip-eps", "1e-7"],
@@ -71,20 +72,23 @@ class Server:
         self._wait(health)
 
     def _wait(self, health: str) -> None:
-        import httpx
-
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.process.returncode}; see {self.log.name}")
+                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.output()}")
             try:
-                if httpx.get(self.base + health, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
+                with urllib.request.urlopen(self.base + health, timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:  # refused while it loads (URLError and timeouts are OSErrors)
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"no answer from {self.base}{health} within {START_TIMEOUT} s; see {self.log.name}")
+        raise RuntimeError(f"no answer from {self.base}{health} within {START_TIMEOUT} s:\n{self.output()}")
+
+    def output(self, lines: int = 20) -> str:
+        self.log.flush()
+        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
         if self.process.poll() is None:

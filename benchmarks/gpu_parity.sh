@@ -26,3 +26,6 @@ $B --suite forward --lengths 512,2048,8192,32768 \
 $B --suite train,generate --train-lengths 512,1024,2048 --train-batch 8 --prefill 512 --decode 64 --gen-batches 1,8 \
    --contestants gpt2-flash,alibi-flash,alibi-sdpa \
    --out "$dest/parity_cuda_train.json" --markdown "$dest/parity_cuda_train.md"
+# Continuous batching on the GPU (transformers' paged cache; FlashAttention-2's varlen and decode fast path with
+# alibi_slopes): every request's tokens equal generate()'s, the GPU-marked tests.
+python -m pytest -q -m gpu tests/modeling_alibi_gpt2/test_continuous_batching.py 2>&1 | tee "$dest/gpu_continuous_batching.txt"

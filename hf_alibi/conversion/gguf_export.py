@@ -98,9 +98,28 @@ def _add_tokenizer(writer, tokenizer, vocab_size: int) -> None:
     writer.add_token_types(types)
     with tempfile.TemporaryDirectory() as folder:  # gguf's own reader of merges and special tokens
         tokenizer.save_pretrained(folder)
-        gguf.SpecialVocab(folder, load_merges=True, n_vocab=vocab_size).add_to_gguf(writer)
+        special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=vocab_size)
+        special.add_to_gguf(writer)
+    if not special.merges:
+        writer.add_token_merges([_inert_merge(tokens, types)])
     adds_bos = tokenizer.bos_token_id is not None and tokenizer.encode("a")[:1] == [tokenizer.bos_token_id]
     writer.add_add_bos_token(adds_bos)
+
+
+def _inert_merge(tokens: list[str], types: list) -> str:
+    """One merge for a BPE of bytes alone (the byte-level demo's 257 tokens), whose gguf would have none: llama.cpp
+    refuses a gpt2 vocabulary without merges, and gguf cannot store an empty list. The merge joins two byte tokens into
+    a string that is no token, so llama.cpp's tokenizer, which emits a merged symbol missing from the vocabulary as
+    its bytes again, tokenizes exactly as before (tests/conversion/test_gguf_export.py checks it against ours)."""
+    import gguf
+
+    normal = [token for token, kind in zip(tokens, types) if kind == gguf.TokenType.NORMAL and len(token) == 1]
+    vocabulary = set(tokens)
+    for first in normal:
+        for second in normal:
+            if first + second not in vocabulary:
+                return f"{first} {second}"
+    raise ValueError("the tokenizer has no merges and no two byte tokens to write an inert one from")
 
 
 def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, context_length: int | None = None):

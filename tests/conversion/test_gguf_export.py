@@ -199,3 +199,30 @@ def test_llama_cpp_tokens_logits_and_greedy_decoding_match_ours(make_model, toke
         for _ in range(15):
             ours_greedy.append(model(torch.tensor([ours_greedy])).logits[0, -1].argmax().item())
     assert theirs_greedy == ours_greedy[20:]
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer():
+    """The byte-level demo's kind: the 256 byte tokens and <|endoftext|>, no merges at all."""
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(TEXT, vocab_size=257, special_tokens=["<|endoftext|>"], show_progress=False)
+    eos = "<|endoftext|>"
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token=eos, bos_token=eos)
+
+
+def test_a_bpe_of_bytes_alone_gets_one_inert_merge_and_tokenizes_as_ours(make_model, byte_tokenizer, tmp_path):
+    """llama.cpp refuses a gpt2 vocabulary without merges ("cannot find tokenizer merges") and gguf cannot store an
+    empty list: the export writes one merge whose result is no token, which llama.cpp's tokenizer undoes."""
+    assert json.loads(byte_tokenizer.backend_tokenizer.to_str())["model"]["merges"] == []
+    model = gguf_model(make_model, vocab_size=257, n_positions=64)
+    path = export(model, "gguf", tmp_path / "bytes.gguf", tokenizer=byte_tokenizer)
+    fields, _ = read_fields(path)
+    (merge,) = fields["tokenizer.ggml.merges"]
+    first, second = merge.split(" ")
+    tokens = set(fields["tokenizer.ggml.tokens"])
+    assert {first, second} <= tokens and first + second not in tokens
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp_model(llama_cpp, path)
+    joined = byte_tokenizer.convert_tokens_to_string([first, second])  # the merged pair, as text
+    text = "".join(TEXT) + joined * 3 + " é ü 12345"
+    assert llm.tokenize(text.encode(), add_bos=False) == byte_tokenizer(text)["input_ids"]
