@@ -70,16 +70,18 @@ class ServeOptions:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if not _is_int(self.max_tokens_limit) or self.max_tokens_limit < 1:
             raise ValueError(f"max_tokens_limit must be a positive integer, got {self.max_tokens_limit!r}")
-        for name, value in self.continuous_batching_settings().items():
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"cb_{name} must be a positive integer, got {value!r}")
-            if not self.continuous_batching:
-                raise ValueError(f"cb_{name}={value} needs continuous_batching (--continuous-batching)")
+        for name in ("cb_max_batch_tokens", "cb_num_blocks", "cb_block_size"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if value is not None and not self.continuous_batching:
+                raise ValueError(f"{name}={value} needs continuous_batching (--continuous-batching)")
 
     def continuous_batching_settings(self) -> dict[str, int]:
-        """The `ContinuousBatchingConfig` fields given (as `transformers serve` passes its --cb-* flags)."""
+        """The `ContinuousBatchingConfig` fields given, as `transformers serve` names its --cb-* flags (`--cb-block-size`
+        is the config's `page_size`, which replaced `block_size` in transformers 5.17)."""
         settings = {"max_batch_tokens": self.cb_max_batch_tokens, "num_blocks": self.cb_num_blocks,
-                    "block_size": self.cb_block_size}  # fmt: skip
+                    "page_size": self.cb_block_size}  # fmt: skip
         return {name: value for name, value in settings.items() if value is not None}
 
 

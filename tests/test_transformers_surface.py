@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import DynamicCache, GenerationMixin, PretrainedConfig, PreTrainedModel, StaticCache
+from transformers import DynamicCache, GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel, StaticCache
 from transformers import initialization as init
 from transformers.utils.deprecation import deprecate_kwarg
 
@@ -194,3 +194,34 @@ def test_model_files_alibi_tensor_builders_still_give_each_familys_slopes(family
     assert got.shape == (12,), f"{family}'s alibi tensor builder changed its layout: {tuple(got.shape)}"
     difference = (got - want).abs().max().item()
     assert difference <= atol, f"{family}'s alibi tensor builder no longer gives its slopes (largest diff {difference})"
+
+
+def test_paged_attention_cache_update_takes_the_batch_kwargs_and_returns_each_requests_keys_in_order(make_model):
+    """Continuous batching (`attention_paged.py`): the model is called with a `PagedAttentionCache` from
+    `transformers.generation.continuous_batching` and the kwargs `PAGED_KWARGS` names; `cache.update(key, value,
+    layer_idx, kwargs)` returns every request's keys, each request's positions 0..k_r - 1 in order, split by
+    `cu_seq_lens_k["full_attention"]`. Recorded from a real `generate_batch` call."""
+    from transformers.generation.continuous_batching import PagedAttentionCache
+
+    from hf_alibi.attention_paged import PAGED_KWARGS
+
+    assert parameters(PagedAttentionCache.update)[:5] == ["self", "key_states", "value_states", "layer_idx", "kwargs"]
+    model = make_model()
+    seen, forward = [], model.transformer.forward
+
+    def recording(*args, **kwargs):
+        seen.append({name: kwargs.get(name) for name in ("cache", "position_ids", *PAGED_KWARGS)})
+        return forward(*args, **kwargs)
+
+    model.transformer.forward = recording
+    model.generate_batch(inputs=[[5, 6, 7], [8, 9, 10, 11, 12]], progress_bar=False,
+                         generation_config=GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1))  # fmt: skip
+    first = seen[0]
+    assert isinstance(first["cache"], PagedAttentionCache), "generate_batch no longer passes its paged cache as cache="
+    assert set(first["cu_seq_lens_k"]) == {"full_attention"}, first["cu_seq_lens_k"]
+    assert first["read_index"] is not None and first["write_index"] is not None
+    decoding = seen[-1]  # both requests decode: one token each, their keys read back from the pages
+    cu_q, cu_k = decoding["cu_seq_lens_q"].tolist(), decoding["cu_seq_lens_k"]["full_attention"].tolist()
+    assert [b - a for a, b in zip(cu_q, cu_q[1:])] == [1, 1], cu_q
+    assert sorted(b - a for a, b in zip(cu_k, cu_k[1:])) == [4, 6], cu_k  # prompt + first token
+    assert sorted(decoding["position_ids"][0].tolist()) == [3, 5]  # each request's own last position
