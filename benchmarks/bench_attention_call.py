@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.attention_alibi import alibi_attention
-from hf_alibi.attention_plan import plan_alibi_attention
-from hf_alibi.attention_sdpa_split import sdpa_alibi_split
+from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_plan import plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_sdpa_split import sdpa_alibi_split
 
 
 def make_call(name, heads, length, slopes):

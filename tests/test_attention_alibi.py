@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.attention_alibi import alibi_attention
-from hf_alibi.attention_plan import plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_plan import plan_alibi_attention
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5

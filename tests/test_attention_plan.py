@@ -8,8 +8,8 @@ import torch
 from alibi_reference import reference_attention
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.attention_alibi import ALIBI_ATTENTION_FUNCTIONS, alibi_attention
-from hf_alibi.attention_plan import PATHS, KeyRanges, choose_path, plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_alibi import ALIBI_ATTENTION_FUNCTIONS, alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_plan import PATHS, KeyRanges, choose_path, plan_alibi_attention
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5

@@ -10,8 +10,8 @@ import torch
 from alibi_reference import reference_attention
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.attention_plan import KeyRanges
-from hf_alibi.attention_sdpa_split import SPLIT_CHUNKS, SplitPlan, sdpa_alibi_split, split_kernels_work
+from hf_alibi.models.alibi_gpt2.attention_plan import KeyRanges
+from hf_alibi.models.alibi_gpt2.attention_sdpa_split import SPLIT_CHUNKS, SplitPlan, sdpa_alibi_split, split_kernels_work
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5

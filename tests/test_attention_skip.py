@@ -1,4 +1,4 @@
-"""The skipping certificate (`hf_alibi.attention_skip`) against exact float64 softmax weights, never trusted.
+"""The skipping certificate (`hf_alibi.models.alibi_gpt2.attention_skip`) against exact float64 softmax weights, never trusted.
 
 For every drawn problem (random and adversarial: one huge far key aligned with the queries, tiny query norms, zero
 and steep slopes, padding, packed documents, cache offsets, a static cache's unwritten tail) the softmax mass of the
@@ -13,8 +13,8 @@ from alibi_reference import reference_attention
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hf_alibi.attention_plan import plan_alibi_attention
-from hf_alibi.attention_skip import (
+from hf_alibi.models.alibi_gpt2.attention_plan import plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_skip import (
     certified_decode_start,
     certified_key_starts,
     kept_fraction,
@@ -23,7 +23,7 @@ from hf_alibi.attention_skip import (
     near_key_lse,
     upper_norms,
 )
-from hf_alibi.attention_skip_ranges import certified_split
+from hf_alibi.models.alibi_gpt2.attention_skip_ranges import certified_split
 
 SLOPES = (0.0, 2.0**-8, 2.0**-4, 0.5, 2.0)
 CHECKS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

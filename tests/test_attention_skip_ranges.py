@@ -7,10 +7,10 @@ import torch
 from transformers import DynamicCache
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
-from hf_alibi.attention_alibi import alibi_attention
-from hf_alibi.attention_plan import plan_alibi_attention
-from hf_alibi.attention_skip import certified_key_starts, key_block_norms
-from hf_alibi.attention_skip_ranges import KEY_BLOCK, ROW_GROUP, ROWS, RunningKeyNorms, certified_plan, certified_split
+from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_plan import plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_skip import certified_key_starts, key_block_norms
+from hf_alibi.models.alibi_gpt2.attention_skip_ranges import KEY_BLOCK, ROW_GROUP, ROWS, RunningKeyNorms, certified_plan, certified_split
 
 EPS = 1e-7
 

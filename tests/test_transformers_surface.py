@@ -38,7 +38,7 @@ def renamed_argument(new_name=None):
 
 def test_transformers_deprecation_warning_from_our_code_fails_the_test_and_from_third_party_code_does_not():
     with pytest.raises(FutureWarning, match="old_name"):  # pyproject: error::FutureWarning:hf_alibi...
-        call_from("hf_alibi.modeling_alibi_gpt2", renamed_argument, old_name=1)
+        call_from("hf_alibi.models.alibi_gpt2.modeling_alibi_gpt2", renamed_argument, old_name=1)
     with pytest.raises(FutureWarning, match="old_name"):  # the remote-code copy saved beside a checkpoint
         call_from("transformers_modules.out.modeling_alibi_gpt2", renamed_argument, old_name=1)
     with warnings.catch_warnings(record=True) as caught:  # keeps pytest's filters; only records what they show
@@ -46,7 +46,8 @@ def test_transformers_deprecation_warning_from_our_code_fails_the_test_and_from_
         warnings.warn_explicit("old thing", DeprecationWarning, "third_party.py", 1, module="torch.serialization")
     assert [w.category for w in caught] in ([FutureWarning], [])  # shown or deduplicated, never raised
     with pytest.raises(DeprecationWarning):
-        warnings.warn_explicit("old thing", DeprecationWarning, "hf_alibi/alibi.py", 1, module="hf_alibi.alibi")
+        warnings.warn_explicit("old thing", DeprecationWarning, "hf_alibi/models/alibi_gpt2/alibi.py", 1,
+                               module="hf_alibi.models.alibi_gpt2.alibi")
 
 
 def test_deprecate_kwarg_renames_past_key_values_to_cache_and_warns():
@@ -203,7 +204,7 @@ def test_paged_attention_cache_update_takes_the_batch_kwargs_and_returns_each_re
     `cu_seq_lens_k["full_attention"]`. Recorded from a real `generate_batch` call."""
     from transformers.generation.continuous_batching import PagedAttentionCache
 
-    from hf_alibi.attention_paged import PAGED_KWARGS
+    from hf_alibi.models.alibi_gpt2.attention_paged import PAGED_KWARGS
 
     assert parameters(PagedAttentionCache.update)[:5] == ["self", "key_states", "value_states", "layer_idx", "kwargs"]
     model = make_model()

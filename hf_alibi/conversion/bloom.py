@@ -10,9 +10,9 @@ import torch
 from transformers import BloomConfig, BloomForCausalLM
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
-from ..alibi import slopes_from_config
-from ..configuration_alibi_gpt2 import AlibiGPT2Config
-from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi_gpt2.alibi import slopes_from_config
+from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import (
     TANH_GELUS, build_alibi_model, grouped_to_interleaved, interleaved_to_grouped, load_exactly, refuse, shared_fields,
 )

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from transformers import BloomForCausalLM, FalconForCausalLM, GPT2LMHeadModel, MptForCausalLM, PreTrainedModel
 
-from ..configuration_alibi_gpt2 import AlibiGPT2Config
-from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .bloom import check_bloom_exportable, convert_bloom, export_bloom
 from .common import check_destination, load_config, load_tokenizer, write_folder_atomically
 from .falcon import convert_falcon

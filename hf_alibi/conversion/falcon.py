@@ -16,8 +16,8 @@ import torch
 from transformers import FalconForCausalLM
 from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 
-from ..configuration_alibi_gpt2 import AlibiGPT2Config
-from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import build_alibi_model, interleaved_to_grouped, refuse, shared_fields
 
 _NORMS = {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2"}

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..alibi import get_alibi_slopes, slopes_from_config
-from ..configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi_gpt2.alibi import get_alibi_slopes, slopes_from_config
+from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..import_utils import require_extra
-from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import TANH_GELUS, check_destination, checkpoint_name, source_card_metadata
 
 # The pre-tokenizers llama.cpp implements that byte-level BPE tokenizers of these families use (llama-vocab.cpp).

@@ -8,8 +8,8 @@ import warnings
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from ..configuration_alibi_gpt2 import AlibiGPT2Config
-from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 
 # GPT-2 config fields that carry over unchanged (AlibiGPT2Config uses GPT-2's names).
 _SHARED_FIELDS = (

@@ -12,9 +12,9 @@ import torch
 from transformers import MptConfig, MptForCausalLM
 from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 
-from ..alibi import slopes_from_config
-from ..configuration_alibi_gpt2 import AlibiGPT2Config
-from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi_gpt2.alibi import slopes_from_config
+from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import build_alibi_model, load_exactly, refuse, shared_fields
 
 # (MPT suffix, ours) inside each block; Linear weights are transposed on the way

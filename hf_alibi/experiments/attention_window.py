@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..alibi import slopes_from_config
+from ..models.alibi_gpt2.alibi import slopes_from_config
 
 
 @dataclass

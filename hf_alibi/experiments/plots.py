@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..alibi import alibi_causal_bias, slopes_from_config
+from ..models.alibi_gpt2.alibi import alibi_causal_bias, slopes_from_config
 from .attention_window import theoretical_window
 
 

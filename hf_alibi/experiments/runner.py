@@ -38,7 +38,7 @@ from transformers import (
 )
 from transformers.trainer_utils import get_last_checkpoint
 
-from ..modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .attention_window import measure_effective_window, plot_effective_window, window_table
 from .arguments import ExperimentArguments, apply_smoke, batch_size_at, parse_model_spec
 from .baselines import build_model, max_supported_length

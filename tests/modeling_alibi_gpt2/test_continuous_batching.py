@@ -9,7 +9,7 @@ from transformers import BloomConfig, BloomForCausalLM, ContinuousBatchingConfig
 from transformers import MptForCausalLM
 
 from hf_alibi import convert
-from hf_alibi.attention_paged import plan_paged_attention
+from hf_alibi.models.alibi_gpt2.attention_paged import plan_paged_attention
 
 NEW_TOKENS = 12
 PROMPT_LENGTHS = (5, 17, 40, 1, 64)
@@ -147,8 +147,8 @@ def test_certified_skipping_under_continuous_batching_keeps_the_tokens(make_mode
 def test_paged_attention_gives_each_request_its_own_distances(make_model):
     """Against the model's ordinary attention on each request alone: prefill rows, a continued chunk, decoding rows
     and a zero-length padding entry, in one flattened batch."""
-    from hf_alibi.attention_alibi import alibi_attention
-    from hf_alibi.attention_plan import plan_alibi_attention
+    from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
+    from hf_alibi.models.alibi_gpt2.attention_plan import plan_alibi_attention
 
     heads, dim = 12, 8
     slopes = make_model().transformer.alibi_slopes

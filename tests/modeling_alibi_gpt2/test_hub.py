@@ -15,7 +15,7 @@ from huggingface_hub import CommitInfo, HfApi, RepoUrl
 import hf_alibi
 from hf_alibi import get_alibi_slopes
 
-PACKAGE = Path(hf_alibi.__file__).parent
+PACKAGE = Path(hf_alibi.__file__).parent / "models" / "alibi_gpt2"  # the one folder a checkpoint's code comes from
 AUTO_CLASSES = {
     "AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification",
     "AutoModelForTokenClassification", "AutoModelForQuestionAnswering",
@@ -60,6 +60,22 @@ def saved(make_model, tmp_path, request):
     folder = tmp_path / "checkpoint"
     model.save_pretrained(folder)
     return model, folder
+
+
+def test_the_model_folder_holds_exactly_what_every_checkpoint_carries():
+    """One `ls` shows a checkpoint's code: the folder's modules are the entry files' relative-import closure."""
+    assert {path.name for path in PACKAGE.glob("*.py")} - {"__init__.py"} == CODE_FILES
+
+
+def test_old_flat_import_paths_name_the_same_modules():
+    import hf_alibi.configuration_alibi_gpt2 as old_configuration
+    import hf_alibi.modeling_alibi_gpt2 as old_modeling
+    from hf_alibi.attention_plan import plan_alibi_attention
+    from hf_alibi.models.alibi_gpt2 import attention_plan, configuration_alibi_gpt2, modeling_alibi_gpt2
+
+    assert old_modeling is modeling_alibi_gpt2 and old_configuration is configuration_alibi_gpt2
+    assert plan_alibi_attention is attention_plan.plan_alibi_attention
+    assert hf_alibi.AlibiGPT2Config is configuration_alibi_gpt2.AlibiGPT2Config
 
 
 def test_package_code_files_import_each_other_only_relatively():

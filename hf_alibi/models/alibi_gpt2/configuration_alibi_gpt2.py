@@ -83,7 +83,7 @@ class AlibiGPT2Config(PretrainedConfig):
             `clip_qkv`, e.g. 6 in mpt-30b-chat). `None` means no clamp. Must be positive and finite.
         alibi_sdpa_split (`bool`, *optional*, defaults to `True`):
             Which SDPA path serves multi-row, unpacked, dropout-free calls on CPU outside compilation: `True` the
-            split (no bias tensor; `hf_alibi/attention_sdpa_split.py`), `False` the bias bank that every other SDPA
+            split (no bias tensor; `hf_alibi/models/alibi_gpt2/attention_sdpa_split.py`), `False` the bias bank that every other SDPA
             call takes. Both compute the same attention (the tests compare them); a runtime choice.
         alibi_sdpa_query_chunk (`int`, *optional*, defaults to 256):
             Query rows per chunk of the bias-bank path: its mask is `(B|1, H, chunk, kv)` floats, built once per
@@ -91,7 +91,7 @@ class AlibiGPT2Config(PretrainedConfig):
         alibi_skip_eps (`float`, *optional*, defaults to 0.0):
             Certified key skipping at inference (no gradients, outside torch.compile): per head and block of 256
             query rows, keys whose softmax mass is provably <= `alibi_skip_eps` are not computed, which changes each
-            output by at most `2 * alibi_skip_eps * max|v|` (`hf_alibi/attention_skip.py` proves the bound). `0.0`
+            output by at most `2 * alibi_skip_eps * max|v|` (`hf_alibi/models/alibi_gpt2/attention_skip.py` proves the bound). `0.0`
             is dense attention. `1e-7` is exact to fp32 rounding. It applies to the `sdpa` backend on CPU (prefill
             and decoding with a dynamic cache) and to `flex_attention`. Must lie in `[0, 1)`; a runtime choice, e.g.
             `from_pretrained(..., alibi_skip_eps=1e-7)`.
