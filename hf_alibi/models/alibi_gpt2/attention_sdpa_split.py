@@ -31,6 +31,7 @@ Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/test_attention_sdpa_split.py`
 import copy
 import functools
 import itertools
+from typing import NamedTuple
 
 import torch
 
@@ -174,6 +175,34 @@ def _flash_backward(grad, query, key, value, output, lse, mask, scaling, causal=
     )
 
 
+class SplitCall(NamedTuple):
+    """One kernel call of the split: query rows [start, end) of heads [head_start, head_end) over keys
+    [key_start, key_end); `diagonal` for a block's own causal square (Toeplitz mask), else keys left of it."""
+
+    start: int
+    end: int
+    key_start: int
+    key_end: int
+    diagonal: bool
+    head_start: int
+    head_end: int
+
+
+class CallGroup(NamedTuple):
+    """`count` calls of one shape, the first `SplitCall`'s fields below, repeating every `stride` rows and keys:
+    one kernel call whose batch dimension walks the blocks (`SplitPlan.groups`)."""
+
+    count: int
+    stride: int
+    start: int
+    end: int
+    key_start: int
+    key_end: int
+    diagonal: bool
+    head_start: int
+    head_end: int
+
+
 class SplitPlan:
     """Every kernel call of the split, with its mask, from one (H, visible) key ramp and one Toeplitz block.
 
@@ -185,8 +214,8 @@ class SplitPlan:
     `chunks[0]` rows: one level), each block's call over the keys left of it is cut into runs of heads that share
     a first key and starts there; runs whose range is empty make no call.
 
-    A call is (start, end, key_start, key_end, diagonal, head_start, head_end): rows [start, end) of heads
-    [head_start, head_end) over keys [key_start, key_end). Calls of one shape repeat at a fixed stride (every
+    A call (`SplitCall`) is rows [start, end) of heads [head_start, head_end) over keys [key_start, key_end), the
+    block's own causal diagonal or not. Calls of one shape repeat at a fixed stride (every
     diagonal block; the n-th sub-block of every chunk), and their masks are equal: with batch 1 such a run becomes
     one kernel call whose batch dimension walks the sequence (a strided view, no copy), so the small calls cost one
     parallel region instead of one each (`groups`).
@@ -217,22 +246,22 @@ class SplitPlan:
 
     def _set_calls(self, calls):
         self.calls = calls
-        self.groups = _group(calls) if self.batch == 1 else [(1, 0, *call) for call in calls]
+        self.groups = _group(calls) if self.batch == 1 else [CallGroup(1, 0, *call) for call in calls]
         # Diagonal blocks first: together they cover every row of every head once, so they start the running results
-        self.groups.sort(key=lambda group: not group[6])
+        self.groups.sort(key=lambda group: not group.diagonal)
 
     def _cover(self, first, last, key_start, chunks, level):
         """Calls for rows [first, last) over keys [key_start, offset + last), every head."""
         offset, heads = self.offset, self.heads
         if last - first <= chunks[-1]:
             if offset + first > key_start:
-                self.calls.append((first, last, key_start, offset + first, False, 0, heads))
-            self.calls.append((first, last, offset + first, offset + last, True, 0, heads))
+                self.calls.append(SplitCall(first, last, key_start, offset + first, False, 0, heads))
+            self.calls.append(SplitCall(first, last, offset + first, offset + last, True, 0, heads))
             return
         for start in range(first, last, chunks[level]):
             end = min(start + chunks[level], last)
             if offset + start > key_start:
-                self.calls.append((start, end, key_start, offset + start, False, 0, heads))
+                self.calls.append(SplitCall(start, end, key_start, offset + start, False, 0, heads))
             self._cover(start, end, offset + start, chunks, level + 1)
 
     def views(self, group):
@@ -269,7 +298,7 @@ def _in_key_ranges(call, first_keys, rows):
     if diagonal:  # a block's own diagonal is always kept (first keys never pass a block's first query)
         return [call]
     runs = head_runs([first_keys[head][start // rows] for head in range(heads)])
-    return [(start, end, max(key_start, first), key_end, False, head, run_end)
+    return [SplitCall(start, end, max(key_start, first), key_end, False, head, run_end)
             for head, run_end, first in runs if max(key_start, first) < key_end]  # fmt: skip
 
 
@@ -307,12 +336,12 @@ def _group(calls):
         runs.append([members[0]])
         for call in members[1:]:
             run = runs[-1]
-            stride = call[0] - run[-1][0]
-            if stride >= max(rows, keys) and (len(run) == 1 or stride == run[1][0] - run[0][0]):
+            stride = call.start - run[-1].start
+            if stride >= max(rows, keys) and (len(run) == 1 or stride == run[1].start - run[0].start):
                 run.append(call)
             else:
                 runs.append([call])
-    return [(len(run), run[1][0] - run[0][0] if len(run) > 1 else 0, *run[0]) for run in runs]
+    return [CallGroup(len(run), run[1].start - run[0].start if len(run) > 1 else 0, *run[0]) for run in runs]
 
 
 def _blocks(tensor, start, n, stride, count, dim=2):
@@ -334,7 +363,7 @@ def attend_diagonals(plan: SplitPlan, query, key, value, scaling) -> tuple[torch
     log-sum-exp as (count, n, H) in memory, which is exactly (1, q, H, D) and (1, q, H). They are viewed: no second
     q x H x D buffer, no copy.
     """
-    diagonals = [group for group in plan.groups if group[6]]
+    diagonals = [group for group in plan.groups if group.diagonal]
     batch, heads, q_len, dim = query.shape
     count, _, start, end, *_, head_start, head_end = diagonals[0]
     if len(diagonals) == 1 and batch == 1 and (start, count * end, head_start, head_end) == (0, q_len, 0, heads):
@@ -364,7 +393,7 @@ def attend(plan: SplitPlan, groups, query, key, value, scaling, output, lse) -> 
     run first); every other call merges into them: o += share * (o_call - o), l = logaddexp(l, l_call).
     """
     for group in groups:
-        diagonal = group[6]
+        diagonal = group.diagonal
         mask, shift, rows, keys = plan.views(group)
         out, lse_call = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=diagonal)  # (., H, n, D)
         lse_call = lse_call if shift is None else lse_call - shift  # (B|count, H, n), true logits' frame
@@ -415,7 +444,7 @@ class _SplitAttention(torch.autograd.Function):
             grad[:, :, :offset].zero_()
             grad[:, :, offset + q_len :].zero_()
         for group in plan.groups:
-            diagonal = group[6]
+            diagonal = group.diagonal
             mask, shift, rows, keys = plan.views(group)
             lse_call = rows(lse) if shift is None else rows(lse) + shift  # (B|count, H, n), the call's frame
             dq, dk, dv = _flash_backward(rows(grad_output), rows(query), keys(key), keys(value), rows(output),

@@ -92,7 +92,7 @@ def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float,
     )  # (H, R)  # fmt: skip
     ranges = KeyRanges(rows, starts)
     split = dense.in_key_ranges(starts)
-    attend(split, [group for group in split.groups if not group[6]], query, key, value, scaling, output, lse)
+    attend(split, [group for group in split.groups if not group.diagonal], query, key, value, scaling, output, lse)
     return output.to(query.dtype), ranges
 
 
