@@ -1,7 +1,15 @@
-"""The declarative weight map: applied both ways it uses every key exactly once and round-trips bit for bit."""
+"""The declarative conversion tables: a weight map applied both ways uses every key exactly once and round-trips bit
+for bit; a requirement table refuses by field name. Each family with an export round-trips both ways."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
+from family_checks import VOCAB, assert_same_weights, perturb
+from transformers import BloomConfig, BloomForCausalLM, MptConfig, MptForCausalLM
+
+from hf_alibi.conversion import convert_bloom, convert_mpt, export_bloom, export_mpt
+from hf_alibi.conversion.common import Requirement, require
 from hf_alibi.conversion.weight_map import TRANSPOSE, Entry, map_weights, per_head_qkv
 
 N_HEAD, HEAD_DIM = 3, 2
@@ -64,3 +72,43 @@ def test_a_map_naming_a_key_twice_is_refused_by_name():
         map_weights(table, {"wte.weight": torch.ones(1)}, 2, to="theirs", what="toy")
     with pytest.raises(ValueError, match="'sideways'"):
         map_weights(TABLE, their_state(), 2, to="sideways", what="toy")
+
+
+def test_requirements_refuse_the_first_unmet_field_by_name_and_accept_an_absent_one():
+    config = SimpleNamespace(n_head=4, hidden_size=32, activation="gelu", n_layer=2)
+    table = (
+        Requirement("no_such_field", True),  # a config object without the field: nothing to refuse
+        Requirement("n_head", frozenset({2, 4})),
+        Requirement("hidden_size", lambda config: 8 * config.n_head),
+        Requirement("activation", "tanh", "{family} wants {accepted!r} for {field}, not {value!r} ({config.n_head})"),
+        Requirement("n_layer", 99),
+    )
+    with pytest.raises(ValueError, match=r"^Toy wants 'tanh' for activation, not 'gelu' \(4\)$"):
+        require(config, table, "Toy", "{family} needs {field}={accepted!r}")
+    with pytest.raises(ValueError, match=r"^Toy needs n_layer=99$"):
+        require(config, table[:3] + table[4:], "Toy", "{family} needs {field}={accepted!r}")
+    require({"attn": {"alibi": True}}, (Requirement("attn.alibi", True),), "Toy", "")  # dotted into dicts
+
+
+def tiny_bloom() -> BloomForCausalLM:
+    return perturb(BloomForCausalLM(BloomConfig(vocab_size=VOCAB, hidden_size=48, n_layer=2, n_head=6)))
+
+
+def tiny_mpt() -> MptForCausalLM:
+    config = MptConfig(vocab_size=VOCAB, d_model=48, n_layers=2, n_heads=6, max_seq_len=16,
+                       attn_config={"clip_qkv": 2.0})  # fmt: skip
+    return perturb(MptForCausalLM(config))
+
+
+# family -> (a source model of that family, import, export)
+FAMILIES = {"bloom": (tiny_bloom, convert_bloom, export_bloom), "mpt": (tiny_mpt, convert_mpt, export_mpt)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_export_of_an_import_and_import_of_an_export_give_back_every_weight(family, dtype):
+    make_source, to_alibi, to_family = FAMILIES[family]
+    source = make_source().to(dtype)
+    assert_same_weights(source, to_family(to_alibi(source)))
+    alibi = perturb(to_alibi(source))  # any ALiBi model of a shape the family holds, not only an imported one
+    assert_same_weights(alibi, to_alibi(to_family(alibi)))
