@@ -43,7 +43,7 @@ for _auto_class, _model_class in AUTO_CLASSES.items():
     _auto_class.register(AlibiGPT2Config, _model_class, exist_ok=True)
     _model_class.register_for_auto_class(_auto_class.__name__)
 
-# The model's modules lived flat in hf_alibi/ before models/alibi_gpt2/: `hf_alibi.modeling_alibi_gpt2` and the
+# The model's modules lived flat in hf_alibi/ before models/alibi_gpt2/: `hf_alibi.models.alibi_gpt2.modeling_alibi_gpt2` and the
 # rest stay importable under their old names (the same module objects, not copies).
 for _module in pkgutil.iter_modules(_model_folder.__path__):
     sys.modules[f"{__name__}.{_module.name}"] = importlib.import_module(f"{_model_folder.__name__}.{_module.name}")

@@ -36,26 +36,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def convert_checkpoint(source: str, destination: str, alibi_max_bias: float | None = None) -> Path:
-    """Import the checkpoint at `source` and save it, with its tokenizer and generation config, to `destination`.
-
-    Written to a temporary folder beside `destination` and renamed into place, so a failure leaves nothing behind.
-    `alibi_max_bias` applies to GPT-2 sources only (the others keep their own slopes).
-    """
+    """Import the checkpoint at `source` and save it, with its tokenizer and generation config, to `destination`,
+    atomically (a failure leaves nothing behind). `alibi_max_bias` applies to GPT-2 sources only (the others keep
+    their own slopes)."""
     from .conversion import convert
-    from .conversion.common import check_destination, load_tokenizer, write_folder_atomically
 
-    check_destination(destination)  # before the (possibly long) load
-    model = convert(source, **({} if alibi_max_bias is None else {"alibi_max_bias": alibi_max_bias}))
-    tokenizer = load_tokenizer(source)
-
-    def write(folder: Path) -> None:
-        model.save_pretrained(folder)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
-        else:
-            print(f"note: no tokenizer found at {source}; saved the model only")
-
-    return write_folder_atomically(destination, write)
+    path = convert(source, destination, **({} if alibi_max_bias is None else {"alibi_max_bias": alibi_max_bias}))
+    if not (path / "tokenizer_config.json").is_file():
+        print(f"note: no tokenizer found at {source}; saved the model only")
+    return path
 
 
 def export_checkpoint(source: str, destination: str, layout: str, max_seq_len: int | None = None) -> Path:

@@ -1,6 +1,7 @@
 """Conversions into ALiBi GPT-2 (GPT-2, BLOOM, MPT, Falcon-RW) and exports out of it (BLOOM, MPT, GGUF).
 
-Not shipped with checkpoints. `convert` and `export` (in `dispatch`) pick the family module by `model_type`.
+Not shipped with checkpoints. `convert` and `export` (in `dispatch`) pick the family module by `model_type`; each
+family's weights are one table (`weight_map`) applied both ways, its refusals another (`common.Requirement`).
 """
 
 from .bloom import convert_bloom, export_bloom

@@ -13,14 +13,35 @@ from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from ..models.alibi_gpt2.alibi import slopes_from_config
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import (
-    TANH_GELUS, build_alibi_model, grouped_to_interleaved, interleaved_to_grouped, load_exactly, refuse, shared_fields,
-)
+from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, TANH_GELUS, Requirement, build_exactly, require, shared_fields
+from .weight_map import TRANSPOSE, Entry, WeightMap, map_weights, per_head_qkv
 
-# (BLOOM suffix, ours) inside each block; Linear weights are transposed on the way
-_NORMS = {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2"}
-_LINEARS = {"self_attention.dense": "attn.c_proj", "mlp.dense_h_to_4h": "mlp.c_fc", "mlp.dense_4h_to_h": "mlp.c_proj"}
-_REFUSED = {"apply_residual_connection_post_layernorm": False}
+_REFUSED = (Requirement("apply_residual_connection_post_layernorm", False),)
+
+
+def bloom_weights(n_head: int) -> WeightMap:
+    """(ours, BLOOM's, transform) for every tensor: nn.Linear weights transposed, the fused qkv regrouped."""
+    qkv, ours, theirs = per_head_qkv(n_head), "transformer.h.{i}.", "transformer.h.{i}."
+    return (
+        Entry("transformer.wte.weight", "transformer.word_embeddings.weight"),
+        Entry("transformer.ln_embd.weight", "transformer.word_embeddings_layernorm.weight"),
+        Entry("transformer.ln_embd.bias", "transformer.word_embeddings_layernorm.bias"),
+        Entry(ours + "ln_1.weight", theirs + "input_layernorm.weight"),
+        Entry(ours + "ln_1.bias", theirs + "input_layernorm.bias"),
+        Entry(ours + "attn.c_attn.weight", theirs + "self_attention.query_key_value.weight", qkv.then(TRANSPOSE)),
+        Entry(ours + "attn.c_attn.bias", theirs + "self_attention.query_key_value.bias", qkv),
+        Entry(ours + "attn.c_proj.weight", theirs + "self_attention.dense.weight", TRANSPOSE),
+        Entry(ours + "attn.c_proj.bias", theirs + "self_attention.dense.bias"),
+        Entry(ours + "ln_2.weight", theirs + "post_attention_layernorm.weight"),
+        Entry(ours + "ln_2.bias", theirs + "post_attention_layernorm.bias"),
+        Entry(ours + "mlp.c_fc.weight", theirs + "mlp.dense_h_to_4h.weight", TRANSPOSE),
+        Entry(ours + "mlp.c_fc.bias", theirs + "mlp.dense_h_to_4h.bias"),
+        Entry(ours + "mlp.c_proj.weight", theirs + "mlp.dense_4h_to_h.weight", TRANSPOSE),
+        Entry(ours + "mlp.c_proj.bias", theirs + "mlp.dense_4h_to_h.bias"),
+        Entry("transformer.ln_f.weight", "transformer.ln_f.weight"),
+        Entry("transformer.ln_f.bias", "transformer.ln_f.bias"),
+        Entry("lm_head.weight", "lm_head.weight"),
+    )
 
 
 def bloom_slopes(n_head: int) -> torch.Tensor:
@@ -31,7 +52,7 @@ def bloom_slopes(n_head: int) -> torch.Tensor:
 def convert_bloom(model: BloomForCausalLM) -> AlibiGPT2LMHeadModel:
     """An `AlibiGPT2LMHeadModel` computing exactly what `model` computes (fp32 rounding apart), at any length."""
     config = model.config
-    refuse(config, _REFUSED, "BLOOM")
+    require(config, _REFUSED, "BLOOM", IMPORT_REFUSAL)
     n_head, n_embd = config.n_head, config.hidden_size
     alibi_config = AlibiGPT2Config(
         vocab_size=config.vocab_size,
@@ -48,44 +69,30 @@ def convert_bloom(model: BloomForCausalLM) -> AlibiGPT2LMHeadModel:
         alibi_slopes=bloom_slopes(n_head).tolist(),
         embedding_layernorm=True,
     )
-    source = model.state_dict()
-    state = {
-        "transformer.wte.weight": source["transformer.word_embeddings.weight"],
-        "lm_head.weight": source["lm_head.weight"],
-    }
-    for part in ("weight", "bias"):
-        state[f"transformer.ln_embd.{part}"] = source[f"transformer.word_embeddings_layernorm.{part}"]
-        state[f"transformer.ln_f.{part}"] = source[f"transformer.ln_f.{part}"]
-    for i in range(config.n_layer):
-        theirs, ours = f"transformer.h.{i}.", f"transformer.h.{i}."
-        qkv = theirs + "self_attention.query_key_value."
-        state[ours + "attn.c_attn.weight"] = interleaved_to_grouped(source[qkv + "weight"], n_head).t()  # (C, 3C)
-        state[ours + "attn.c_attn.bias"] = interleaved_to_grouped(source[qkv + "bias"], n_head)  # (3C,)
-        for name, our_name in _NORMS.items():
-            for part in ("weight", "bias"):
-                state[f"{ours}{our_name}.{part}"] = source[f"{theirs}{name}.{part}"]
-        for name, our_name in _LINEARS.items():
-            state[f"{ours}{our_name}.weight"] = source[f"{theirs}{name}.weight"].t()  # Linear (out, in) -> (in, out)
-            state[f"{ours}{our_name}.bias"] = source[f"{theirs}{name}.bias"]
-    return build_alibi_model(alibi_config, state, model)
+    state = map_weights(bloom_weights(n_head), model.state_dict(), config.n_layer, to="ours",
+                        what="bloom -> alibi_gpt2")  # fmt: skip
+    return build_exactly(AlibiGPT2LMHeadModel, alibi_config, state, model)
+
+
+# What BLOOM's architecture holds: anything else would change the function.
+_NEEDS = (
+    Requirement("embedding_layernorm", True),
+    Requirement("bias", True),
+    Requirement("clip_qkv", None),
+    Requirement("scale_attn_weights", True),
+    Requirement("activation_function", frozenset(TANH_GELUS), "BLOOM's MLP is the tanh GELU; {field}={value!r}"),
+    Requirement("n_inner", lambda config: 4 * config.n_embd,
+                "BLOOM's MLP is 4 * n_embd = {accepted} wide; n_inner={config.n_inner}",
+                read=lambda config: config.n_inner or 4 * config.n_embd),
+    Requirement("alibi_slopes", lambda config: bloom_slopes(config.n_head).tolist(),
+                "BLOOM computes the paper's slopes for {config.n_head} heads; this model's alibi_slopes/alibi_max_bias "
+                "give {value}", read=lambda config: slopes_from_config(config).tolist()),
+)  # fmt: skip
 
 
 def check_bloom_exportable(config: AlibiGPT2Config) -> None:
     """`ValueError` naming the config field when BLOOM's architecture cannot hold a model of `config` exactly."""
-    needs = {"embedding_layernorm": True, "bias": True, "clip_qkv": None, "scale_attn_weights": True}
-    for field, value in needs.items():
-        if getattr(config, field) != value:
-            raise ValueError(f"BLOOM needs {field}={value!r}, the model has {field}={getattr(config, field)!r}")
-    if config.activation_function not in TANH_GELUS:
-        raise ValueError(f"BLOOM's MLP is the tanh GELU; activation_function={config.activation_function!r}")
-    n_head, n_embd = config.n_head, config.n_embd
-    if (config.n_inner or 4 * n_embd) != 4 * n_embd:
-        raise ValueError(f"BLOOM's MLP is 4 * n_embd = {4 * n_embd} wide; n_inner={config.n_inner}")
-    if not torch.equal(slopes_from_config(config), bloom_slopes(n_head)):
-        raise ValueError(
-            f"BLOOM computes the paper's slopes for {n_head} heads; this model's alibi_slopes/alibi_max_bias give "
-            f"{slopes_from_config(config).tolist()}"
-        )
+    require(config, _NEEDS, "BLOOM", EXPORT_REFUSAL)
 
 
 def export_bloom(model: AlibiGPT2LMHeadModel) -> BloomForCausalLM:
@@ -111,26 +118,6 @@ def export_bloom(model: AlibiGPT2LMHeadModel) -> BloomForCausalLM:
         tie_word_embeddings=config.tie_word_embeddings,
         architectures=["BloomForCausalLM"],
     )
-    source = model.state_dict()
-    state = {
-        "transformer.word_embeddings.weight": source["transformer.wte.weight"],
-        "lm_head.weight": source["lm_head.weight"],
-    }
-    for part in ("weight", "bias"):
-        state[f"transformer.word_embeddings_layernorm.{part}"] = source[f"transformer.ln_embd.{part}"]
-        state[f"transformer.ln_f.{part}"] = source[f"transformer.ln_f.{part}"]
-    for i in range(config.n_layer):
-        prefix = f"transformer.h.{i}."
-        qkv = prefix + "self_attention.query_key_value."
-        state[qkv + "weight"] = grouped_to_interleaved(source[prefix + "attn.c_attn.weight"].t(), n_head)  # (3C, C)
-        state[qkv + "bias"] = grouped_to_interleaved(source[prefix + "attn.c_attn.bias"], n_head)  # (3C,)
-        for name, our_name in _NORMS.items():
-            for part in ("weight", "bias"):
-                state[f"{prefix}{name}.{part}"] = source[f"{prefix}{our_name}.{part}"]
-        for name, our_name in _LINEARS.items():
-            state[f"{prefix}{name}.weight"] = source[f"{prefix}{our_name}.weight"].t()
-            state[f"{prefix}{name}.bias"] = source[f"{prefix}{our_name}.bias"]
-    bloom = BloomForCausalLM(bloom_config).to(model.dtype)
-    load_exactly(bloom, state, "alibi_gpt2 -> bloom")
-    bloom.generation_config = model.generation_config
-    return bloom
+    state = map_weights(bloom_weights(n_head), model.state_dict(), config.n_layer, to="theirs",
+                        what="alibi_gpt2 -> bloom")  # fmt: skip
+    return build_exactly(BloomForCausalLM, bloom_config, state, model)

@@ -1,14 +1,15 @@
-"""What every family's import and export share: fused-qkv permutations, refusals, and exact state-dict transfers."""
+"""What every family's import and export share: refusals as tables, exact state-dict transfers, checkpoint files."""
 
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
-
-from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from transformers import PreTrainedModel
 
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # the same function (BLOOM's, GPT-2's, llama.cpp's), rounding apart
 
@@ -20,35 +21,44 @@ def shared_fields(config) -> dict:
     return {name: getattr(config, name) for name in names}
 
 
-def refuse(config, refusals: dict[str, object], family: str) -> None:
-    """Raise a `ValueError` naming the first field of `config` whose value is not the one hf_alibi can hold exactly.
+IMPORT_REFUSAL = (
+    "{family} config has {field}={value!r}; hf_alibi holds only {field}={accepted!r} exactly, so this checkpoint "
+    "cannot be imported"
+)
+EXPORT_REFUSAL = "{family} needs {field}={accepted!r}, the model has {field}={value!r}"
 
-    `refusals` maps a (dotted) field name to the only value accepted.
-    """
-    for field, accepted in refusals.items():
-        value = config
-        for part in field.split("."):
-            value = value.get(part) if isinstance(value, dict) else getattr(value, part, accepted)
-        if value != accepted:
+
+_ABSENT = object()  # a field the config lacks: nothing to refuse
+
+
+class Requirement(NamedTuple):
+    """One thing a conversion needs of a config field; `require` refuses a config that does not meet it."""
+
+    field: str  # dotted into nested dicts (MPT's "attn_config.alibi"); the name the refusal gives
+    accepted: object  # the one value held exactly; a frozenset: any of its values; a function: of the config, giving it
+    message: str | None = None  # `str.format`ted with family, field, value, accepted and config; None: the default
+    read: Callable | None = None  # the value checked, when derived from the config (the slopes); None: the field
+
+
+def require(config, requirements: tuple[Requirement, ...], family: str, message: str) -> None:
+    """Raise a `ValueError` for the first of `requirements` that `config` (a config or a dict) does not meet, with
+    its message or else `message` (`IMPORT_REFUSAL`, `EXPORT_REFUSAL`). A field a config object lacks is accepted; a
+    key a dict lacks reads as None."""
+    for requirement in requirements:
+        if requirement.read is not None:
+            value = requirement.read(config)
+        else:
+            value = config
+            for part in requirement.field.split("."):
+                value = value.get(part) if isinstance(value, dict) else getattr(value, part, _ABSENT)
+        if value is _ABSENT:
+            continue
+        accepted = requirement.accepted(config) if callable(requirement.accepted) else requirement.accepted
+        if (value not in accepted) if isinstance(accepted, frozenset) else (value != accepted):
+            text = requirement.message or message
             raise ValueError(
-                f"{family} config has {field}={value!r}; hf_alibi holds only {field}={accepted!r} exactly, "
-                "so this checkpoint cannot be imported"
+                text.format(family=family, field=requirement.field, value=value, accepted=accepted, config=config)
             )
-
-
-def interleaved_to_grouped(fused: torch.Tensor, n_head: int) -> torch.Tensor:
-    """BLOOM/Falcon fused qkv rows `[h, 3, d]` (per head: q, k, v) -> ours `[3, h, d]` (all q, all k, all v).
-
-    Works on a weight `(3C, C)` and a bias `(3C,)` alike: only the first dimension is permuted.
-    """
-    rest = fused.shape[1:]
-    return fused.reshape(n_head, 3, -1, *rest).transpose(0, 1).reshape(fused.shape)  # (3C, ...)
-
-
-def grouped_to_interleaved(fused: torch.Tensor, n_head: int) -> torch.Tensor:
-    """The inverse of `interleaved_to_grouped`: ours `[3, h, d]` -> BLOOM/Falcon `[h, 3, d]`."""
-    rest = fused.shape[1:]
-    return fused.reshape(3, n_head, -1, *rest).transpose(0, 1).reshape(fused.shape)  # (3C, ...)
 
 
 def load_exactly(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> nn.Module:
@@ -68,17 +78,12 @@ def load_exactly(model: nn.Module, state: dict[str, torch.Tensor], what: str) ->
     return model.eval()
 
 
-def build_alibi_model(config, state: dict[str, torch.Tensor], source: nn.Module) -> AlibiGPT2LMHeadModel:
-    """An `AlibiGPT2LMHeadModel` of `config` holding `state` exactly, in `source`'s dtype and generation config."""
-    model = AlibiGPT2LMHeadModel(config).to(source.dtype)
-    load_exactly(model, state, f"{source.config.model_type} -> alibi_gpt2")
+def build_exactly(model_class, config, state: dict[str, torch.Tensor], source: PreTrainedModel) -> PreTrainedModel:
+    """A `model_class(config)` holding `state` exactly, in `source`'s dtype and with its generation config."""
+    model = model_class(config).to(source.dtype)
+    load_exactly(model, state, f"{source.config.model_type} -> {config.model_type}")
     model.generation_config = source.generation_config
     return model
-
-
-def linear_from_conv1d(weight: torch.Tensor) -> torch.Tensor:
-    """Conv1D `(in, out)` -> nn.Linear `(out, in)`; a transpose, so exact (and its own inverse)."""
-    return weight.t()
 
 
 def load_config(source: str | os.PathLike, **config_kwargs):

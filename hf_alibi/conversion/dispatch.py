@@ -2,6 +2,7 @@
 
     import hf_alibi
     model = hf_alibi.convert("bigscience/bloom-560m")      # object, folder or Hub id; family read from model_type
+    hf_alibi.convert("bigscience/bloom-560m", "bloom-alibi/")  # the same, written with its tokenizer
     model.config._attn_implementation                      # "sdpa": any length, no eager-only cap
     hf_alibi.export(model, "bloom", "bloom-again/")         # folder BloomForCausalLM loads
     hf_alibi.export(model, "gguf", "model.gguf", tokenizer=tokenizer)  # needs a tanh-GELU model (not BLOOM's norm)
@@ -61,13 +62,23 @@ def load_source(source: PreTrainedModel | str | os.PathLike) -> PreTrainedModel:
     return model.eval()
 
 
-def convert(source: PreTrainedModel | str | os.PathLike, **gpt2_alibi_kwargs) -> AlibiGPT2LMHeadModel:
+def convert(
+    source: PreTrainedModel | str | os.PathLike,
+    destination: str | os.PathLike | None = None,
+    *,
+    tokenizer=None,
+    **gpt2_alibi_kwargs,
+) -> AlibiGPT2LMHeadModel | Path:
     """Import a GPT-2, BLOOM, MPT or Falcon-RW model (object, folder or Hub id) into an `AlibiGPT2LMHeadModel`.
 
+    Without `destination`, returns the model. With one, writes it atomically (a folder that is absent or empty) with
+    its generation config and `tokenizer` (default: the one saved at `source`, if any) and returns the path.
     BLOOM, MPT and Falcon-RW imports are exact (same function; see each family's module). GPT-2 loses its position
     embeddings: `gpt2_alibi_kwargs` (e.g. `alibi_max_bias`) choose its slopes, and it warns that it must be
     fine-tuned. Raises `ValueError` naming any field of the source that ALiBi GPT-2 cannot hold exactly.
     """
+    if destination is not None:  # refused before the (possibly long) load
+        check_destination(destination)
     config = source.config if isinstance(source, PreTrainedModel) else load_config(source)
     model_type = config.model_type
     if model_type not in FAMILIES:
@@ -79,8 +90,12 @@ def convert(source: PreTrainedModel | str | os.PathLike, **gpt2_alibi_kwargs) ->
         )
     if gpt2_alibi_kwargs:
         AlibiGPT2Config(**gpt2_alibi_kwargs)  # bad values fail before the checkpoint loads
-    model = load_source(source)
-    return FAMILIES[model_type][1](model, **gpt2_alibi_kwargs)
+    converted = FAMILIES[model_type][1](load_source(source), **gpt2_alibi_kwargs)
+    if destination is None:
+        return converted
+    if tokenizer is None and not isinstance(source, PreTrainedModel):
+        tokenizer = load_tokenizer(source)
+    return save_folder(converted, tokenizer, destination)
 
 
 def export(
@@ -116,11 +131,15 @@ def export(
     if layout == "gguf":
         return write_gguf(model, destination, tokenizer, context_length=max_seq_len)
     exported = export_bloom(model) if layout == "bloom" else export_mpt(model, max_seq_len)
-    if destination is None:
-        return exported
+    return exported if destination is None else save_folder(exported, tokenizer, destination)
+
+
+def save_folder(model: PreTrainedModel, tokenizer, destination: str | os.PathLike) -> Path:
+    """`model` (with its generation config) and `tokenizer`, if not None, saved to the folder `destination`,
+    atomically: a failure leaves nothing there."""
 
     def write(folder: Path) -> None:
-        exported.save_pretrained(folder)
+        model.save_pretrained(folder)
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
 

@@ -18,12 +18,22 @@ from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import build_alibi_model, interleaved_to_grouped, refuse, shared_fields
+from .bloom import bloom_weights
+from .common import IMPORT_REFUSAL, Requirement, build_exactly, require, shared_fields
+from .weight_map import WeightMap, map_weights
 
-_NORMS = {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2"}
-_LINEARS = {"self_attention.dense": "attn.c_proj", "mlp.dense_h_to_4h": "mlp.c_fc", "mlp.dense_4h_to_h": "mlp.c_proj"}
 # Falcon-7B/40B/180B are rotary, multi-query or parallel-attention models: none of them is ALiBi GPT-2.
-_REFUSED = {"alibi": True, "parallel_attn": False, "multi_query": False, "new_decoder_architecture": False}
+_REFUSED = (
+    Requirement("alibi", True),
+    Requirement("parallel_attn", False),
+    Requirement("multi_query", False),
+    Requirement("new_decoder_architecture", False),
+)
+
+
+def falcon_weights(n_head: int) -> WeightMap:
+    """BLOOM's weight map less the embedding LayerNorm: Falcon-RW keeps BLOOM's module names and qkv layout."""
+    return tuple(entry for entry in bloom_weights(n_head) if not entry.ours.startswith("transformer.ln_embd."))
 
 
 def falcon_slopes(n_head: int, head_dim: int) -> torch.Tensor:
@@ -35,7 +45,7 @@ def falcon_slopes(n_head: int, head_dim: int) -> torch.Tensor:
 def convert_falcon(model: FalconForCausalLM) -> AlibiGPT2LMHeadModel:
     """An `AlibiGPT2LMHeadModel` computing what `model`'s SDPA path computes (fp32 rounding apart), at any length."""
     config = model.config
-    refuse(config, _REFUSED, "Falcon")
+    require(config, _REFUSED, "Falcon", IMPORT_REFUSAL)
     n_head, n_embd = config.num_attention_heads, config.hidden_size
     ffn = config.ffn_hidden_size or 4 * n_embd
     alibi_config = AlibiGPT2Config(
@@ -53,24 +63,9 @@ def convert_falcon(model: FalconForCausalLM) -> AlibiGPT2LMHeadModel:
         alibi_slopes=falcon_slopes(n_head, n_embd // n_head).tolist(),
     )
     source = model.state_dict()
-    state = {
-        "transformer.wte.weight": source["transformer.word_embeddings.weight"],
-        "lm_head.weight": source["lm_head.weight"],
-        "transformer.ln_f.weight": source["transformer.ln_f.weight"],
-        "transformer.ln_f.bias": source["transformer.ln_f.bias"],
-    }
-    for i in range(config.num_hidden_layers):
-        prefix = f"transformer.h.{i}."
-        qkv = prefix + "self_attention.query_key_value."
-        weight = source[qkv + "weight"]  # (3C, C)
-        bias = source.get(qkv + "bias", weight.new_zeros(weight.shape[0]))  # bias=False Falcons: exactly zero
-        state[prefix + "attn.c_attn.weight"] = interleaved_to_grouped(weight, n_head).t()  # (C, 3C)
-        state[prefix + "attn.c_attn.bias"] = interleaved_to_grouped(bias, n_head)  # (3C,)
-        for name, our_name in _NORMS.items():
-            for part in ("weight", "bias"):
-                state[f"{prefix}{our_name}.{part}"] = source[f"{prefix}{name}.{part}"]
-        for name, our_name in _LINEARS.items():
-            weight = source[f"{prefix}{name}.weight"]
-            state[f"{prefix}{our_name}.weight"] = weight.t()  # Linear (out, in) -> Conv1D (in, out)
-            state[f"{prefix}{our_name}.bias"] = source.get(f"{prefix}{name}.bias", weight.new_zeros(weight.shape[0]))
-    return build_alibi_model(alibi_config, state, model)
+    for key, weight in list(source.items()):  # bias=False Falcons have no linear biases: ours hold exact zeros
+        if key.startswith("transformer.h.") and weight.ndim == 2:
+            source.setdefault(key.removesuffix("weight") + "bias", weight.new_zeros(weight.shape[0]))
+    state = map_weights(falcon_weights(n_head), source, config.num_hidden_layers, to="ours",
+                        what="falcon -> alibi_gpt2")  # fmt: skip
+    return build_exactly(AlibiGPT2LMHeadModel, alibi_config, state, model)

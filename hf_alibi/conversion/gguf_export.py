@@ -18,7 +18,7 @@ from ..models.alibi_gpt2.alibi import get_alibi_slopes, slopes_from_config
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..import_utils import require_extra
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import TANH_GELUS, check_destination, checkpoint_name, source_card_metadata
+from .common import TANH_GELUS, Requirement, check_destination, checkpoint_name, require, source_card_metadata
 
 # The pre-tokenizers llama.cpp implements that byte-level BPE tokenizers of these families use (llama-vocab.cpp).
 _BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"
@@ -26,19 +26,18 @@ _LAYERS = {
     "ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
     "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down",
 }  # fmt: skip
+_NEEDS = (
+    Requirement("activation_function", frozenset(TANH_GELUS),
+                "{family} uses the tanh GELU; {field}={value!r} would run approximately"),
+    Requirement("embedding_layernorm", False),
+    Requirement("scale_attn_weights", True),
+)  # fmt: skip
 
 
 def check_gguf_exportable(config: AlibiGPT2Config) -> float:
     """The `max_alibi_bias` llama.cpp needs to compute the slopes of a model of `config`; `ValueError` naming what
     it cannot hold."""
-    if config.activation_function not in TANH_GELUS:
-        raise ValueError(
-            f"llama.cpp's mpt graph uses the tanh GELU; activation_function={config.activation_function!r} would run "
-            "approximately"
-        )
-    for field, value in {"embedding_layernorm": False, "scale_attn_weights": True}.items():
-        if getattr(config, field) != value:
-            raise ValueError(f"llama.cpp's mpt graph needs {field}={value!r}, the model has {getattr(config, field)!r}")
+    require(config, _NEEDS, "llama.cpp's mpt graph", "{family} needs {field}={accepted!r}, the model has {value!r}")
     slopes = slopes_from_config(config)
     if torch.all(slopes == 0):
         return 0.0  # llama.cpp: max_alibi_bias 0 means no ALiBi at all

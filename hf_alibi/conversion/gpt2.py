@@ -5,11 +5,11 @@ The converted model has never seen ALiBi: fine-tune it (at short length is enoug
 
 import warnings
 
-import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from .common import Requirement, build_exactly, require
 
 # GPT-2 config fields that carry over unchanged (AlibiGPT2Config uses GPT-2's names).
 _SHARED_FIELDS = (
@@ -17,15 +17,17 @@ _SHARED_FIELDS = (
     "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "initializer_range", "scale_attn_weights", "use_cache",
     "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings",
 )  # fmt: skip
-_DROPPED_KEYS = ("transformer.wpe.weight",)
-_UNSUPPORTED_FLAGS = ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention")
+_DROPPED_KEYS = ("transformer.wpe.weight",)  # every other key is ours already
+_UNSUPPORTED = tuple(
+    Requirement(flag, frozenset({False, None}))  # unset or off
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention")
+)
+_UNSUPPORTED_MESSAGE = "{family} config has {field}={value!r}, which ALiBi GPT-2 does not implement"
 
 
 def alibi_config_from_gpt2(gpt2_config: GPT2Config, **alibi_kwargs) -> AlibiGPT2Config:
     """The ALiBi config with GPT-2's architecture; `alibi_kwargs` set ALiBi fields (e.g. `alibi_max_bias`)."""
-    for flag in _UNSUPPORTED_FLAGS:
-        if getattr(gpt2_config, flag, False):
-            raise ValueError(f"GPT-2 config has {flag}=True, which ALiBi GPT-2 does not implement")
+    require(gpt2_config, _UNSUPPORTED, "GPT-2", _UNSUPPORTED_MESSAGE)
     fields = {name: getattr(gpt2_config, name) for name in _SHARED_FIELDS}
     return AlibiGPT2Config(**fields, **alibi_kwargs)
 
@@ -38,24 +40,12 @@ def convert_gpt2(model: GPT2LMHeadModel, **alibi_kwargs) -> AlibiGPT2LMHeadModel
     if getattr(model.config, "model_type", None) != "gpt2":
         raise ValueError(f"convert_gpt2 expects a GPT-2 model, got model_type={model.config.model_type!r}")
     config = alibi_config_from_gpt2(model.config, **alibi_kwargs)
-    alibi_model = AlibiGPT2LMHeadModel(config).to(model.dtype)
-    source = {k: v for k, v in model.state_dict().items() if k not in _DROPPED_KEYS}
-    target = alibi_model.state_dict()
-    missing, unexpected = sorted(set(target) - set(source)), sorted(set(source) - set(target))
-    if missing or unexpected:
-        raise ValueError(f"GPT-2 and ALiBi GPT-2 weights do not line up: missing {missing}, unexpected {unexpected}")
-    for key, tensor in source.items():
-        if tensor.shape != target[key].shape:
-            raise ValueError(f"shape mismatch for {key}: GPT-2 {tuple(tensor.shape)}, ALiBi {tuple(target[key].shape)}")
-    alibi_model.load_state_dict(source, strict=True)
-    for key, tensor in source.items():  # check key by key that every weight really arrived
-        if not torch.equal(alibi_model.state_dict()[key], tensor):
-            raise ValueError(f"weight {key} did not copy over exactly")
-    alibi_model.generation_config = model.generation_config
+    state = {key: tensor for key, tensor in model.state_dict().items() if key not in _DROPPED_KEYS}
+    alibi_model = build_exactly(AlibiGPT2LMHeadModel, config, state, model)
     warnings.warn(
         "Converted GPT-2 to ALiBi: the position embeddings are gone and the model has never seen ALiBi biases. "
         "Fine-tune it (a short-length run is enough) before using its outputs.",
         UserWarning,
         stacklevel=2,
     )
-    return alibi_model.eval()
+    return alibi_model

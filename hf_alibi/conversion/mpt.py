@@ -15,21 +15,51 @@ from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 from ..models.alibi_gpt2.alibi import slopes_from_config
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import build_alibi_model, load_exactly, refuse, shared_fields
+from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, Requirement, build_exactly, require, shared_fields
+from .weight_map import IDENTITY, TRANSPOSE, Entry, Transform, WeightMap, map_weights
 
-# (MPT suffix, ours) inside each block; Linear weights are transposed on the way
-_NORMS = {"norm_1": "ln_1", "norm_2": "ln_2"}
-_LINEARS = {"attn.out_proj": "attn.c_proj", "ffn.up_proj": "mlp.c_fc", "ffn.down_proj": "mlp.c_proj"}
 # What transformers' MptForCausalLM (and so this import) cannot honour; each would change the function.
-_REFUSED = {
-    "attn_config.alibi": True,
-    "attn_config.qk_ln": False,
-    "attn_config.attn_type": "multihead_attention",
-    "attn_config.prefix_lm": False,
-    "attn_config.alibi_bias_max": 8,  # transformers' MPT always uses 8: another value is ambiguous
-    "attn_config.kv_n_heads": None,  # llm-foundry's grouped-query attention
-    "logit_scale": None,
-}
+_REFUSED = (
+    Requirement("attn_config.alibi", True),
+    Requirement("attn_config.qk_ln", False),
+    Requirement("attn_config.attn_type", "multihead_attention"),
+    Requirement("attn_config.prefix_lm", False),
+    Requirement("attn_config.alibi_bias_max", 8),  # transformers' MPT always uses 8: another value is ambiguous
+    Requirement("attn_config.kv_n_heads", None),  # llm-foundry's grouped-query attention
+    Requirement("logit_scale", None),
+)
+
+
+def scale_query_rows(factor: float) -> Transform:
+    """Import only: the q rows of a fused `[q | k | v]` weight `(3C, C)` times `factor` (a softmax scale folded into
+    W_q). The scale is the weights' own afterwards: an export writes them as they are, with the default scale."""
+
+    def scale(weight: torch.Tensor) -> torch.Tensor:
+        n_embd = weight.shape[0] // 3
+        return torch.cat([weight[:n_embd] * factor, weight[n_embd:]])  # (3C, C)
+
+    def refuse(weight: torch.Tensor) -> torch.Tensor:
+        raise ValueError("a softmax_scale folded into the query weights is not unfolded on export")
+
+    return Transform(scale, refuse)
+
+
+def mpt_weights(query_factor: float = 1.0) -> WeightMap:
+    """(ours, MPT's, transform) for every tensor: nn.Linear weights transposed (MPT has no biases; its fused qkv is
+    already `[q | k | v]`); `query_factor` (import only) folds a softmax scale into W_q."""
+    fold = IDENTITY if query_factor == 1.0 else scale_query_rows(query_factor)
+    ours, theirs = "transformer.h.{i}.", "transformer.blocks.{i}."
+    return (
+        Entry("transformer.wte.weight", "transformer.wte.weight"),
+        Entry(ours + "ln_1.weight", theirs + "norm_1.weight"),
+        Entry(ours + "attn.c_attn.weight", theirs + "attn.Wqkv.weight", fold.then(TRANSPOSE)),
+        Entry(ours + "attn.c_proj.weight", theirs + "attn.out_proj.weight", TRANSPOSE),
+        Entry(ours + "ln_2.weight", theirs + "norm_2.weight"),
+        Entry(ours + "mlp.c_fc.weight", theirs + "ffn.up_proj.weight", TRANSPOSE),
+        Entry(ours + "mlp.c_proj.weight", theirs + "ffn.down_proj.weight", TRANSPOSE),
+        Entry("transformer.ln_f.weight", "transformer.norm_f.weight"),
+        Entry("lm_head.weight", "lm_head.weight"),
+    )
 
 
 def mpt_slopes(n_head: int) -> torch.Tensor:
@@ -46,7 +76,7 @@ def convert_mpt(model: MptForCausalLM) -> AlibiGPT2LMHeadModel:
     """An `AlibiGPT2LMHeadModel` computing exactly what `model` computes (fp32 rounding apart), with no length cap."""
     config = model.config
     attn = _attn_config(config)
-    refuse({"attn_config": attn, "logit_scale": config.logit_scale}, _REFUSED, "MPT")
+    require({"attn_config": attn, "logit_scale": config.logit_scale}, _REFUSED, "MPT", IMPORT_REFUSAL)
     n_head, n_embd = config.n_heads, config.d_model
     head_dim = n_embd // n_head
     softmax_scale = attn.get("softmax_scale")
@@ -74,22 +104,23 @@ def convert_mpt(model: MptForCausalLM) -> AlibiGPT2LMHeadModel:
         bias=False,
         clip_qkv=attn.get("clip_qkv"),
     )
-    state = {
-        "transformer.wte.weight": source["transformer.wte.weight"],
-        "lm_head.weight": source["lm_head.weight"],
-        "transformer.ln_f.weight": source["transformer.norm_f.weight"],
-    }
-    for i in range(config.n_layers):
-        theirs, ours = f"transformer.blocks.{i}.", f"transformer.h.{i}."
-        qkv = source[theirs + "attn.Wqkv.weight"]  # (3C, C), rows [q | k | v]
-        if query_factor != 1.0:
-            qkv = torch.cat([qkv[:n_embd] * query_factor, qkv[n_embd:]])  # (3C, C)
-        state[ours + "attn.c_attn.weight"] = qkv.t()  # (C, 3C)
-        for name, our_name in _NORMS.items():
-            state[f"{ours}{our_name}.weight"] = source[f"{theirs}{name}.weight"]
-        for name, our_name in _LINEARS.items():
-            state[f"{ours}{our_name}.weight"] = source[f"{theirs}{name}.weight"].t()  # Linear (out, in) -> (in, out)
-    return build_alibi_model(alibi_config, state, model)
+    state = map_weights(mpt_weights(query_factor), source, config.n_layers, to="ours", what="mpt -> alibi_gpt2")
+    return build_exactly(AlibiGPT2LMHeadModel, alibi_config, state, model)
+
+
+# What transformers' MPT architecture holds: anything else would change the function.
+_NEEDS = (
+    Requirement("bias", False),
+    Requirement("embedding_layernorm", False),
+    Requirement("activation_function", "gelu"),
+    Requirement("tie_word_embeddings", True),
+    Requirement("n_inner", lambda config: 4 * config.n_embd,
+                "transformers' MPT MLP is 4 * n_embd = {accepted} wide; n_inner={config.n_inner}",
+                read=lambda config: config.n_inner or 4 * config.n_embd),
+    Requirement("alibi_slopes", lambda config: mpt_slopes(config.n_head).tolist(),
+                "MPT computes its slopes for {config.n_head} heads at max bias 8; this model's "
+                "alibi_slopes/alibi_max_bias give {value}", read=lambda config: slopes_from_config(config).tolist()),
+)  # fmt: skip
 
 
 def check_mpt_exportable(config: AlibiGPT2Config, max_seq_len: int | None = None) -> int:
@@ -98,18 +129,7 @@ def check_mpt_exportable(config: AlibiGPT2Config, max_seq_len: int | None = None
     max_seq_len = config.n_positions if max_seq_len is None else max_seq_len
     if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len <= 0:
         raise ValueError(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
-    needs = {"bias": False, "embedding_layernorm": False, "activation_function": "gelu", "tie_word_embeddings": True}
-    for field, value in needs.items():
-        if getattr(config, field) != value:
-            raise ValueError(f"MPT needs {field}={value!r}, the model has {field}={getattr(config, field)!r}")
-    n_head, n_embd = config.n_head, config.n_embd
-    if (config.n_inner or 4 * n_embd) != 4 * n_embd:
-        raise ValueError(f"transformers' MPT MLP is 4 * n_embd = {4 * n_embd} wide; n_inner={config.n_inner}")
-    if not torch.equal(slopes_from_config(config), mpt_slopes(n_head)):
-        raise ValueError(
-            f"MPT computes its slopes for {n_head} heads at max bias 8; this model's alibi_slopes/alibi_max_bias give "
-            f"{slopes_from_config(config).tolist()}"
-        )
+    require(config, _NEEDS, "MPT", EXPORT_REFUSAL)
     return max_seq_len
 
 
@@ -150,20 +170,5 @@ def export_mpt(model: AlibiGPT2LMHeadModel, max_seq_len: int | None = None) -> M
         tie_word_embeddings=True,
         architectures=["MptForCausalLM"],
     )
-    source = model.state_dict()
-    state = {
-        "transformer.wte.weight": source["transformer.wte.weight"],
-        "lm_head.weight": source["lm_head.weight"],
-        "transformer.norm_f.weight": source["transformer.ln_f.weight"],
-    }
-    for i in range(config.n_layer):
-        theirs, ours = f"transformer.blocks.{i}.", f"transformer.h.{i}."
-        state[theirs + "attn.Wqkv.weight"] = source[ours + "attn.c_attn.weight"].t()  # (3C, C)
-        for name, our_name in _NORMS.items():
-            state[f"{theirs}{name}.weight"] = source[f"{ours}{our_name}.weight"]
-        for name, our_name in _LINEARS.items():
-            state[f"{theirs}{name}.weight"] = source[f"{ours}{our_name}.weight"].t()
-    mpt = MptForCausalLM(mpt_config).to(model.dtype)
-    load_exactly(mpt, state, "alibi_gpt2 -> mpt")
-    mpt.generation_config = model.generation_config
-    return mpt
+    state = map_weights(mpt_weights(), model.state_dict(), config.n_layer, to="theirs", what="alibi_gpt2 -> mpt")
+    return build_exactly(MptForCausalLM, mpt_config, state, model)

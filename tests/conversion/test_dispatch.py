@@ -69,6 +69,21 @@ def test_convert_accepts_objects_and_folders_alike(tmp_path):
         assert torch.equal(from_folder.state_dict()[key], tensor), key
 
 
+def test_convert_with_a_destination_writes_the_folder_as_export_does(tmp_path):
+    source = perturb(SOURCES["mpt"]())
+    save_with_tokenizer(source, tmp_path / "source")
+    path = convert(str(tmp_path / "source"), tmp_path / "alibi")
+    assert path == tmp_path / "alibi"
+    loaded = AutoModelForCausalLM.from_pretrained(path).eval()
+    assert type(loaded) is AlibiGPT2LMHeadModel and loaded.generation_config.max_new_tokens == 7
+    assert AutoTokenizer.from_pretrained(path)("hello world")["input_ids"] == [5, 6]
+    alone = convert(source, tmp_path / "alone")  # an object and no tokenizer given: the model alone
+    assert (alone / "model.safetensors").is_file() and not (alone / "tokenizer_config.json").exists()
+    with pytest.raises(ValueError, match="not empty"):
+        convert(str(tmp_path / "no_such_source"), path)  # the destination is refused before the source is read
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alibi", "alone", "source"]
+
+
 def test_convert_refuses_an_unknown_family_by_model_type(tmp_path):
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
                                          num_attention_heads=4, intermediate_size=64))  # fmt: skip
