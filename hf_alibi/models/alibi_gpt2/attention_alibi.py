@@ -34,19 +34,22 @@ def alibi_attention(
     Weights (post-softmax, (B, H, q, buffer)) come only from a plan built for `"eager"`, the model's choice when
     `output_attentions` is asked for; a static cache's unwritten slots get weight 0.
     """
-    if heads is not None:
+    if heads is not None and heads != plan.heads:  # (the model hands its layers the rank's plan already)
         if not isinstance(heads, slice) or len(range(plan.slopes.shape[0])[heads]) != query.shape[1]:
             raise ValueError(
                 f"heads={heads!r} must be a slice of the {plan.slopes.shape[0]} global heads with as many heads as "
                 f"the query holds ({query.shape[1]})"
             )
         plan = plan.for_heads(heads)
+    if plan.slopes.shape[0] != query.shape[1]:
+        raise ValueError(f"the plan holds {plan.slopes.shape[0]} heads (heads={plan.heads!r}) but the query "
+                         f"{query.shape[1]}: pass heads= the global heads this call's query holds")  # fmt: skip
     if output_attentions and plan.path != "eager":
         raise ValueError(f"attention weights come from the eager path; this forward's plan is {plan.path!r}")
     if plan.skip_eps > 0:
         plan = certified_plan(plan, query, key, scaling, layer)
     buffer = key.shape[2]
-    if plan.paged is None and _is_static(plan.key_length) and buffer > plan.key_length:  # a static cache's buffer: its filled part only
+    if plan.paged is None and _is_static(plan.key_length) and buffer > plan.key_length:  # a static buffer's filled part
         key, value = key[:, :, : plan.key_length], value[:, :, : plan.key_length]  # (B, H, kv, D) views
     output, weights = ALIBI_ATTENTION_FUNCTIONS[plan.path](query, key, value, plan, scaling)
     if not output_attentions:

@@ -91,23 +91,33 @@ class AlibiAttentionPlan:
     skip_eps: float = 0.0
     key_norms: object | None = None
     paged: object | None = None  # paged paths: the flattened batch's `attention_paged.PagedPlan`
+    heads: slice | None = None  # the global heads `slopes` are (`for_heads`: a tensor-parallel rank's); None: all
 
     def bias_in(self, dtype: torch.dtype) -> torch.Tensor:
         """The SDPA bias in `dtype`: the one cast at planning time, or (a layer in another dtype) a cast of fp32."""
         return self.bias_cast if self.bias_cast.dtype == dtype else _in_dtype(self.bias, dtype)
 
     def for_heads(self, heads: slice) -> "AlibiAttentionPlan":
-        """The plan for the global heads `heads` only (a tensor-parallel rank's): slopes, bias and ranges sliced."""
+        """The plan for the global heads `heads` only (a tensor-parallel rank's): slopes, bias, ranges and the split's
+        calls for those heads. The model builds it once per forward for all its layers (they hold the same heads)."""
+        if not isinstance(heads, slice) or len(range(self.slopes.shape[0])[heads]) == 0:
+            raise ValueError(f"heads={heads!r} must be a non-empty slice of the plan's {self.slopes.shape[0]} heads")
+        if self.heads is not None:
+            raise ValueError(f"this plan holds heads {self.heads!r} already; slice the forward's plan for {heads!r}")
         ranges = self.key_ranges
         subset = replace(
             self,
             slopes=self.slopes[heads],
+            heads=heads,
             bias=None if self.bias is None else self.bias[:, heads],
             bias_cast=None if self.bias_cast is None else self.bias_cast[:, heads],
             key_ranges=None if ranges is None else KeyRanges(ranges.rows, ranges.first_key[heads]),
-            split=None,  # its masks hold every head: the split builds the subset's own
             paged=None if self.paged is None else self.paged.for_heads(heads),
         )
+        if self.split is not None:  # its masks hold every head: the same calls for the subset's slopes
+            split = self.split
+            subset = replace(subset, split=split_plan(subset.slopes, split.offset, split.q_len, split.key_padding,
+                                                      split.chunks, split.batch, subset.key_ranges, split.dtype))  # fmt: skip
         if ranges is not None and self.block_mask is not None:  # per-head block masks (a sliced one has no mask_mod)
             subset = replace(subset, block_mask=_flex_block_mask(subset, self.slopes.device))
         return subset

@@ -235,6 +235,10 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             cache, alibi = self._plan(cache, batch, query_length, inputs_embeds, attention_mask, position_ids,
                                       use_cache, output_attentions, kwargs)  # fmt: skip
 
+        rank_heads = self.h[0].attn.heads if len(self.h) else None  # every layer of a tensor-parallel rank: the same
+        if rank_heads is not None:
+            alibi = alibi.for_heads(rank_heads)  # once per forward, not once per layer
+
         hidden_states = self.drop(inputs_embeds)
         all_hidden_states = () if output_hidden_states else None
         all_attentions = () if output_attentions else None
