@@ -188,19 +188,9 @@ class SplitCall(NamedTuple):
     head_end: int
 
 
-class CallGroup(NamedTuple):
-    """`count` calls of one shape, the first `SplitCall`'s fields below, repeating every `stride` rows and keys:
-    one kernel call whose batch dimension walks the blocks (`SplitPlan.groups`)."""
-
-    count: int
-    stride: int
-    start: int
-    end: int
-    key_start: int
-    key_end: int
-    diagonal: bool
-    head_start: int
-    head_end: int
+# `count` calls of one shape, the first one's `SplitCall` fields after them, repeating every `stride` rows and keys:
+# one kernel call whose batch dimension walks the blocks (`SplitPlan.groups`)
+CallGroup = NamedTuple("CallGroup", [("count", int), ("stride", int), *SplitCall.__annotations__.items()])
 
 
 class SplitPlan:
