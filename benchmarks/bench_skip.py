@@ -186,6 +186,8 @@ def main(argv=None):
         args.contestant = args.child
         print(json.dumps(child(args)))
         return
+    from hf_alibi.atomic_files import write_text_atomically  # the parent only: children load just their model
+
     cells = [(suite, int(n)) for suite, lengths in (("forward", args.forward), ("decode", args.decode))
              for n in lengths.split(",") if n and int(n)]  # fmt: skip
     results = []
@@ -193,12 +195,8 @@ def main(argv=None):
         results.append(run_cell(args, suite, length))
         print(json.dumps(results[-1]), flush=True)
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        for path, text in ((out.with_suffix(".json"), json.dumps({"command": sys.argv, "cells": results}, indent=1)),
-                           (out.with_suffix(".md"), markdown(results, args))):  # fmt: skip
-            tmp = path.with_suffix(path.suffix + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(path)  # atomic: never a half-written result
+        write_text_atomically(out.with_suffix(".json"), json.dumps({"command": sys.argv, "cells": results}, indent=1))
+        write_text_atomically(out.with_suffix(".md"), markdown(results, args))
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@ def convert_checkpoint(source: str, destination: str, alibi_max_bias: float | No
     Written to a temporary folder beside `destination` and renamed into place, so a failure leaves nothing behind.
     `alibi_max_bias` applies to GPT-2 sources only (the others keep their own slopes).
     """
+    from .atomic_files import check_destination, write_folder_atomically
     from .conversion import convert
-    from .conversion.common import check_destination, load_tokenizer, write_folder_atomically
+    from .conversion.common import load_tokenizer
 
     check_destination(destination)  # before the (possibly long) load
     model = convert(source, **({} if alibi_max_bias is None else {"alibi_max_bias": alibi_max_bias}))
