@@ -25,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 CONTESTANTS = ("gpt2-sdpa", "alibi-dense", "alibi-skip")
@@ -93,26 +92,27 @@ def child(args) -> dict:
     import torch
     from transformers import StaticCache
 
+    from benchmarks.measure import time_call
+
     ids = text_ids(args.checkpoint, args.length)
     budget = args.length + args.steps * (args.repeats + 1) + 1  # every decoding step of this process
     model = build(args.contestant, args.checkpoint, args.eps, budget)
-    times, tokens = [], []
+    tokens = []
     with torch.no_grad():
-        if args.suite == "decode":  # one prefill, untimed; then a warm-up call and the timed ones continue it
+        if args.suite == "forward":
+            seconds = time_call(lambda: model(ids, logits_to_keep=1), repeats=args.repeats)
+        else:  # one prefill, untimed; then a warm-up call and the timed ones continue it
             cache = StaticCache(config=model.config, max_cache_len=budget)
             token = model(ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1:].argmax(-1)
-        for repeat in range(args.repeats + 1):  # the first call warms up
-            start = time.perf_counter()
-            if args.suite == "forward":
-                model(ids, logits_to_keep=1)
-            else:
+
+            def steps():
+                nonlocal token
                 for _ in range(args.steps):
                     token = model(token, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
                     tokens.append(int(token))
-            elapsed = time.perf_counter() - start
-            if repeat:
-                times.append(elapsed / (args.steps if args.suite == "decode" else 1))
-    result = {"median_s": statistics.median(times), "tokens": tokens}
+
+            seconds = [s / args.steps for s in time_call(steps, repeats=args.repeats)]
+    result = {"median_s": statistics.median(seconds), "tokens": tokens}
     if args.contestant == "alibi-skip" and args.suite == "forward":
         result["kept_per_head"] = kept_fractions(model, ids, args.eps)
     return result
