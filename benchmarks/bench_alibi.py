@@ -421,6 +421,8 @@ def run_in_processes(args, cells: list[dict], bench: Bench) -> None:
     Rounds go over all cells before the next round starts, so slow drifts of the machine spread over all of them;
     each cell's result combines its N processes (`report.combine_processes`) and is rewritten after every round.
     """
+    from hf_alibi.atomic_files import write_text_atomically  # not at the top: workers import this module
+
     rounds = {id(cell): [] for cell in cells}
     for round_index in range(args.processes):
         for cell in cells:
@@ -429,7 +431,7 @@ def run_in_processes(args, cells: list[dict], bench: Bench) -> None:
             cell["results"] = reporting.combine_processes(cell, rounds[id(cell)], args.reference)
             _log_cell(cell)
             if args.out:
-                reporting.write_atomic(args.out, json.dumps(build_report(args, cells, bench), indent=1))
+                write_text_atomically(args.out, json.dumps(build_report(args, cells, bench), indent=1))
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -439,6 +441,8 @@ def main(argv: list[str] | None = None) -> dict | None:
 
         serve(json.loads(args.worker))
         return None
+    from hf_alibi.atomic_files import write_text_atomically  # not at the top: workers import this module
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every model is built from a config: nothing to download
     cells = plan_cells(args)
     with tempfile.TemporaryDirectory(prefix="bench_alibi_") as log_dir:
@@ -452,15 +456,15 @@ def main(argv: list[str] | None = None) -> dict | None:
                     cell["results"] = bench.run_cell(cell, args.contestants)
                     _log_cell(cell)
                     if args.out:
-                        reporting.write_atomic(args.out, json.dumps(build_report(args, cells, bench), indent=1))
+                        write_text_atomically(args.out, json.dumps(build_report(args, cells, bench), indent=1))
             report = build_report(args, cells, bench)
         finally:
             bench.close()
     markdown = reporting.render_markdown(report)
     if args.out:
-        reporting.write_atomic(args.out, json.dumps(report, indent=1))
+        write_text_atomically(args.out, json.dumps(report, indent=1))
     if args.markdown:
-        reporting.write_atomic(args.markdown, markdown)
+        write_text_atomically(args.markdown, markdown)
     print(markdown)
     return report
 

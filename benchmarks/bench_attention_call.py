@@ -10,11 +10,11 @@ with chunks=(N, n)). Times are medians of `--repeats` rounds, each round timing 
 (interleaved), with the ratio of medians and of the fastest rounds (the latter less disturbed by other load);
 `--mode train` times forward + backward. On a busy machine, `--threads 1 --clock cpu` (CPU time
 of this process) is far steadier than wall time. `--memory` runs each contestant once in a fresh process
-and reports the rise of its peak RSS over the inputs' (ru_maxrss), i.e. what the call itself needs at its peak.
+and reports the rise of its peak RSS over the inputs' (VmHWM, `measure.process_peak_bytes`), i.e. what the call
+itself needs at its peak.
 """
 
 import argparse
-import resource
 import statistics
 import subprocess
 import sys
@@ -27,6 +27,8 @@ from hf_alibi import get_alibi_slopes
 from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
 from hf_alibi.models.alibi_gpt2.attention_plan import plan_alibi_attention
 from hf_alibi.models.alibi_gpt2.attention_sdpa_split import sdpa_alibi_split
+
+from .measure import process_peak_bytes, time_calls
 
 
 def make_call(name, heads, length, slopes):
@@ -63,14 +65,8 @@ def time_lengths(args, names):
     for length in args.lengths:
         tensors = inputs(args, length, train)
         calls = {name: make_call(name, args.heads, length, slopes) for name in names}
-        for call in calls.values():  # warm-up
-            run_once(call, tensors, train)
-        times = {name: [] for name in names}
-        for _ in range(args.repeats):
-            for name, call in calls.items():
-                start = clock()
-                run_once(call, tensors, train)
-                times[name].append(clock() - start)
+        runs = {name: lambda call=call: run_once(call, tensors, train) for name, call in calls.items()}
+        times = time_calls(runs, repeats=args.repeats, warmup=1, clock=clock)
         base, base_min = statistics.median(times["causal"]), min(times["causal"])
         for name in names:
             median, fastest = statistics.median(times[name]), min(times[name])
@@ -84,9 +80,9 @@ def peak_rise(args, name, length):
     train, slopes = args.mode == "train", get_alibi_slopes(args.heads)
     run_once(make_call(name, args.heads, 64, slopes), inputs(args, 64, train), train)  # loads the kernels' code
     tensors = inputs(args, length, train)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = process_peak_bytes("cpu")
     run_once(make_call(name, args.heads, length, slopes), tensors, train)  # the bank's construction counts too
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    return (process_peak_bytes("cpu") - before) / 2**20
 
 
 def main(argv=None):

@@ -23,6 +23,7 @@ import torch
 from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel, StoppingCriteria, StoppingCriteriaList
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
+from hf_alibi.atomic_files import write_text_atomically
 
 
 def build(name: str, args) -> torch.nn.Module:
@@ -121,10 +122,8 @@ def main(argv=None) -> None:
     results = measure(args)
     print(table(results, args))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "tokens_per_s": results}, indent=1))
-        tmp.replace(args.out)
+        write_text_atomically(args.out, json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                    "tokens_per_s": results}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

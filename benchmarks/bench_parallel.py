@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 MODES = ("ddp", "fsdp", "tp")
@@ -53,7 +52,7 @@ def measure(mode: str, folder: str, args) -> dict | None:
 
     from hf_alibi import AlibiGPT2LMHeadModel
 
-    from .worker import process_peak_bytes
+    from .measure import process_peak_bytes, time_call
 
     torch.set_num_threads(args.threads)
     size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
@@ -69,16 +68,14 @@ def measure(mode: str, folder: str, args) -> dict | None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     seed = 0 if mode == "tp" else rank  # TP ranks share one batch; data-parallel ranks each draw their own
     rows = torch.randint(0, args.vocab, (args.batch, args.length), generator=torch.Generator().manual_seed(seed))
-    seconds = []
-    for step in range(args.warmup + args.steps):
-        start = time.perf_counter()
-        loss = model(input_ids=rows, labels=rows).loss
-        loss.backward()
+
+    def step():
+        model(input_ids=rows, labels=rows).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         dist.barrier()  # the step ends when the slowest rank's does
-        if step >= args.warmup:
-            seconds.append(time.perf_counter() - start)
+
+    seconds = time_call(step, repeats=args.steps, warmup=args.warmup)
     figures = {"rank": rank, "step_seconds": statistics.median(seconds), "held_parameter_bytes": held,
                "process_peak_bytes": process_peak_bytes("cpu")}  # fmt: skip
     gathered = [None] * size

@@ -25,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 CONTESTANTS = ("gpt2-sdpa", "alibi-dense", "alibi-skip")
@@ -93,26 +92,27 @@ def child(args) -> dict:
     import torch
     from transformers import StaticCache
 
+    from benchmarks.measure import time_call
+
     ids = text_ids(args.checkpoint, args.length)
     budget = args.length + args.steps * (args.repeats + 1) + 1  # every decoding step of this process
     model = build(args.contestant, args.checkpoint, args.eps, budget)
-    times, tokens = [], []
+    tokens = []
     with torch.no_grad():
-        if args.suite == "decode":  # one prefill, untimed; then a warm-up call and the timed ones continue it
+        if args.suite == "forward":
+            seconds = time_call(lambda: model(ids, logits_to_keep=1), repeats=args.repeats)
+        else:  # one prefill, untimed; then a warm-up call and the timed ones continue it
             cache = StaticCache(config=model.config, max_cache_len=budget)
             token = model(ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1:].argmax(-1)
-        for repeat in range(args.repeats + 1):  # the first call warms up
-            start = time.perf_counter()
-            if args.suite == "forward":
-                model(ids, logits_to_keep=1)
-            else:
+
+            def steps():
+                nonlocal token
                 for _ in range(args.steps):
                     token = model(token, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
                     tokens.append(int(token))
-            elapsed = time.perf_counter() - start
-            if repeat:
-                times.append(elapsed / (args.steps if args.suite == "decode" else 1))
-    result = {"median_s": statistics.median(times), "tokens": tokens}
+
+            seconds = [s / args.steps for s in time_call(steps, repeats=args.repeats)]
+    result = {"median_s": statistics.median(seconds), "tokens": tokens}
     if args.contestant == "alibi-skip" and args.suite == "forward":
         result["kept_per_head"] = kept_fractions(model, ids, args.eps)
     return result
@@ -186,6 +186,8 @@ def main(argv=None):
         args.contestant = args.child
         print(json.dumps(child(args)))
         return
+    from hf_alibi.atomic_files import write_text_atomically  # the parent only: children load just their model
+
     cells = [(suite, int(n)) for suite, lengths in (("forward", args.forward), ("decode", args.decode))
              for n in lengths.split(",") if n and int(n)]  # fmt: skip
     results = []
@@ -193,12 +195,8 @@ def main(argv=None):
         results.append(run_cell(args, suite, length))
         print(json.dumps(results[-1]), flush=True)
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        for path, text in ((out.with_suffix(".json"), json.dumps({"command": sys.argv, "cells": results}, indent=1)),
-                           (out.with_suffix(".md"), markdown(results, args))):  # fmt: skip
-            tmp = path.with_suffix(path.suffix + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(path)  # atomic: never a half-written result
+        write_text_atomically(out.with_suffix(".json"), json.dumps({"command": sys.argv, "cells": results}, indent=1))
+        write_text_atomically(out.with_suffix(".md"), markdown(results, args))
 
 
 if __name__ == "__main__":

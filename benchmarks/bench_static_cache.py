@@ -11,7 +11,7 @@ cache's allocations never sit in the other's figure: it builds the model (the sh
 weights, seed 0), generates `--new-tokens` greedy tokens after a `--batch`-row prompt (rows left-padded from
 `--prompt` down to half of it when batch > 1) with `cache_implementation="static"` (max_cache_len = prompt + new
 tokens, as generate sizes it) or the default dynamic cache, and reports the process's peak resident set (VmHWM:
-torch, the model and the call) and the growth of the resident set during the call (`benchmarks.worker.peak_memory`).
+torch, the model and the call) and the growth of the resident set during the call (`benchmarks.measure.peak_memory`).
 Processes alternate static, dynamic, dynamic, static, ...; the table holds medians over processes and static's
 ratio to dynamic, and every process's tokens must equal the dynamic cache's (the run fails otherwise).
 """
@@ -34,7 +34,7 @@ def measure(cache: str, prompt: int, args) -> dict:
 
     from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
-    from .worker import peak_memory, process_peak_bytes
+    from .measure import peak_memory, process_peak_bytes
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

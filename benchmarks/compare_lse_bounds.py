@@ -88,7 +88,7 @@ def main(argv=None):
     from transformers import AutoTokenizer
 
     from benchmarks.measure_kept_fraction import heldout_stream, load_model
-    from hf_alibi.experiments.results import atomic_write_text
+    from hf_alibi.atomic_files import write_text_atomically
 
     model = load_model(Path(args.checkpoint))
     stream = heldout_stream(AutoTokenizer.from_pretrained(args.checkpoint), max(args.lengths))
@@ -108,8 +108,8 @@ def main(argv=None):
         heads = " | ".join(f"{f:.3f}" for f in r["per_head"])
         lines.append(f"| {r['length']} | {r['bound']} | **{r['overall']:.3f}** | {heads} |\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out.with_suffix(".json"), json.dumps(dict(command=command, records=records), indent=1))
-    atomic_write_text(args.out.with_suffix(".md"), "".join(lines))
+    write_text_atomically(args.out.with_suffix(".json"), json.dumps(dict(command=command, records=records), indent=1))
+    write_text_atomically(args.out.with_suffix(".md"), "".join(lines))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ neighbouring timings.
 
 import argparse
 import math
-import time
 
 import torch
 
@@ -28,6 +27,8 @@ from hf_alibi.experiments.data import heldout_token_ids, load_text_corpus
 from hf_alibi.experiments.length_eval import nonoverlapping_windows, select_documents, sliding_windows
 from hf_alibi.experiments.runner import make_model
 from hf_alibi.experiments.tokenization import load_or_train_tokenizer
+
+from .measure import time_calls
 
 
 def train_step(model, optimizer, ids: torch.Tensor) -> None:
@@ -45,14 +46,8 @@ def eval_forward(model, ids: torch.Tensor, **kwargs) -> None:
 def fastest_pair(work, anchor, repeats: int) -> tuple[float, float]:
     """Shortest of `repeats` timings of `work()` and of `anchor()`, interleaved (A B A B ...) after one warm-up each,
     so both see the same load; contention only ever adds time, hence the minimum."""
-    work(), anchor()
-    times = {work: [], anchor: []}
-    for _ in range(repeats):
-        for call in (anchor, work):
-            began = time.perf_counter()
-            call()
-            times[call].append(time.perf_counter() - began)
-    return min(times[work]), min(times[anchor])
+    times = time_calls({"anchor": anchor, "work": work}, repeats=repeats, warmup=1)
+    return min(times["work"]), min(times["anchor"])
 
 
 def evaluation_batches(docs, length: int, batch: int, stride: int | None, sliding: bool) -> int:

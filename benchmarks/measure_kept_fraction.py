@@ -170,7 +170,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from hf_alibi.experiments.results import atomic_write_text
+    from hf_alibi.atomic_files import write_text_atomically
 
     folders = {name: args.runs / CHECKPOINTS[name] for name in args.checkpoints}
     missing = [str(folder) for folder in folders.values() if not folder.is_dir()]
@@ -189,8 +189,8 @@ def main(argv=None):
     metadata = dict(command=command.strip(), torch=torch.__version__, python=platform.python_version(),
                     checkpoints={name: str(folder) for name, folder in folders.items()})  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out.with_suffix(".json"), json.dumps(dict(metadata=metadata, records=records), indent=1))
-    atomic_write_text(args.out.with_suffix(".md"), markdown(records, metadata))
+    write_text_atomically(args.out.with_suffix(".json"), json.dumps(dict(metadata=metadata, records=records), indent=1))
+    write_text_atomically(args.out.with_suffix(".md"), markdown(records, metadata))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ import platform
 import statistics
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 from .contestants import REFERENCE
 
@@ -338,15 +337,3 @@ def _method(settings: dict) -> str:
             f"median over its processes [min, max over processes] · ratio · the whole-process peak memory (VmHWM: "
             f"torch, model, build and calls) [min, max] · ratio · +the call's own peak growth "
             f"({settings['memory_method']}). Ratios are of medians, against `{reference}` in the same cell.")
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` via a temporary file in the same folder and `os.replace`: readers never see half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)

@@ -7,109 +7,27 @@ library prints goes to stderr (fd 1 is pointed at fd 2), which the parent keeps 
 Requests: `{"op": "prepare", "cell": {...}, "warmup": n}` builds the cell's inputs, runs `n` warm-up calls and one
 memory probe; `{"op": "time", "cell": {...}}` times one call; `{"op": "exit"}`.
 
-Every answer to `time` also carries `process_peak_bytes`: the process's peak resident set over its whole life so far
-(VmHWM, with the part before the probe's reset kept), i.e. torch, the model, its build and every call. With one
-process per cell (`--processes`) that is the whole-process peak memory of running that cell.
-
-Peak memory (CPU) is the growth of the process's resident set over a baseline taken just before the probed call:
-unused heap is handed back first (`malloc_trim`), the kernel's high-water mark is reset to the current RSS (writing
-`5` to /proc/self/clear_refs, Linux >= 4.0), and the probe reads `VmHWM - VmRSS(before)`. Without clear_refs a
-thread samples VmRSS every millisecond instead (misses spikes shorter than that). On CUDA: `max_memory_allocated`
-minus `memory_allocated` before the call, after `reset_peak_memory_stats`.
+Every answer to `time` also carries `process_peak_bytes`, the process's peak resident set over its whole life so
+far, and `prepare`'s memory probe is the growth of the resident set during one call: both as `benchmarks.measure`
+reads them. With one process per cell (`--processes`) the former is the whole-process peak memory of that cell.
 
 Fault injection for the harness's own tests: `HF_ALIBI_BENCH_FAULT="contestant:suite:kind[,...]"` makes `prepare`
 fail for that contestant and suite with kind `error` (exception), `oom` (MemoryError), `crash` (the process dies)
 or `hang` (never answers).
 """
 
-import ctypes
 import gc
 import json
 import os
 import resource
 import sys
-import threading
 import time
+
+from .measure import peak_memory, process_peak_bytes, timed
 
 FAULT_ENV = "HF_ALIBI_BENCH_FAULT"
 PROTOCOL_PREFIX = "@@bench "
 PAD, FIRST_REAL_ID = 0, 3  # ids 0-2 are pad/bos/eos in every contestant's config; inputs never use them
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-def _reset_high_water_mark() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _malloc_trim() -> None:
-    try:
-        ctypes.CDLL(None).malloc_trim(0)  # glibc: return free heap pages, so reusing them cannot hide growth
-    except (OSError, AttributeError):
-        pass
-
-
-def process_peak_bytes(device: str) -> int:
-    """The process's peak memory so far: VmHWM on CPU (the reset in `peak_memory` keeps its earlier value in
-    `_EARLIER_PEAK`), max_memory_allocated on CUDA (likewise)."""
-    if device == "cuda":
-        import torch
-
-        return max(_EARLIER_PEAK[0], torch.cuda.max_memory_allocated())
-    return max(_EARLIER_PEAK[0], _status_kib("VmHWM") * 1024)
-
-
-_EARLIER_PEAK = [0]  # the process peak before the last reset of the high-water mark
-
-
-def peak_memory(fn, device: str) -> tuple[int, str]:
-    """Run `fn()` once; return (peak memory growth in bytes over the state just before it, method name)."""
-    import torch
-
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        _EARLIER_PEAK[0] = process_peak_bytes(device)
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base, "cuda max_memory_allocated"
-    _malloc_trim()
-    _EARLIER_PEAK[0] = process_peak_bytes(device)
-    if _reset_high_water_mark():
-        base = _status_kib("VmRSS")
-        fn()
-        return (_status_kib("VmHWM") - base) * 1024, "VmHWM growth (clear_refs reset)"
-    page = os.sysconf("SC_PAGE_SIZE")
-    base, peak, done = _status_kib("VmRSS") * 1024, [0], threading.Event()
-
-    def sample():
-        while not done.is_set():
-            with open("/proc/self/statm") as statm:
-                peak[0] = max(peak[0], int(statm.read().split()[1]) * page)
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        fn()
-    finally:
-        done.set()
-        sampler.join()
-    return max(peak[0] - base, 0), "VmRSS sampled every 1 ms"
 
 
 class Contestant:
@@ -124,10 +42,12 @@ class Contestant:
         self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[spec["dtype"]]
         self.shape = Shape(**spec["shape"])
         self.optimizer_name = spec.get("optimizer", "none")
-        started = time.perf_counter()
-        model, self.forward = build_model(self.name, self.shape, spec["max_length"])
-        self.model = model.to(device=self.device, dtype=self.dtype)
-        self.build_s = time.perf_counter() - started
+
+        def build():
+            model, forward = build_model(self.name, self.shape, spec["max_length"])
+            return model.to(device=self.device, dtype=self.dtype), forward
+
+        self.build_s, (self.model, self.forward) = timed(build)
         self.cell_key, self.call = None, None
 
     def _sync(self):
@@ -185,14 +105,9 @@ class Contestant:
                     raise RuntimeError(f"generated {out.shape[1] - ids.shape[1]} tokens, wanted {config.max_new_tokens}")
 
             def call():
-                self._sync()
-                start = time.perf_counter()
-                generate(first)
-                self._sync()
-                middle = time.perf_counter()
-                generate(full)
-                self._sync()
-                return {"prefill_s": middle - start, "total_s": time.perf_counter() - middle}
+                prefill_s, _ = timed(lambda: generate(first), self._sync)
+                total_s, _ = timed(lambda: generate(full), self._sync)
+                return {"prefill_s": prefill_s, "total_s": total_s}
 
         else:
             raise ValueError(f"unknown suite {suite!r}")
@@ -219,11 +134,7 @@ class Contestant:
         )
 
     def timed_call(self) -> dict:
-        self._sync()
-        start = time.perf_counter()
-        extra = self.call()
-        self._sync()
-        elapsed = time.perf_counter() - start
+        elapsed, extra = timed(self.call, self._sync)
         return extra if isinstance(extra, dict) else {"seconds": elapsed}
 
 

@@ -1,8 +1,6 @@
 """What every family's import and export share: refusals as tables, exact state-dict transfers, checkpoint files."""
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -10,6 +8,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+
+from ..atomic_files import check_destination, write_folder_atomically  # noqa: F401  (importable here: dispatch, cli)
 
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # the same function (BLOOM's, GPT-2's, llama.cpp's), rounding apart
 
@@ -171,38 +171,3 @@ def load_tokenizer(source):
         return None
     # transformers 5 builds an empty tokenizer from a bare config: only a real vocabulary is worth shipping
     return tokenizer if len(tokenizer) > len(tokenizer.all_special_tokens) else None
-
-
-def check_destination(destination: str | os.PathLike, *, file_suffix: str | None = None) -> Path:
-    """`destination` as a `Path` if it can be written: a folder that is absent or empty (or, with `file_suffix`, an
-    absent file of that suffix); else `ValueError` naming it. Checked before any work, and again by the writers."""
-    destination = Path(destination)
-    if file_suffix is not None:
-        if destination.suffix != file_suffix:
-            raise ValueError(f"destination {str(destination)!r} should end in {file_suffix}")
-        if destination.exists():
-            raise ValueError(f"destination {str(destination)!r} exists")
-    elif destination.is_file():
-        raise ValueError(f"destination {str(destination)!r} is a file; give a folder that is absent or empty")
-    elif destination.exists() and any(destination.iterdir()):
-        raise ValueError(f"destination {str(destination)!r} exists and is not empty")
-    return destination
-
-
-def write_folder_atomically(destination, write) -> Path:
-    """Call `write(staging_folder)`, then rename the folder to `destination` (absent or empty); nothing half-written.
-
-    The staging folder sits beside `destination`, so the rename stays on one file system.
-    """
-    destination = check_destination(destination)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=destination.parent))
-    try:
-        write(staging)
-        if destination.exists():
-            destination.rmdir()
-        os.replace(staging, destination)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return destination

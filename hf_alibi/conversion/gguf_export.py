@@ -9,16 +9,16 @@ The tokenizer (`tokenizer.json` of a byte-level BPE, as GPT-2, BLOOM and MPT use
 import json
 import os
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..atomic_files import check_destination, staged_file
+from ..import_utils import require_extra
 from ..models.alibi_gpt2.alibi import get_alibi_slopes, slopes_from_config
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
-from ..import_utils import require_extra
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import TANH_GELUS, Requirement, check_destination, checkpoint_name, require, source_card_metadata
+from .common import TANH_GELUS, Requirement, checkpoint_name, require, source_card_metadata
 
 # The pre-tokenizers llama.cpp implements that byte-level BPE tokenizers of these families use (llama-vocab.cpp).
 _BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"
@@ -135,10 +135,7 @@ def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, 
     if tokenizer is None:
         raise ValueError("a gguf needs the model's tokenizer (llama.cpp reads text through it); pass tokenizer=")
     config = model.config
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=".export-", suffix=".gguf", dir=path.parent)
-    os.close(handle)
-    try:
+    with staged_file(path) as staging:  # gguf's writer opens the file itself
         writer = gguf.GGUFWriter(staging, "mpt")
         add_general_fields(writer, model)
         writer.add_context_length(context_length or config.n_positions)
@@ -159,10 +156,6 @@ def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, 
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
     return path
 
 

@@ -1,5 +1,5 @@
 """The train-short/test-long experiment: corpus, tokenizer, baselines, arguments, Trainer runner, length evaluation,
-results, model cards, the ALiBi bias figure (`plots`) and the measured attention window (`attention_window`); the
+results, model cards, every figure (`plots`) and the measured attention window (`attention_window`); the
 two commands (`train_short_test_long`, `evaluate_length`: `hf-alibi train`, `hf-alibi evaluate`) and their shipped
 configs (`configs/*.yaml`). Not shipped with checkpoints; needs the `experiments` extra."""
 

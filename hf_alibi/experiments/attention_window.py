@@ -8,7 +8,7 @@ text, each head's mass at distance `>= d` and its window: the smallest `W` whose
 
     window = measure_effective_window(model, heldout_token_ids, length=2048, eps=0.01)
     window.measured[layer][head], window.theory[head]      # tokens; None: wider than the measurable distance
-    plot_effective_window({"alibi": window.to_dict()}, "effective_window.png")
+    plot_effective_window({"alibi": window.to_dict()}, "effective_window.png")   # from hf_alibi.experiments.plots
 
 Queries are the second half of each input window (positions `length // 2 .. length - 1`), so every query has at
 least `length // 2 + 1` keys and mass is measurable at every distance `0 .. length // 2`; averaging over queries
@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
@@ -136,63 +135,10 @@ def window_table(window: EffectiveWindow | Mapping) -> str:
     return "\n".join(lines)
 
 
-def plot_effective_window(windows: Mapping[str, EffectiveWindow | Mapping], path: str | Path) -> Path:
-    """Left: measured window per (layer, head) against slope, with the line ln(1/eps) / m. Right: mass at distance
-    `>= d` per head of the last layer of the first model, with the bias-only curve exp(-m d) dashed."""
-    from matplotlib.figure import Figure
-
-    from .results import _atomic_savefig
-
-    windows = {name: w if isinstance(w, EffectiveWindow) else EffectiveWindow.from_dict(w)
-               for name, w in windows.items()}  # fmt: skip
-    if not windows:
-        raise ValueError("windows is empty: nothing to plot")
-    figure = Figure(figsize=(11, 4.5), layout="constrained")
-    left, right = figure.subplots(1, 2)
-    markers = "osD^vP*X"
-    for index, (name, w) in enumerate(windows.items()):
-        positive = [m for m in w.slopes if m > 0]
-        for layer, measured in enumerate(w.measured):
-            xs = [m for m, value in zip(w.slopes, measured) if m > 0 and value is not None]
-            ys = [value for m, value in zip(w.slopes, measured) if m > 0 and value is not None]
-            label = f"{name} layer {layer}" if len(windows) > 1 else f"layer {layer}"
-            left.scatter(xs, ys, marker=markers[layer % len(markers)], color=f"C{index}", alpha=0.7, label=label)
-            wider = [m for m, value in zip(w.slopes, measured) if m > 0 and value is None]
-            left.scatter(wider, [w.max_distance] * len(wider), marker="^", color=f"C{index}", alpha=0.7)
-        if positive:
-            grid = torch.logspace(math.log10(min(positive)), math.log10(max(positive)), 50).tolist()
-            left.plot(grid, [math.log(1 / w.eps) / m for m in grid], "k--", label=f"ln(1/{w.eps:g}) / m")
-        left.axhline(w.max_distance, color="0.6", linestyle=":", label=f"measurable up to {w.max_distance} (^: wider)")
-    left.set_xscale("log", base=2)
-    left.set_yscale("log")
-    left.set_xlabel("slope m_h")
-    left.set_ylabel("window (tokens)")
-    left.set_title("Effective window: measured vs theory")
-    left.legend(fontsize="small")
-    name, w = next(iter(windows.items()))
-    distances = list(range(1, w.max_distance + 1))
-    for h, (slope, curve) in enumerate(zip(w.slopes, w.mass_beyond[-1])):
-        right.plot(distances, curve[1:], color=f"C{h % 10}", label=f"head {h} (m={slope:.3g})")
-        if slope > 0:
-            right.plot(distances, [math.exp(-slope * d) for d in distances], color=f"C{h % 10}", linestyle="--")
-    right.axhline(w.eps, color="k", linestyle=":", label=f"eps = {w.eps:g}")
-    right.set_xscale("log", base=2)
-    right.set_yscale("log")
-    right.set_ylim(1e-6, 2.0)  # mass is at most 1
-    right.set_xlabel("key distance d")
-    right.set_ylabel("attention mass at distance >= d")
-    right.set_title(f"{name}, last layer (dashed: bias alone)")
-    right.legend(fontsize="x-small", ncol=2)
-    path = Path(path)
-    _atomic_savefig(figure, path)
-    return path
-
-
 __all__ = [
     "EffectiveWindow",
     "mass_beyond_distance",
     "measure_effective_window",
-    "plot_effective_window",
     "theoretical_window",
     "window_from_mass",
     "window_table",

@@ -23,8 +23,9 @@ from pathlib import Path
 
 from transformers import TrainingArguments
 
+from ..atomic_files import write_text_atomically
 from .length_eval import ModelEvaluation
-from .results import _atomic_savefig, atomic_write_text
+from .plots import plot_sweep
 
 
 @dataclass
@@ -103,30 +104,9 @@ def sweep_markdown(table: dict[int, dict[str, dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_sweep(table: dict[int, dict[str, dict]], path: Path) -> None:
-    from matplotlib.figure import Figure
-
-    budgets = sorted(table)
-    models = list(dict.fromkeys(name for budget in budgets for name in table[budget]))
-    figure = Figure(figsize=(7, 4.5), layout="constrained")
-    ax = figure.subplots()
-    for index, name in enumerate(models):
-        points = [(table[b][name]["train_tokens"] or b, table[b][name]["ratio"]) for b in budgets if name in table[b]]
-        ax.plot(*zip(*points), marker="o", color=f"C{index}", label=name)
-    ax.axhline(1.0, color="0.4", linestyle=":", linewidth=1.5)
-    first = next(iter(table[budgets[0]].values()))
-    ax.set_xscale("log")
-    ax.set_xlabel("training tokens per model")
-    ax.set_ylabel(f"perplexity at {first['longest']} / at {first['train_length']}")
-    ax.set_title("When models start to rely on position (16L / L perplexity)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-    _atomic_savefig(figure, path)
-
-
 def write_sweep(output_dir: Path, table: dict[int, dict[str, dict]]) -> None:
-    atomic_write_text(output_dir / "budget_sweep.json", json.dumps({str(b): v for b, v in table.items()}, indent=2))
-    atomic_write_text(output_dir / "budget_sweep.md", sweep_markdown(table))
+    write_text_atomically(output_dir / "budget_sweep.json", json.dumps({str(b): v for b, v in table.items()}, indent=2))
+    write_text_atomically(output_dir / "budget_sweep.md", sweep_markdown(table))
     plot_sweep(table, output_dir / "budget_sweep.png")
 
 

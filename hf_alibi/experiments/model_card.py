@@ -17,8 +17,9 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from ..atomic_files import write_file_atomically, write_text_atomically
 from .length_eval import ModelEvaluation
-from .results import atomic_write_text, perplexity_table
+from .results import perplexity_table
 
 TEMPLATE_NAME = "alibi_gpt2.md"
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / TEMPLATE_NAME  # package data: in wheels too
@@ -192,7 +193,7 @@ def save_card(
         **card_kwargs,
     )
     readme = folder / "README.md"
-    atomic_write_text(readme, str(card))
+    write_text_atomically(readme, str(card))
     return readme
 
 
@@ -205,9 +206,8 @@ def _copy_beside(path: str | os.PathLike | None, folder: Path) -> str | None:
         raise FileNotFoundError(f"plot {path} does not exist")
     target = folder / path.name
     if path.resolve() != target.resolve():
-        tmp = target.with_name(target.name + ".tmp")
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, target)
+        with open(path, "rb") as source:
+            write_file_atomically(target, lambda handle: shutil.copyfileobj(source, handle))
     return path.name
 
 

@@ -1,24 +1,144 @@
-"""The explainer's figure: ALiBi's bias matrix for a few heads and the slope schedule across heads.
+"""Every figure hf_alibi draws, and the one way they are saved: `save_figure`, PNG at 120 dpi, atomically.
 
     plot_alibi_bias(AutoConfig.from_pretrained("runs/cpu_demo/alibi/final"), "alibi_bias.png")
     hf-alibi plot-bias runs/cpu_demo/alibi/final --output alibi_bias.png      # the same from the command line
     hf-alibi plot-bias --n-head 12 --output alibi_bias.png                   # the paper's slopes for 12 heads
 
-Left panels: the lower-triangular bias `-m_h (i - j)` (query i, key j <= i) of a few heads, with the line
-`i - j = ln(1/eps) / m_h` beyond which the bias alone leaves less than `eps` of a head's attention. Right panel: the
-slope of every head in head order (the paper's interleave shows for head counts that are not a power of two) and,
-on a second axis, each head's theoretical window `ln(1/eps) / m_h`.
+- `plot_perplexity_vs_length`, `plot_loss_by_position`: a length evaluation (`results.write_results` draws both);
+- `plot_alibi_bias`: the explainer's figure. Left panels: the lower-triangular bias `-m_h (i - j)` (query i, key
+  j <= i) of a few heads, with the line `i - j = ln(1/eps) / m_h` beyond which the bias alone leaves less than `eps`
+  of a head's attention. Right panel: the slope of every head in head order (the paper's interleave shows for head
+  counts that are not a power of two) and, on a second axis, each head's theoretical window `ln(1/eps) / m_h`;
+- `plot_effective_window`: the measured attention window per head (`attention_window`) against that theory;
+- `plot_sweep`: a budget sweep's 16L / L perplexity ratio against training tokens (`budget_sweep`).
+
+Figures are built on `matplotlib.figure.Figure`, never pyplot (no global backend or figure registry, Agg by
+default); matplotlib is imported only when a figure is drawn.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from ..models.alibi_gpt2.alibi import alibi_causal_bias, slopes_from_config
-from .attention_window import theoretical_window
+from ..atomic_files import write_file_atomically
+from .attention_window import EffectiveWindow, theoretical_window
+from .length_eval import LengthResult, ModelEvaluation
+from .results import bits_unit, evaluated_lengths, mixed_train_lengths, reference_train_length
+
+
+def save_figure(figure, path: str | os.PathLike) -> Path:
+    """Write `figure` to `path` as PNG (120 dpi), atomically: a reader never sees half an image. Returns the path."""
+    return write_file_atomically(path, lambda handle: figure.savefig(handle, format="png", dpi=120))
+
+
+def plot_perplexity_vs_length(
+    results: Mapping[str, ModelEvaluation], path: str | os.PathLike, bytes_per_token: float | None = None
+) -> None:
+    """Two panels (nonoverlapping, sliding): perplexity (log) against evaluation length (log2), one line per model;
+    the right-hand axis reads the same curves in bits per byte (bits per token without `bytes_per_token`)."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry, Agg by default
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+    import numpy as np
+
+    train_length = reference_train_length(results)
+    lengths = evaluated_lengths(results)
+    mixed = mixed_train_lengths(results)
+    encodings = list(dict.fromkeys(name.partition("@")[0] for name in results))
+    train_lengths = sorted({ev.train_length for ev in results.values() if ev.train_length})
+    figure = Figure(figsize=(11, 4.5), layout="constrained")
+    if mixed:
+        figure.suptitle("Perplexity vs evaluation length, by position encoding and training length (circled)")
+    elif train_length:
+        figure.suptitle(f"Perplexity vs evaluation length (trained on {train_length}-token sequences)")
+    panels = [("ppl_nonoverlapping", "Nonoverlapping")]
+    if any(r.ppl_sliding is not None for ev in results.values() for r in ev.lengths):  # else one panel
+        panels.append(("ppl_sliding", "Sliding window"))
+    axes = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, (key, title) in zip(axes, panels):
+        for index, (name, evaluation) in enumerate(results.items()):
+            by_length = evaluation.by_length()
+            xs = [length for length in lengths if length in by_length]
+            ys = [_value(by_length[length], key) for length in xs]
+            label = name if evaluation.max_length is None else f"{name} (positions <= {evaluation.max_length})"
+            style = "-" if key == "ppl_nonoverlapping" else "--"
+            if not mixed:
+                ax.plot(xs, ys, style, marker="o", color=f"C{index}", label=label)
+                continue
+            colour = f"C{encodings.index(name.partition('@')[0]) % 10}"
+            marker = "osD^v"[train_lengths.index(evaluation.train_length) % 5] if evaluation.train_length else "x"
+            ax.plot(xs, ys, style, marker=marker, color=colour, label=label)
+            if evaluation.train_length in by_length:  # circle the point at the model's own training length
+                own = _value(by_length[evaluation.train_length], key)
+                ax.plot([evaluation.train_length], [own], "o", markersize=13, fillstyle="none", color=colour)
+        if train_length and not mixed:
+            ax.axvline(train_length, color="0.4", linestyle=":", linewidth=1.5, label=f"train length {train_length}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(lengths, [str(length) for length in lengths])
+        ax.xaxis.set_minor_locator(LogLocator(base=2, subs=()))
+        ax.set_xlabel("evaluation length (tokens)")
+        ax.set_title(f"{title} ({'solid' if key == 'ppl_nonoverlapping' else 'dashed'})")
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0].set_ylabel("perplexity (log scale)")
+    scale = bytes_per_token or 1.0
+    right = axes[-1].secondary_yaxis(
+        "right", functions=(lambda p: np.log2(np.maximum(p, 1e-300)) / scale, lambda b: np.exp2(b * scale))
+    )
+    right.yaxis.set_major_locator(MaxNLocator(8))
+    right.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3f}"))
+    right.yaxis.set_minor_formatter(NullFormatter())
+    right.set_ylabel(bits_unit(bytes_per_token))
+    if mixed:  # one line per model and training length: the legend goes beside the plot
+        figure.legend(*axes[-1].get_legend_handles_labels(), fontsize="small", loc="outside center right")
+    else:
+        axes[0].legend(fontsize="small")
+    save_figure(figure, path)
+
+
+def plot_loss_by_position(results: Mapping[str, ModelEvaluation], path: str | os.PathLike) -> None:
+    """Mean nonoverlapping NLL against context length (log2 buckets): one panel per model, one line per length."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    models = list(results.items())
+    lengths = evaluated_lengths(results)
+    train_length = reference_train_length(results)
+    figure = Figure(figsize=(5.5 * len(models), 4.2), layout="constrained")
+    axes = figure.subplots(1, len(models), sharex=True, sharey=True, squeeze=False)[0]
+    colours = colormaps["viridis"]
+    for ax, (name, evaluation) in zip(axes, models):
+        for r in evaluation.lengths:
+            if r.position_loss is None:
+                continue
+            loss = r.position_loss
+            colour = colours(lengths.index(r.length) / max(1, len(lengths) - 1))
+            ax.plot(loss.context_start, loss.mean_nll, marker=".", color=colour, label=f"L={r.length}")
+        if train_length:
+            ax.axvline(train_length, color="0.4", linestyle=":", linewidth=1.5, label=f"train length {train_length}")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(LogLocator(base=4))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.set_xlabel("tokens of context before the predicted token (bucket start)")
+        ax.set_title(name)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    axes[0].set_ylabel("mean NLL (nats)")
+    save_figure(figure, path)
+
+
+def _value(r: LengthResult, key: str) -> float:
+    value = getattr(r, key)
+    return math.nan if value is None else value
 
 
 def bias_heads(slopes: torch.Tensor, count: int = 3) -> list[int]:
@@ -44,8 +164,6 @@ def plot_alibi_bias(
     atomically to `path` (PNG); returns the path.
     """
     from matplotlib.figure import Figure
-
-    from .results import _atomic_savefig
 
     if hasattr(config_or_slopes, "n_head"):
         slopes = slopes_from_config(config_or_slopes)
@@ -90,9 +208,86 @@ def plot_alibi_bias(
     windows.set_yscale("log")
     windows.set_ylabel("window (tokens, diamonds)")
     windows.legend(fontsize="small", loc="upper left")
-    path = Path(path)
-    _atomic_savefig(figure, path)
-    return path
+    return save_figure(figure, path)
 
 
-__all__ = ["bias_heads", "plot_alibi_bias"]
+def plot_effective_window(windows: Mapping[str, EffectiveWindow | Mapping], path: str | Path) -> Path:
+    """Left: measured window per (layer, head) against slope, with the line ln(1/eps) / m. Right: mass at distance
+    `>= d` per head of the last layer of the first model, with the bias-only curve exp(-m d) dashed."""
+    from matplotlib.figure import Figure
+
+    windows = {name: w if isinstance(w, EffectiveWindow) else EffectiveWindow.from_dict(w)
+               for name, w in windows.items()}  # fmt: skip
+    if not windows:
+        raise ValueError("windows is empty: nothing to plot")
+    figure = Figure(figsize=(11, 4.5), layout="constrained")
+    left, right = figure.subplots(1, 2)
+    markers = "osD^vP*X"
+    for index, (name, w) in enumerate(windows.items()):
+        positive = [m for m in w.slopes if m > 0]
+        for layer, measured in enumerate(w.measured):
+            xs = [m for m, value in zip(w.slopes, measured) if m > 0 and value is not None]
+            ys = [value for m, value in zip(w.slopes, measured) if m > 0 and value is not None]
+            label = f"{name} layer {layer}" if len(windows) > 1 else f"layer {layer}"
+            left.scatter(xs, ys, marker=markers[layer % len(markers)], color=f"C{index}", alpha=0.7, label=label)
+            wider = [m for m, value in zip(w.slopes, measured) if m > 0 and value is None]
+            left.scatter(wider, [w.max_distance] * len(wider), marker="^", color=f"C{index}", alpha=0.7)
+        if positive:
+            grid = torch.logspace(math.log10(min(positive)), math.log10(max(positive)), 50).tolist()
+            left.plot(grid, [math.log(1 / w.eps) / m for m in grid], "k--", label=f"ln(1/{w.eps:g}) / m")
+        left.axhline(w.max_distance, color="0.6", linestyle=":", label=f"measurable up to {w.max_distance} (^: wider)")
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xlabel("slope m_h")
+    left.set_ylabel("window (tokens)")
+    left.set_title("Effective window: measured vs theory")
+    left.legend(fontsize="small")
+    name, w = next(iter(windows.items()))
+    distances = list(range(1, w.max_distance + 1))
+    for h, (slope, curve) in enumerate(zip(w.slopes, w.mass_beyond[-1])):
+        right.plot(distances, curve[1:], color=f"C{h % 10}", label=f"head {h} (m={slope:.3g})")
+        if slope > 0:
+            right.plot(distances, [math.exp(-slope * d) for d in distances], color=f"C{h % 10}", linestyle="--")
+    right.axhline(w.eps, color="k", linestyle=":", label=f"eps = {w.eps:g}")
+    right.set_xscale("log", base=2)
+    right.set_yscale("log")
+    right.set_ylim(1e-6, 2.0)  # mass is at most 1
+    right.set_xlabel("key distance d")
+    right.set_ylabel("attention mass at distance >= d")
+    right.set_title(f"{name}, last layer (dashed: bias alone)")
+    right.legend(fontsize="x-small", ncol=2)
+    return save_figure(figure, path)
+
+
+def plot_sweep(table: dict[int, dict[str, dict]], path: str | os.PathLike) -> None:
+    """A budget sweep's table (`budget_sweep`): each model's longest / training-length perplexity ratio against its
+    training tokens (the budget where they are unknown), 1.0 (position not used) dotted."""
+    from matplotlib.figure import Figure
+
+    budgets = sorted(table)
+    models = list(dict.fromkeys(name for budget in budgets for name in table[budget]))
+    figure = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = figure.subplots()
+    for index, name in enumerate(models):
+        points = [(table[b][name]["train_tokens"] or b, table[b][name]["ratio"]) for b in budgets if name in table[b]]
+        ax.plot(*zip(*points), marker="o", color=f"C{index}", label=name)
+    ax.axhline(1.0, color="0.4", linestyle=":", linewidth=1.5)
+    first = next(iter(table[budgets[0]].values()))
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens per model")
+    ax.set_ylabel(f"perplexity at {first['longest']} / at {first['train_length']}")
+    ax.set_title("When models start to rely on position (16L / L perplexity)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    save_figure(figure, path)
+
+
+__all__ = [
+    "bias_heads",
+    "plot_alibi_bias",
+    "plot_effective_window",
+    "plot_loss_by_position",
+    "plot_perplexity_vs_length",
+    "plot_sweep",
+    "save_figure",
+]

@@ -1,7 +1,8 @@
 """Length-evaluation results a person wants to look at: JSON, CSV, a markdown table like the paper's, plots.
 
-`write_results(output_dir, {name: ModelEvaluation}, metadata=...)` writes, each file atomically (`*.tmp`, then
-`os.replace`, so a crash never leaves a half-written file under the final name):
+`write_results(output_dir, {name: ModelEvaluation}, metadata=...)` writes, each file atomically
+(`hf_alibi.atomic_files`: a crash never leaves a half-written file under the final name), the figures drawn by
+`plots`:
 
 - `results.json`: everything, `{"metadata": ..., "models": {name: ModelEvaluation.to_dict()}}`;
 - `results.csv`: one row per (model, length);
@@ -23,7 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..atomic_files import write_text_atomically
 from .length_eval import LengthResult, ModelEvaluation
+
+atomic_write_text = write_text_atomically  # the name scripts import from here (benchmarks/bench_serve.py)
 
 CSV_COLUMNS = [
     "model",
@@ -48,6 +52,8 @@ def write_results(
     metadata: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write every results file into `output_dir` (created if needed); returns {kind: path}."""
+    from .plots import plot_loss_by_position, plot_perplexity_vs_length  # here: plots imports this module
+
     results = _as_evaluations(results)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,9 +65,9 @@ def write_results(
         "plot": out / "perplexity_vs_length.png",
         "position_plot": out / "loss_by_position.png",
     }
-    atomic_write_text(paths["json"], json.dumps(payload, indent=2) + "\n")
-    atomic_write_text(paths["csv"], results_csv(results))
-    atomic_write_text(paths["markdown"], results_markdown(results, metadata=metadata))
+    write_text_atomically(paths["json"], json.dumps(payload, indent=2) + "\n")
+    write_text_atomically(paths["csv"], results_csv(results))
+    write_text_atomically(paths["markdown"], results_markdown(results, metadata=metadata))
     plot_perplexity_vs_length(results, paths["plot"], bytes_per_token=(metadata or {}).get("bytes_per_token"))
     plot_loss_by_position(results, paths["position_plot"])
     return paths
@@ -74,11 +80,6 @@ def load_results(path: str | os.PathLike) -> tuple[dict[str, ModelEvaluation], d
         path = path / "results.json"
     payload = json.loads(path.read_text())
     return _as_evaluations(payload["models"]), payload.get("metadata", {})
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` via `path.tmp` and `os.replace`: readers see the old file or the new one, never half."""
-    _atomic_write(Path(path), lambda f: f.write(text.encode("utf-8")))
 
 
 def results_csv(results: Mapping[str, ModelEvaluation]) -> str:
@@ -96,9 +97,9 @@ def results_csv(results: Mapping[str, ModelEvaluation]) -> str:
 
 def results_markdown(results: Mapping[str, ModelEvaluation], *, metadata: Mapping[str, Any] | None = None) -> str:
     """Markdown tables (nonoverlapping, then sliding) of perplexity: models as rows, lengths as columns."""
-    train_length = _train_length(results)
+    train_length = reference_train_length(results)
     lines = ["# Perplexity vs evaluation length", ""]
-    if _mixed_train_lengths(results):
+    if mixed_train_lengths(results):
         trained = ", ".join(f"{name} at {ev.train_length}" for name, ev in results.items())
         lines.append(f"Models trained on sequences of different lengths ({trained}); columns are evaluation lengths, "
                      f"factors relative to {train_length}.")  # fmt: skip
@@ -138,9 +139,9 @@ def perplexity_table(results: Mapping[str, ModelEvaluation], key: str = "ppl_non
 
 def _length_table(results: Mapping[str, ModelEvaluation], cell) -> str:
     """Models as rows, evaluation lengths as columns; `cell(LengthResult or None)` formats each entry."""
-    lengths = _all_lengths(results)
-    train_length = _train_length(results)
-    mixed = _mixed_train_lengths(results)
+    lengths = evaluated_lengths(results)
+    train_length = reference_train_length(results)
+    mixed = mixed_train_lengths(results)
     header = ["Model"] + [_length_label(length, train_length, not mixed) for length in lengths]
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * len(lengths) + "|"]
     for name, evaluation in results.items():
@@ -215,14 +216,14 @@ def bits(perplexity_value: float, bytes_per_token: float | None = None) -> float
 def format_summary(results: Mapping[str, ModelEvaluation | dict], output_dir: str | os.PathLike | None = None) -> str:
     """A few lines for stdout: `nonoverlapping / sliding` perplexity per model and length."""
     results = _as_evaluations(results)
-    lengths = _all_lengths(results)
-    train_length = _train_length(results)
+    lengths = evaluated_lengths(results)
+    train_length = reference_train_length(results)
     rows = []
     for evaluation in results.values():
         by_length = evaluation.by_length()
         rows.append([f"{_cell(by_length.get(n), 'ppl_nonoverlapping')} / {_cell(by_length.get(n), 'ppl_sliding')}"
                      for n in lengths])
-    labels = [_length_label(length, train_length, not _mixed_train_lengths(results)) for length in lengths]
+    labels = [_length_label(length, train_length, not mixed_train_lengths(results)) for length in lengths]
     cell = max(len(text) for text in labels + [c for row in rows for c in row]) + 2
     width = max(len(name) for name in results)
     lines = ["perplexity (nonoverlapping / sliding) by evaluation length"]
@@ -234,105 +235,6 @@ def format_summary(results: Mapping[str, ModelEvaluation | dict], output_dir: st
     return "\n".join(lines)
 
 
-def plot_perplexity_vs_length(
-    results: Mapping[str, ModelEvaluation], path: str | os.PathLike, bytes_per_token: float | None = None
-) -> None:
-    """Two panels (nonoverlapping, sliding): perplexity (log) against evaluation length (log2), one line per model;
-    the right-hand axis reads the same curves in bits per byte (bits per token without `bytes_per_token`)."""
-    from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry, Agg by default
-    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
-    import numpy as np
-
-    train_length = _train_length(results)
-    lengths = _all_lengths(results)
-    mixed = _mixed_train_lengths(results)
-    encodings = list(dict.fromkeys(name.partition("@")[0] for name in results))
-    train_lengths = sorted({ev.train_length for ev in results.values() if ev.train_length})
-    figure = Figure(figsize=(11, 4.5), layout="constrained")
-    if mixed:
-        figure.suptitle("Perplexity vs evaluation length, by position encoding and training length (circled)")
-    elif train_length:
-        figure.suptitle(f"Perplexity vs evaluation length (trained on {train_length}-token sequences)")
-    panels = [("ppl_nonoverlapping", "Nonoverlapping")]
-    if any(r.ppl_sliding is not None for ev in results.values() for r in ev.lengths):  # else one panel
-        panels.append(("ppl_sliding", "Sliding window"))
-    axes = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
-    for ax, (key, title) in zip(axes, panels):
-        for index, (name, evaluation) in enumerate(results.items()):
-            by_length = evaluation.by_length()
-            xs = [length for length in lengths if length in by_length]
-            ys = [_value(by_length[length], key) for length in xs]
-            label = name if evaluation.max_length is None else f"{name} (positions <= {evaluation.max_length})"
-            style = "-" if key == "ppl_nonoverlapping" else "--"
-            if not mixed:
-                ax.plot(xs, ys, style, marker="o", color=f"C{index}", label=label)
-                continue
-            colour = f"C{encodings.index(name.partition('@')[0]) % 10}"
-            marker = "osD^v"[train_lengths.index(evaluation.train_length) % 5] if evaluation.train_length else "x"
-            ax.plot(xs, ys, style, marker=marker, color=colour, label=label)
-            if evaluation.train_length in by_length:  # circle the point at the model's own training length
-                own = _value(by_length[evaluation.train_length], key)
-                ax.plot([evaluation.train_length], [own], "o", markersize=13, fillstyle="none", color=colour)
-        if train_length and not mixed:
-            ax.axvline(train_length, color="0.4", linestyle=":", linewidth=1.5, label=f"train length {train_length}")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_xticks(lengths, [str(length) for length in lengths])
-        ax.xaxis.set_minor_locator(LogLocator(base=2, subs=()))
-        ax.set_xlabel("evaluation length (tokens)")
-        ax.set_title(f"{title} ({'solid' if key == 'ppl_nonoverlapping' else 'dashed'})")
-        ax.grid(True, which="major", alpha=0.3)
-    axes[0].set_ylabel("perplexity (log scale)")
-    scale = bytes_per_token or 1.0
-    right = axes[-1].secondary_yaxis(
-        "right", functions=(lambda p: np.log2(np.maximum(p, 1e-300)) / scale, lambda b: np.exp2(b * scale))
-    )
-    right.yaxis.set_major_locator(MaxNLocator(8))
-    right.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3f}"))
-    right.yaxis.set_minor_formatter(NullFormatter())
-    right.set_ylabel(bits_unit(bytes_per_token))
-    if mixed:  # one line per model and training length: the legend goes beside the plot
-        figure.legend(*axes[-1].get_legend_handles_labels(), fontsize="small", loc="outside center right")
-    else:
-        axes[0].legend(fontsize="small")
-    _atomic_savefig(figure, Path(path))
-
-
-def plot_loss_by_position(results: Mapping[str, ModelEvaluation], path: str | os.PathLike) -> None:
-    """Mean nonoverlapping NLL against context length (log2 buckets): one panel per model, one line per length."""
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, LogLocator
-
-    models = list(results.items())
-    lengths = _all_lengths(results)
-    train_length = _train_length(results)
-    figure = Figure(figsize=(5.5 * len(models), 4.2), layout="constrained")
-    axes = figure.subplots(1, len(models), sharex=True, sharey=True, squeeze=False)[0]
-    colours = colormaps["viridis"]
-    for ax, (name, evaluation) in zip(axes, models):
-        for r in evaluation.lengths:
-            if r.position_loss is None:
-                continue
-            loss = r.position_loss
-            colour = colours(lengths.index(r.length) / max(1, len(lengths) - 1))
-            ax.plot(loss.context_start, loss.mean_nll, marker=".", color=colour, label=f"L={r.length}")
-        if train_length:
-            ax.axvline(train_length, color="0.4", linestyle=":", linewidth=1.5, label=f"train length {train_length}")
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(LogLocator(base=4))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-        ax.set_xlabel("tokens of context before the predicted token (bucket start)")
-        ax.set_title(name)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-    axes[0].set_ylabel("mean NLL (nats)")
-    _atomic_savefig(figure, Path(path))
-
-
 def _as_evaluations(results: Mapping[str, ModelEvaluation | dict]) -> dict[str, ModelEvaluation]:
     if not results:
         raise ValueError("results is empty: nothing to write")
@@ -341,16 +243,18 @@ def _as_evaluations(results: Mapping[str, ModelEvaluation | dict]) -> dict[str, 
     }
 
 
-def _all_lengths(results: Mapping[str, ModelEvaluation]) -> list[int]:
+def evaluated_lengths(results: Mapping[str, ModelEvaluation]) -> list[int]:
+    """Every evaluation length of any model, ascending: the tables' columns and the figures' x ticks."""
     return sorted({r.length for ev in results.values() for r in ev.lengths})
 
 
-def _train_length(results: Mapping[str, ModelEvaluation]) -> int | None:
+def reference_train_length(results: Mapping[str, ModelEvaluation]) -> int | None:
     """The training length the columns are labelled against: the shortest one."""
     return min((ev.train_length for ev in results.values() if ev.train_length), default=None)
 
 
-def _mixed_train_lengths(results: Mapping[str, ModelEvaluation]) -> bool:
+def mixed_train_lengths(results: Mapping[str, ModelEvaluation]) -> bool:
+    """Whether the models were trained at different lengths (the paper's Figure 1 layout then)."""
     return len({ev.train_length for ev in results.values() if ev.train_length}) > 1
 
 
@@ -360,11 +264,6 @@ def _length_label(length: int, train_length: int | None, mark_train: bool = True
     factor = length / train_length
     factor_text = f"{factor:g}x"
     return f"{length} ({factor_text}, train)" if length == train_length and mark_train else f"{length} ({factor_text})"
-
-
-def _value(r: LengthResult, key: str) -> float:
-    value = getattr(r, key)
-    return math.nan if value is None else value
 
 
 def _cell(r: LengthResult | None, key: str) -> str:
@@ -389,33 +288,18 @@ def _selection_lines(results: Mapping[str, ModelEvaluation]) -> list[str]:
     return lines
 
 
-def _atomic_savefig(figure, path: Path) -> None:
-    _atomic_write(path, lambda f: figure.savefig(f, format="png", dpi=120))
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 __all__ = [
     "CSV_COLUMNS",
     "atomic_write_text",
     "bits",
     "bits_table",
+    "bits_unit",
+    "evaluated_lengths",
     "format_summary",
     "load_results",
+    "mixed_train_lengths",
     "perplexity_table",
-    "plot_loss_by_position",
-    "plot_perplexity_vs_length",
+    "reference_train_length",
     "results_csv",
     "results_markdown",
     "training_cost_table",

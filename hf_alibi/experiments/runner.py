@@ -15,7 +15,6 @@ steps, same tokens per step, same schedule). Layout of a run:
 
 import json
 import logging
-import os
 import platform
 import shutil
 import statistics
@@ -38,8 +37,9 @@ from transformers import (
 )
 from transformers.trainer_utils import get_last_checkpoint
 
+from ..atomic_files import replace_folder, write_text_atomically
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .attention_window import measure_effective_window, plot_effective_window, window_table
+from .attention_window import measure_effective_window, window_table
 from .arguments import ExperimentArguments, apply_smoke, batch_size_at, parse_model_spec
 from .baselines import build_model, max_supported_length
 from .data import STDLIB_CORPUS, corpus_fingerprint, heldout_token_ids, load_text_corpus, pack_documents
@@ -47,7 +47,7 @@ from .launch import check_process_group, output_dir_lock, shard_model
 from .length_eval import ModelEvaluation, evaluate_model, select_documents
 from .model_card import save_card
 from .peak_memory import PeakMemory
-from .plots import plot_alibi_bias
+from .plots import plot_alibi_bias, plot_effective_window
 from .results import format_summary, write_results
 from .tokenization import load_or_train_tokenizer
 from .training_cost import measure_training_costs
@@ -207,8 +207,7 @@ def train_one(
     state.wait_for_everyone()
     trainer.save_model(str(staging))  # only the main process writes
     if state.is_main_process:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(staging, final)
+        replace_folder(staging, final)
     state.wait_for_everyone()
     steady = clock.seconds[2:] or clock.seconds  # the first steps carry one-time set-up
     facts = {
@@ -257,12 +256,6 @@ def measure_costs(experiment, training, tokenizer, train_blocks) -> dict[str, di
         max_grad_norm=training.max_grad_norm,
         device=training.device,
     )
-
-
-def _atomic_json(path: Path, payload: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def run_experiment(
@@ -338,7 +331,8 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvalua
                     model, heldout, length=experiment.window_length, eps=experiment.window_eps
                 ).to_dict()
                 windows[name] = window
-            _atomic_json(record, {"evaluation": evaluation.to_dict(), "training": facts, "window": window})
+            payload = {"evaluation": evaluation.to_dict(), "training": facts, "window": window}
+            write_text_atomically(record, json.dumps(payload, indent=2) + "\n")
             evaluations[name], metadata[f"{name}_training"] = evaluation, facts
             logger.info("%s: %s", name, facts)
         state.wait_for_everyone()
@@ -349,7 +343,7 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvalua
             metadata[f"{name}_cost"] = cost
         write_results(output_dir, evaluations, metadata=metadata)
         if windows:
-            _atomic_json(output_dir / "effective_window.json", windows)
+            write_text_atomically(output_dir / "effective_window.json", json.dumps(windows, indent=2) + "\n")
             plot_effective_window(windows, output_dir / "effective_window.png")
         write_cards(experiment, training, evaluations, metadata, windows)
         print(format_summary(evaluations, output_dir))

@@ -10,8 +10,6 @@ documents only (never the held-out ones) takes seconds, encodes any text lossles
 
 import hashlib
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from ..atomic_files import write_folder_atomically
 from .data import corpus_fingerprint
 
 END_OF_TEXT = "<|endoftext|>"
@@ -89,16 +88,11 @@ def load_or_train_tokenizer(
     final = cache_dir / tokenizer_cache_key(train, vocab_size)
     if not final.is_dir():
         tokenizer = train_tokenizer(train["text"], vocab_size)
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=cache_dir))
         try:
-            tokenizer.save_pretrained(staging)
-            os.rename(staging, final)
-        except OSError:
+            write_folder_atomically(final, tokenizer.save_pretrained)
+        except (OSError, ValueError):  # ValueError: `final` was filled meanwhile
             if not final.is_dir():  # not a lost race: a real failure
                 raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
     return AutoTokenizer.from_pretrained(final)
 
 

@@ -16,11 +16,10 @@ from hf_alibi.experiments.attention_window import (
     EffectiveWindow,
     mass_beyond_distance,
     measure_effective_window,
-    plot_effective_window,
     theoretical_window,
     window_table,
 )
-from hf_alibi.experiments.plots import bias_heads, plot_alibi_bias
+from hf_alibi.experiments.plots import bias_heads, plot_alibi_bias, plot_effective_window
 
 SLOPES = [1.0, 0.5, 0.25, 0.125]  # windows ceil(ln(100) / m) = 5, 10, 19, 37 at eps = 0.01
 LENGTH = 512  # queries from 256 on: exp(-0.125 * 257) ~ 1e-14, the context is as good as infinite

@@ -8,6 +8,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
+from hf_alibi.atomic_files import write_file_atomically
 from hf_alibi.experiments import results as results_module
 from hf_alibi.experiments.length_eval import evaluate_model
 from hf_alibi.experiments.results import format_summary, load_results, write_results
@@ -114,7 +115,7 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_tmp(tmp_path, monkeypatch
         raise Boom
 
     with pytest.raises(Boom):
-        results_module._atomic_write(target, fail)
+        write_file_atomically(target, fail)
     assert target.read_text() == "old" and not list(tmp_path.glob("*.tmp"))
 
 

@@ -1,0 +1,40 @@
+"""benchmarks.measure, the one clock and peak-memory reader every benchmark uses: warm-up untimed, rounds
+interleaved in order, growth of the resident set seen."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.measure import peak_memory, process_peak_bytes, time_call, time_calls, timed  # noqa: E402
+
+
+def test_warm_up_is_untimed_and_rounds_interleave_in_order():
+    order = []
+    calls = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
+    times = time_calls(calls, repeats=3, warmup=2)
+    assert order == ["a", "b", "c"] * 5, "2 warm-up rounds, then 3 timed ones, every call once per round"
+    assert {name: len(seconds) for name, seconds in times.items()} == {"a": 3, "b": 3, "c": 3}
+    assert all(s >= 0 for seconds in times.values() for s in seconds)
+
+
+def test_time_call_times_each_repeat_and_the_clock_is_choosable():
+    ticks = iter(range(100))
+    seconds = time_calls({"x": lambda: None}, repeats=2, warmup=0, clock=lambda: next(ticks))["x"]
+    assert seconds == [1, 1]
+    calls = []
+    assert len(time_call(lambda: calls.append(1), repeats=4, warmup=1)) == 4 and len(calls) == 5
+
+
+def test_timed_syncs_before_and_after_and_returns_the_result():
+    events = []
+    seconds, result = timed(lambda: events.append("call") or 7, sync=lambda: events.append("sync"))
+    assert events == ["sync", "call", "sync"] and result == 7 and seconds >= 0
+
+
+def test_peak_memory_sees_an_allocation_and_the_process_peak_keeps_it():
+    mib = 2**20
+    block = []
+    growth, method = peak_memory(lambda: block.append(b"\x01" * (64 * mib)), "cpu")  # every page written
+    assert growth >= 60 * mib, (growth / mib, method)
+    assert process_peak_bytes("cpu") >= growth
