@@ -46,11 +46,11 @@ def alibi_attention(
                          f"{query.shape[1]}: pass heads= the global heads this call's query holds")  # fmt: skip
     if output_attentions and plan.path != "eager":
         raise ValueError(f"attention weights come from the eager path; this forward's plan is {plan.path!r}")
-    if plan.skip_eps > 0:
-        plan = certified_plan(plan, query, key, scaling, layer)
     buffer = key.shape[2]
     if plan.paged is None and _is_static(plan.key_length) and buffer > plan.key_length:  # a static buffer's filled part
-        key, value = key[:, :, : plan.key_length], value[:, :, : plan.key_length]  # (B, H, kv, D) views
+        key, value = key[:, :, : plan.key_length], value[:, :, : plan.key_length]  # (B, H, kv, D) views: the one cut
+    if plan.skip_eps > 0:
+        plan = certified_plan(plan, query, key, scaling, layer)
     output, weights = ALIBI_ATTENTION_FUNCTIONS[plan.path](query, key, value, plan, scaling)
     if not output_attentions:
         return output, None

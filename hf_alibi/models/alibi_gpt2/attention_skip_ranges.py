@@ -44,9 +44,9 @@ ROW_GROUP = 16
 
 
 def certified_plan(plan: AlibiAttentionPlan, query, key, scaling: float, layer: int | None) -> AlibiAttentionPlan:
-    """`plan` with this layer's certified key ranges for `query` (B, H, q, D) over `key` (B, H, kv, D); a split
-    prefill's plan is returned as it is (`certified_split` certifies inside the call)."""
-    key = key[:, :, : plan.key_length]  # a static cache's buffer: its filled part
+    """`plan` with this layer's certified key ranges for `query` (B, H, q, D) over `key` (B, H, kv, D), the plan's
+    keys (a static cache's filled part: `alibi_attention` cuts the buffer); a split prefill's plan is returned as it
+    is (`certified_split` certifies inside the call)."""
     if plan.query_length == 1:  # decoding: one row at position query_offset
         norms = plan.key_norms(layer, key, plan.key_padding) if plan.key_norms is not None else None
         return replace(plan, key_ranges=decode_key_ranges(query, key, plan, scaling, norms))
