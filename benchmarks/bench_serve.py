@@ -297,7 +297,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> None:
-    from hf_alibi.experiments.results import atomic_write_text
+    from hf_alibi.atomic_files import write_text_atomically
 
     args = parse_args(argv)
     command = "python -m benchmarks.bench_serve " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -323,8 +323,8 @@ def main(argv=None) -> None:
             raise RuntimeError(f"continuous batching changed hf_alibi's greedy text ({reference_texts:.0%} equal)")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         report = {"command": command, "rounds": rounds, "table": table, "date": time.strftime("%Y-%m-%d")}
-        atomic_write_text(args.out.with_suffix(".json"), json.dumps(report, indent=1))
-        atomic_write_text(args.out.with_suffix(".md"), markdown(table, rounds, args, command))
+        write_text_atomically(args.out.with_suffix(".json"), json.dumps(report, indent=1))
+        write_text_atomically(args.out.with_suffix(".md"), markdown(table, rounds, args, command))
         print(markdown(table, rounds, args, command))
     finally:
         shutil.rmtree(work, ignore_errors=True)

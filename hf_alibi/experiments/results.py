@@ -27,7 +27,7 @@ from typing import Any
 from ..atomic_files import write_text_atomically
 from .length_eval import LengthResult, ModelEvaluation
 
-atomic_write_text = write_text_atomically  # the name scripts import from here (benchmarks/bench_serve.py)
+atomic_write_text = write_text_atomically  # its earlier name here
 
 CSV_COLUMNS = [
     "model",
