@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 import openai
 import pytest
 from server_process import started
-from tiny_checkpoint import MAX_TOKENS, Reference, save_tiny_checkpoint
+from tiny_checkpoint import MAX_TOKENS, Reference, checkpoint, save_tiny_checkpoint  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slow
 # Small paged cache: transformers' defaults size it from the device memory, which takes long on a CPU.

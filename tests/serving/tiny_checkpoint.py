@@ -4,6 +4,7 @@ with `generate(do_sample=False)`, whose text a server must return exactly."""
 
 from pathlib import Path
 
+import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GPT2Config, GPT2LMHeadModel,
@@ -77,3 +78,17 @@ class Reference:
         inputs = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
                                                     return_tensors="pt")  # fmt: skip
         return self._greedy(inputs, max_new_tokens)
+
+
+# Session fixtures, imported by the test modules that use them (a conftest.py here would shadow tests/conftest.py
+# for the `from conftest import ...` of other test folders: pytest puts each conftest's folder on sys.path).
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    """The tiny ALiBi checkpoint folder, saved once per session."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("serving") / "alibi-tiny")
+
+
+@pytest.fixture(scope="session")
+def reference(checkpoint) -> Reference:
+    """`checkpoint` run offline: the text a server must return."""
+    return Reference(checkpoint)
