@@ -8,7 +8,8 @@ the recipe reads (`ExperimentArguments`, all of them together).
     RunArguments          how the run is laid out and capped: sharding, training caps, the smoke budget
 
 `TrainingArguments` carry everything about optimisation. Every field is a YAML key and a command-line option of
-`hf-alibi train` and `hf-alibi sweep` (`parsing.parse_args`, re-exported here); `--help` lists them by concern.
+`hf-alibi train` and `hf-alibi sweep` (`parsing.parse_args`); `--help` lists them by concern. The parser and the
+token budget (`token_budget`: `batch_size_at`, `apply_smoke`) are re-exported here, where they used to live.
 """
 
 import sys
@@ -16,11 +17,10 @@ import warnings
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from transformers import TrainingArguments
-
 from .baselines import BASELINES
 from .data import STDLIB_CORPUS
 from .parsing import CONFIGS_DIR, ArgumentParser, parse_args, resolve_config, shipped_configs
+from .token_budget import SMOKE_OVERRIDES, apply_smoke, batch_size_at
 
 DEFAULT_MODELS = ["alibi", "learned", "sinusoidal"]
 
@@ -261,48 +261,7 @@ class ExperimentArguments(RunArguments, ModelArguments, DataArguments, Evaluatio
         return sorted({self.train_length * f for f in self.eval_factors})
 
 
-SMOKE_OVERRIDES = {
-    "experiment": dict(train_length=32, eval_factors=[1, 2, 4], n_embd=64, n_layer=2, n_head=4, vocab_size=512,
-                       eval_max_documents=4, max_train_documents=60, max_train_blocks=256, window_length=128,
-                       cost_steps=2, cost_warmup_steps=1),
-    "training": dict(max_steps=8, per_device_train_batch_size=8, logging_steps=4, save_steps=4, warmup_steps=0),
-}  # fmt: skip
-
-
-def apply_smoke(experiment: ExperimentArguments, training: TrainingArguments) -> None:
-    """Shrink a run to the tiny smoke budget in place (the pipeline stays whole).
-
-    Models trained at other lengths keep their ratio to `train_length`: `learned@256` of a run at 128 becomes
-    `learned@64` at the smoke length 32.
-    """
-    old, new = experiment.train_length, SMOKE_OVERRIDES["experiment"]["train_length"]
-    models = []
-    for spec, (encoding, length) in experiment.model_specs().items():
-        if "@" not in spec:
-            models.append(spec)
-        elif length * new % old:
-            raise ValueError(f"model {spec!r}: its length ratio to train_length {old} has no smoke length at {new}")
-        else:
-            models.append(f"{encoding}@{length * new // old}")
-    experiment.models = models
-    for key, value in SMOKE_OVERRIDES["experiment"].items():
-        setattr(experiment, key, value)
-    for key, value in SMOKE_OVERRIDES["training"].items():
-        setattr(training, key, value)
-
-
-def batch_size_at(experiment: ExperimentArguments, training: TrainingArguments, length: int) -> int:
-    """Per-device batch at training length `length`: `batch * train_length / length` sequences, the same tokens."""
-    tokens = training.per_device_train_batch_size * experiment.train_length
-    if tokens % length:
-        raise ValueError(
-            f"training length {length} does not divide the {tokens} tokens of a batch (per_device_train_batch_size "
-            f"{training.per_device_train_batch_size} x train_length {experiment.train_length}): every model must see "
-            "the same tokens per step"
-        )
-    return tokens // length
-
 
 __all__ = ["ArgumentParser", "CONFIGS_DIR", "ComparisonArguments", "DataArguments", "EvaluationArguments",
-           "ExperimentArguments", "ModelArguments", "RunArguments", "apply_smoke", "batch_size_at", "parse_args",
+           "ExperimentArguments", "ModelArguments", "RunArguments", "SMOKE_OVERRIDES", "apply_smoke", "batch_size_at", "parse_args",
            "parse_model_spec", "resolve_config", "shipped_configs"]  # fmt: skip

@@ -32,7 +32,7 @@ from transformers import TrainingArguments
 
 from ..atomic_files import write_text_atomically
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .arguments import ExperimentArguments, apply_smoke, batch_size_at
+from .arguments import ExperimentArguments
 from .attention_window import measure_effective_window
 from .baselines import max_supported_length
 from .data import STDLIB_CORPUS, corpus_fingerprint
@@ -42,6 +42,7 @@ from .plots import plot_effective_window
 from .publish import fine_tuned_from, push_alibi_model, write_cards
 from .recipe_data import heldout_bytes_per_token, prepare_data
 from .results import format_summary, write_results
+from .token_budget import apply_smoke, batch_size_at
 from .training import StepClock, final_dir, make_model, measure_costs, model_training_args, train_one
 
 logger = logging.getLogger(__name__)

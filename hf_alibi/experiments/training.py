@@ -16,10 +16,11 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, default_da
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..atomic_files import replace_folder
-from .arguments import ExperimentArguments, batch_size_at, parse_model_spec
+from .arguments import ExperimentArguments, parse_model_spec
 from .baselines import build_model
 from .launch import shard_model
 from .peak_memory import PeakMemory
+from .token_budget import batch_size_at
 from .training_cost import measure_training_costs
 
 
