@@ -15,6 +15,16 @@ train, evaluate, sweep and plot-bias need `pip install 'hf_alibi[experiments]'`;
 `hf-alibi train --help` and `hf-alibi evaluate --help` list every argument. An error prints one line,
 `hf-alibi: error: ...`, and exits with status 2, having written nothing; `--debug` (or HF_ALIBI_DEBUG=1) shows the
 traceback instead.
+
+Flag style, one per command family:
+  train, evaluate, sweep (and python -m recipes.*): --snake_case (--max_steps, --output_dir, --use_cpu true).
+      Their options are dataclass fields (TrainingArguments and the recipe's own, parsed by HfArgumentParser), which
+      fix the spelling: the same names are the YAML keys of --config files, the keys of results.json and the flags
+      of transformers' example scripts. HfArgumentParser also registers every --kebab-case spelling
+      (--max-steps), so both are accepted; documentation and configs use snake_case.
+  convert, export, plot-bias, serve: --kebab-case (--alibi-max-bias, --max-seq-len, --n-head, --cb-block-size).
+      Plain argparse tools, spelled as `transformers serve`, `huggingface-cli` and most command-line tools are;
+      switches are flags without a value (--continuous-batching), where the Trainer commands take --name true/false.
 """
 
 import argparse

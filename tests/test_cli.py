@@ -139,6 +139,27 @@ def test_train_and_evaluate_help_list_their_arguments_and_exit_0(capsys):
     assert "--length_factors" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("spelling", ["snake", "kebab"])
+def test_trainer_commands_take_snake_and_kebab_case_flags_alike(sources, tmp_path, capfd, spelling):
+    """The Trainer family documents --snake_case; HfArgumentParser's --kebab-case spellings keep working (cli.py)."""
+    def flag(name):
+        return f"--{name}" if spelling == "snake" else f"--{name.replace('_', '-')}"
+
+    runs = {  # each parses every option, then refuses the value its test names: nothing is trained or written
+        "train": (["train", "--config", "smoke", flag("output_dir"), str(tmp_path / "run"), flag("train_length"), "64",
+                   flag("max_steps"), "2", flag("eval_factors"), "1", "0"], "eval_factors must all be >= 1"),
+        "evaluate": (["evaluate", "--model", str(sources / "no_such_folder"), flag("output_dir"), str(tmp_path / "e"),
+                      flag("length_factors"), "1", "2", flag("batch_tokens"), "64"], "no_such_folder"),
+        "sweep": (["sweep", "--config", "smoke", flag("output_dir"), str(tmp_path / "s"), "--budgets", "0"],
+                  "budgets must be distinct positive step counts"),
+    }  # fmt: skip
+    for argv, message in runs.values():
+        assert main(argv) == 2
+        error = capfd.readouterr().err
+        assert message in error and "not used by the HfArgumentParser" not in error, error
+    assert not any(tmp_path.iterdir()), "something was written"
+
+
 @pytest.mark.slow
 def test_console_command_prints_one_line_and_a_traceback_only_with_debug(tmp_path):
     """The real process: status 2 and one stderr line; HF_ALIBI_DEBUG=1 prints Python's traceback."""

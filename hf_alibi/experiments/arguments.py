@@ -1,17 +1,38 @@
-"""Recipe arguments: what an experiment varies (`ExperimentArguments`), and a flat YAML file (a path or the name of
-a shipped config, `configs/*.yaml`) as defaults for `HfArgumentParser` dataclasses, overridden by the command line
-(`parse_args`): the one parser of `hf-alibi train` and `hf-alibi evaluate`."""
+"""Recipe arguments: what a train-short/test-long experiment varies, one dataclass per concern, and the one object
+the recipe reads (`ExperimentArguments`, all of them together).
 
+    ComparisonArguments   which models are compared, and the length they train at
+    EvaluationArguments   what is measured after training: perplexity by length, the attention window, the cost
+    DataArguments         the corpus, its held-out split, the tokenizer
+    ModelArguments        every model's size, or the checkpoint to fine-tune
+    RunArguments          how the run is laid out and capped: sharding, training caps, the smoke budget
+
+`TrainingArguments` carry everything about optimisation. Every field is a YAML key and a command-line option of
+`hf-alibi train` and `hf-alibi sweep` (`parsing.parse_args`); `--help` lists them by concern. The parser and the
+token budget (`token_budget`: `batch_size_at`, `apply_smoke`) are re-exported here, where they used to live.
+"""
+
+import sys
+import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import yaml
-from transformers import HfArgumentParser, TrainingArguments
+from typing import ClassVar
 
 from .baselines import BASELINES
 from .data import STDLIB_CORPUS
+from .parsing import CONFIGS_DIR, ArgumentParser, parse_args, resolve_config, shipped_configs
+from .token_budget import SMOKE_OVERRIDES, apply_smoke, batch_size_at
 
 DEFAULT_MODELS = ["alibi", "learned", "sinusoidal"]
+
+
+def _stacklevel_outside_hf_alibi() -> int:
+    """`warnings.warn`'s stacklevel of the first caller outside `hf_alibi` (for the function calling this): a
+    deprecation warning names the script, test or command that used the old name, and the test suite, which turns
+    FutureWarnings located in hf_alibi into errors (pyproject.toml), fails if hf_alibi itself ever uses it."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "hf_alibi":
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def parse_model_spec(spec: str, default_length: int) -> tuple[str, int]:
@@ -27,8 +48,10 @@ def parse_model_spec(spec: str, default_length: int) -> tuple[str, int]:
 
 
 @dataclass
-class ExperimentArguments:
-    """What a train-short/test-long experiment varies. `TrainingArguments` carry everything about optimisation."""
+class ComparisonArguments:
+    """Which models the experiment compares, and the length they train at."""
+
+    _argument_group_name = "models compared"
 
     models: list[str] = field(
         default_factory=lambda: list(DEFAULT_MODELS),
@@ -37,6 +60,34 @@ class ExperimentArguments:
     )
     all_models: bool = field(default=False, metadata={"help": "Train every position encoding in BASELINES."})
     train_length: int = field(default=256, metadata={"help": "Training sequence length (tokens per block)."})
+
+    def __post_init__(self):
+        if self.all_models:
+            self.models = list(BASELINES)
+        if not self.models:
+            raise ValueError(f"models must name at least one model, got {self.models}")
+        if self.train_length <= 0:
+            raise ValueError(f"train_length must be positive, got {self.train_length}")
+        for spec in self.models:
+            parse_model_spec(spec, self.train_length)
+        if len(set(self.models)) != len(self.models):
+            raise ValueError(f"models lists a model twice: {self.models}")
+
+    def model_specs(self) -> dict[str, tuple[str, int]]:
+        """`{model: (position encoding, training length)}` in the order given."""
+        return {spec: parse_model_spec(spec, self.train_length) for spec in self.models}
+
+    def train_lengths(self) -> list[int]:
+        return sorted({length for _, length in self.model_specs().values()})
+
+
+@dataclass
+class EvaluationArguments:
+    """What is measured after training: perplexity at multiples of the training length, ALiBi's effective attention
+    window, and the training cost of every model."""
+
+    _argument_group_name = "evaluation"
+
     eval_factors: list[int] = field(
         default_factory=lambda: [1, 2, 4, 8, 16],
         metadata={"help": "Evaluate at train_length times each factor (every factor >= 1)."},
@@ -63,6 +114,30 @@ class ExperimentArguments:
     cost_warmup_steps: int = field(
         default=2, metadata={"help": "Untimed steps per model before the interleaved timing (peak memory covers them)."}
     )
+
+    def __post_init__(self):
+        if not 0 < self.window_eps < 1:
+            raise ValueError(f"window_eps must be in (0, 1), got {self.window_eps}")
+        if self.cost_steps < 0 or self.cost_warmup_steps < 1:
+            raise ValueError(
+                "cost_steps must be >= 0 and cost_warmup_steps >= 1, "
+                f"got {self.cost_steps} and {self.cost_warmup_steps}"
+            )
+        if self.window_length < 2:
+            raise ValueError(f"window_length must be at least 2, got {self.window_length}")
+        if not self.eval_factors or any(f < 1 for f in self.eval_factors):
+            raise ValueError(
+                f"eval_factors must all be >= 1 (no evaluation below the training length), got {self.eval_factors}"
+            )
+
+
+@dataclass
+class DataArguments:
+    """The corpus, its held-out split and the tokenizer. No checks here: `data.load_text_corpus` checks the files,
+    columns and held-out fraction against the data itself, before the run writes anything."""
+
+    _argument_group_name = "data"
+
     dataset_name: str | None = field(
         default=None, metadata={"help": f"None/'{STDLIB_CORPUS}' (offline default), a Hub dataset, or a builder."}
     )
@@ -79,6 +154,14 @@ class ExperimentArguments:
         metadata={"help": "Tokenizer folder or Hub id; default: a byte-level BPE trained on the train split."},
     )
     vocab_size: int = field(default=8192, metadata={"help": "Vocabulary of the locally trained tokenizer."})
+
+
+@dataclass
+class ModelArguments:
+    """Every model's size, or the checkpoint the ALiBi model is fine-tuned from."""
+
+    _argument_group_name = "model"
+
     n_embd: int = field(default=256, metadata={"help": "Model width (all models)."})
     n_layer: int = field(default=4, metadata={"help": "Model depth (all models)."})
     n_head: int = field(default=8, metadata={"help": "Attention heads (all models)."})
@@ -90,7 +173,31 @@ class ExperimentArguments:
             "Falcon-RW (imported exactly by hf_alibi.convert) or GPT-2 (converted: it must first learn ALiBi)."
         },
     )
-    init_from_gpt2: str | None = field(default=None, metadata={"help": "Older name of init_from."})
+    # The name init_from had while only GPT-2 could be imported. Kept, with a FutureWarning, so that old configs and
+    # commands run; results record it as given (the key stays in results.md's experiment line).
+    init_from_gpt2: str | None = field(
+        default=None, metadata={"help": "Deprecated: the older name of init_from (which imports any family); use it."}
+    )
+
+    def __post_init__(self):
+        if self.init_from_gpt2 is not None:
+            warnings.warn(
+                f"init_from_gpt2={self.init_from_gpt2!r} is deprecated: it is the older name of init_from (which "
+                "imports GPT-2, BLOOM, MPT and Falcon-RW checkpoints); use --init_from / init_from: instead",
+                FutureWarning,
+                stacklevel=_stacklevel_outside_hf_alibi(),
+            )
+            if self.init_from not in (None, self.init_from_gpt2):
+                raise ValueError(f"init_from={self.init_from!r} and init_from_gpt2={self.init_from_gpt2!r}: give one")
+            self.init_from = self.init_from_gpt2
+
+
+@dataclass
+class RunArguments:
+    """How the run is laid out and capped: sharding over the launched processes, training caps, the smoke budget."""
+
+    _argument_group_name = "run"
+
     tp_size: int = field(
         default=1,
         metadata={"help": "Tensor-parallel ranks (transformers' DistributedConfig; 'alibi' only): each rank holds "
@@ -108,39 +215,39 @@ class ExperimentArguments:
     smoke: bool = field(default=False, metadata={"help": "Whole pipeline on a tiny model and budget (< 1 minute)."})
 
     def __post_init__(self):
-        if self.all_models:
-            self.models = list(BASELINES)
-        if not self.models:
-            raise ValueError(f"models must name at least one model, got {self.models}")
-        if self.train_length <= 0:
-            raise ValueError(f"train_length must be positive, got {self.train_length}")
-        for spec in self.models:
-            parse_model_spec(spec, self.train_length)
-        if len(set(self.models)) != len(self.models):
-            raise ValueError(f"models lists a model twice: {self.models}")
-        if not 0 < self.window_eps < 1:
-            raise ValueError(f"window_eps must be in (0, 1), got {self.window_eps}")
-        if self.cost_steps < 0 or self.cost_warmup_steps < 1:
-            raise ValueError(
-                "cost_steps must be >= 0 and cost_warmup_steps >= 1, "
-                f"got {self.cost_steps} and {self.cost_warmup_steps}"
-            )
-        if self.window_length < 2:
-            raise ValueError(f"window_length must be at least 2, got {self.window_length}")
-        if not self.eval_factors or any(f < 1 for f in self.eval_factors):
-            raise ValueError(
-                f"eval_factors must all be >= 1 (no evaluation below the training length), got {self.eval_factors}"
-            )
-        if self.eval_stride is not None and not 1 <= self.eval_stride <= self.train_length:
-            raise ValueError(f"eval_stride must be in [1, train_length={self.train_length}], got {self.eval_stride}")
-        if self.init_from_gpt2 is not None:
-            if self.init_from not in (None, self.init_from_gpt2):
-                raise ValueError(f"init_from={self.init_from!r} and init_from_gpt2={self.init_from_gpt2!r}: give one")
-            self.init_from = self.init_from_gpt2
         for name in ("tp_size", "fsdp_size"):
             size = getattr(self, name)
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"{name} must be a positive integer, got {size!r}")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether models are sharded by transformers' engine (`DistributedConfig`) rather than replicated (DDP)."""
+        return self.tp_size > 1 or self.fsdp_size > 1
+
+
+# Bases listed last-part-first: a dataclass takes its bases' fields in reverse order, so the fields (and the
+# `experiment` line of results.md, `asdict` of this) keep the order of `parts`, the order they had as one class.
+@dataclass
+class ExperimentArguments(RunArguments, ModelArguments, DataArguments, EvaluationArguments, ComparisonArguments):
+    """Every argument of a train-short/test-long experiment, as one object with one attribute per field.
+
+    Defined by its `parts`, which `parse_args` parses (one `--help` group each); built from keywords in code and
+    tests (`ExperimentArguments(models=["alibi"], train_length=64)`). Each part checks its own fields; the checks
+    that span parts are here.
+    """
+
+    _argument_group_name = "experiment"
+    parts: ClassVar[tuple[type, ...]] = (
+        ComparisonArguments, EvaluationArguments, DataArguments, ModelArguments, RunArguments
+    )  # fmt: skip
+
+    def __post_init__(self):
+        for part in self.parts:
+            if "__post_init__" in vars(part):  # DataArguments has no checks of its own
+                part.__post_init__(self)
+        if self.eval_stride is not None and not 1 <= self.eval_stride <= self.train_length:
+            raise ValueError(f"eval_stride must be in [1, train_length={self.train_length}], got {self.eval_stride}")
         if self.sharded and [parse_model_spec(m, 1)[0] for m in self.models] != ["alibi"]:
             raise ValueError(
                 f"tp_size={self.tp_size}, fsdp_size={self.fsdp_size} shard ALiBi models only (the baselines have no "
@@ -150,135 +257,11 @@ class ExperimentArguments:
             raise ValueError(f"init_from fine-tunes one ALiBi model: set models to ['alibi'], got {self.models}")
 
     @property
-    def sharded(self) -> bool:
-        """Whether models are sharded by transformers' engine (`DistributedConfig`) rather than replicated (DDP)."""
-        return self.tp_size > 1 or self.fsdp_size > 1
-
-    @property
     def eval_lengths(self) -> list[int]:
         return sorted({self.train_length * f for f in self.eval_factors})
 
-    def model_specs(self) -> dict[str, tuple[str, int]]:
-        """`{model: (position encoding, training length)}` in the order given."""
-        return {spec: parse_model_spec(spec, self.train_length) for spec in self.models}
-
-    def train_lengths(self) -> list[int]:
-        return sorted({length for _, length in self.model_specs().values()})
 
 
-SMOKE_OVERRIDES = {
-    "experiment": dict(train_length=32, eval_factors=[1, 2, 4], n_embd=64, n_layer=2, n_head=4, vocab_size=512,
-                       eval_max_documents=4, max_train_documents=60, max_train_blocks=256, window_length=128,
-                       cost_steps=2, cost_warmup_steps=1),
-    "training": dict(max_steps=8, per_device_train_batch_size=8, logging_steps=4, save_steps=4, warmup_steps=0),
-}  # fmt: skip
-
-
-def apply_smoke(experiment: ExperimentArguments, training: TrainingArguments) -> None:
-    """Shrink a run to the tiny smoke budget in place (the pipeline stays whole).
-
-    Models trained at other lengths keep their ratio to `train_length`: `learned@256` of a run at 128 becomes
-    `learned@64` at the smoke length 32.
-    """
-    old, new = experiment.train_length, SMOKE_OVERRIDES["experiment"]["train_length"]
-    models = []
-    for spec, (encoding, length) in experiment.model_specs().items():
-        if "@" not in spec:
-            models.append(spec)
-        elif length * new % old:
-            raise ValueError(f"model {spec!r}: its length ratio to train_length {old} has no smoke length at {new}")
-        else:
-            models.append(f"{encoding}@{length * new // old}")
-    experiment.models = models
-    for key, value in SMOKE_OVERRIDES["experiment"].items():
-        setattr(experiment, key, value)
-    for key, value in SMOKE_OVERRIDES["training"].items():
-        setattr(training, key, value)
-
-
-def batch_size_at(experiment: ExperimentArguments, training: TrainingArguments, length: int) -> int:
-    """Per-device batch at training length `length`: `batch * train_length / length` sequences, the same tokens."""
-    tokens = training.per_device_train_batch_size * experiment.train_length
-    if tokens % length:
-        raise ValueError(
-            f"training length {length} does not divide the {tokens} tokens of a batch (per_device_train_batch_size "
-            f"{training.per_device_train_batch_size} x train_length {experiment.train_length}): every model must see "
-            "the same tokens per step"
-        )
-    return tokens // length
-
-
-CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # package data: shipped in the wheel
-CLONE_CONFIGS = ("recipes", "configs")  # where a clone's commands (README, Makefile) used to find them
-
-
-def shipped_configs() -> list[str]:
-    """Names of the configs shipped with the package (`cpu_demo`, `smoke`, ...), each usable as `--config NAME`."""
-    return sorted(path.stem for path in CONFIGS_DIR.glob("*.yaml"))
-
-
-def resolve_config(value: str) -> Path:
-    """The YAML file `--config value` means: an existing file, else a shipped config named `value` (`cpu_demo`,
-    `cpu_demo.yaml`, or `recipes/configs/cpu_demo.yaml` as a clone's commands write it)."""
-    path = Path(value)
-    if path.is_file():
-        return path
-    if path.suffix in ("", ".yaml") and (len(path.parts) == 1 or path.parent.parts[-2:] == CLONE_CONFIGS):
-        shipped = CONFIGS_DIR / f"{path.stem}.yaml"
-        if shipped.is_file():
-            return shipped
-    names = ", ".join(shipped_configs())
-    raise ValueError(f"config {value!r}: no such file, and not a shipped config (shipped: {names})")
-
-
-class ArgumentParser(HfArgumentParser):
-    """`HfArgumentParser` whose usage errors raise `ValueError` (the `hf-alibi` command prints them on one line)."""
-
-    def error(self, message: str):
-        raise ValueError(f"{message} (see --help)")
-
-
-def parse_args(argv: list[str], *dataclass_types, training_arguments: bool = True, prog: str | None = None):
-    """Parse `--config FILE_OR_NAME` plus overrides into `(*dataclass_types, TrainingArguments)` instances.
-
-    The config is a flat YAML file of argument names (`resolve_config`); the command line overrides it. Without
-    `training_arguments`, only `dataclass_types` are parsed. Unknown YAML keys and bad options raise a `ValueError`
-    naming them (a typo must not silently fall back to a default). `prog` names the command in `--help`.
-    """
-    types = (*dataclass_types, TrainingArguments) if training_arguments else dataclass_types
-    description = (
-        "--config FILE_OR_NAME: a flat YAML file of these arguments, or a shipped config "
-        f"({', '.join(shipped_configs())}); options given here override it."
-    )
-    parser = ArgumentParser(types, prog=prog, description=description)
-    config_value, rest = _split_config(argv)
-    if config_value is not None:
-        path = resolve_config(config_value)
-        defaults = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(defaults, dict):
-            raise ValueError(f"config file {str(path)!r} must hold a flat mapping of argument names to values")
-        known = {action.dest for action in parser._actions}
-        unknown = sorted(set(defaults) - known)
-        if unknown:
-            raise ValueError(f"config file {str(path)!r} has unknown keys {unknown}")
-        parser.set_defaults(**defaults)
-        # A YAML default satisfies a required argument (e.g. output_dir).
-        for action in parser._actions:
-            if action.dest in defaults:
-                action.required = False
-    return parser.parse_args_into_dataclasses(args=rest)
-
-
-def _split_config(argv: list[str]) -> tuple[str | None, list[str]]:
-    rest, config = [], None
-    iterator = iter(argv)
-    for arg in iterator:
-        if arg == "--config":
-            config = next(iterator, None)
-            if config is None:
-                raise ValueError("--config needs a YAML file path or a shipped config name")
-        elif arg.startswith("--config="):
-            config = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    return config, rest
+__all__ = ["ArgumentParser", "CONFIGS_DIR", "ComparisonArguments", "DataArguments", "EvaluationArguments",
+           "ExperimentArguments", "ModelArguments", "RunArguments", "SMOKE_OVERRIDES", "apply_smoke", "batch_size_at", "parse_args",
+           "parse_model_spec", "resolve_config", "shipped_configs"]  # fmt: skip

@@ -238,7 +238,8 @@ def test_hub_wikitext_is_joined_into_articles_and_keeps_its_validation_split(mon
 def test_byte_level_vocabulary_scores_exactly_one_byte_per_token():
     import torch
 
-    from hf_alibi.experiments.runner import ExperimentArguments, heldout_bytes_per_token
+    from hf_alibi.experiments.arguments import ExperimentArguments
+    from hf_alibi.experiments.recipe_data import heldout_bytes_per_token
     from hf_alibi.experiments.tokenization import train_tokenizer
 
     text = "def f(x):\n    return x  # é, ü: multi-byte characters\n" * 40

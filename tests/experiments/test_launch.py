@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from hf_alibi.experiments import launch
-from hf_alibi.experiments.arguments import parse_args
+from hf_alibi.experiments.arguments import ExperimentArguments, apply_smoke, parse_args
 from hf_alibi.experiments.launch import LOCK_FILE, output_dir_lock
-from hf_alibi.experiments.runner import ExperimentArguments, apply_smoke, run_experiment
+from hf_alibi.experiments.runner import run_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_YAML = "smoke"  # the shipped config, by name

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from transformers import TrainerCallback
 
-from hf_alibi.experiments.arguments import parse_args
+from hf_alibi.experiments.arguments import ExperimentArguments, apply_smoke, parse_args
 from hf_alibi.experiments.launch import LOCK_FILE
-from hf_alibi.experiments.runner import ExperimentArguments, apply_smoke, run_experiment
+from hf_alibi.experiments.runner import run_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_YAML = "smoke"  # the shipped config, by name
@@ -173,7 +173,7 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
 def test_push_to_hub_uploads_exactly_the_final_alibi_folder(smoke_run, monkeypatch):
     from huggingface_hub import HfApi
 
-    from hf_alibi.experiments.runner import push_alibi_model
+    from hf_alibi.experiments.publish import push_alibi_model
 
     output_dir, _, experiment = smoke_run
     calls = {}

@@ -1,0 +1,107 @@
+"""The recipe's arguments, split by concern: one object with every field in its old order, every YAML key and flag
+in both spellings, `--help` grouped by part, each part checking its own fields, and the deprecated `init_from_gpt2`
+still working with a FutureWarning that names its user."""
+
+import warnings
+from dataclasses import asdict
+
+import pytest
+
+from hf_alibi.experiments.arguments import (
+    ComparisonArguments,
+    DataArguments,
+    EvaluationArguments,
+    ExperimentArguments,
+    ModelArguments,
+    RunArguments,
+    parse_args,
+    shipped_configs,
+)
+from hf_alibi.experiments.budget_sweep import SweepArguments
+
+# The order results.md's "experiment:" line and results.json's metadata have always listed the fields in.
+RECORDED_ORDER = ["models", "all_models", "train_length", "eval_factors", "eval_stride", "eval_max_documents",
+                  "eval_batch_tokens", "eval_sliding", "window_eps", "window_length", "cost_steps",
+                  "cost_warmup_steps", "dataset_name", "dataset_config", "data_files", "text_column",
+                  "heldout_fraction", "tokenizer_name", "vocab_size", "n_embd", "n_layer", "n_head", "dropout",
+                  "init_from", "init_from_gpt2", "tp_size", "fsdp_size", "max_train_documents", "max_train_blocks",
+                  "smoke"]  # fmt: skip
+
+
+def test_experiment_arguments_hold_every_part_s_fields_in_the_recorded_order():
+    assert list(asdict(ExperimentArguments())) == RECORDED_ORDER
+    from_parts = [name for part in ExperimentArguments.parts for name in asdict(part())]
+    assert from_parts == RECORDED_ORDER  # each field defined once, in exactly one part
+
+
+@pytest.mark.parametrize("config", shipped_configs())
+def test_every_shipped_config_parses_into_the_split_arguments(config, tmp_path):
+    types = (ExperimentArguments, SweepArguments) if config == "budget_sweep" else (ExperimentArguments,)
+    argv = ["--config", config, "--output_dir", str(tmp_path), "--use_cpu", "true"]  # bf16 configs parse on CPU
+    experiment, *_, training = parse_args(argv, *types)
+    assert isinstance(experiment, ExperimentArguments) and training.output_dir == str(tmp_path)
+    assert all(isinstance(experiment, part) for part in ExperimentArguments.parts)
+
+
+def test_snake_and_kebab_spellings_of_an_option_parse_the_same(tmp_path):
+    snake = ["--train_length", "64", "--eval_factors", "1", "2", "--no_eval_sliding", "--max_steps", "3",
+             "--per_device_train_batch_size", "4"]  # fmt: skip
+    kebab = [option.replace("_", "-") for option in snake]
+    parsed = [parse_args(["--config", "smoke", "--output_dir", str(tmp_path), *argv], ExperimentArguments)
+              for argv in (snake, kebab)]  # fmt: skip
+    (experiment, training), (experiment_kebab, training_kebab) = parsed
+    assert asdict(experiment) == asdict(experiment_kebab)
+    assert experiment.train_length == 64 and experiment.eval_factors == [1, 2] and not experiment.eval_sliding
+    assert (training.max_steps, training.per_device_train_batch_size) == (3, 4)
+    assert (training_kebab.max_steps, training_kebab.per_device_train_batch_size) == (3, 4)
+
+
+def test_help_lists_the_options_grouped_by_concern(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"], ExperimentArguments, prog="hf-alibi train")
+    text = capsys.readouterr().out
+    headings = [part._argument_group_name for part in ExperimentArguments.parts]
+    positions = [text.index(f"\n{heading}:\n") for heading in headings]
+    assert positions == sorted(positions), headings
+    for part, start, end in zip(ExperimentArguments.parts, positions, [*positions[1:], len(text)]):
+        for name in asdict(part()):
+            assert f"--{name} " in text[start:end] or f"--{name}\n" in text[start:end], (part.__name__, name)
+
+
+@pytest.mark.parametrize(
+    "part, values, message",
+    [
+        (ComparisonArguments, {"models": ["alibi", "alibi"]}, "twice"),
+        (ComparisonArguments, {"train_length": 0}, "train_length must be positive, got 0"),
+        (EvaluationArguments, {"window_eps": 1.5}, "window_eps must be in \\(0, 1\\), got 1.5"),
+        (EvaluationArguments, {"eval_factors": [1, 0]}, "eval_factors"),
+        (RunArguments, {"tp_size": 0}, "tp_size must be a positive integer, got 0"),
+        (ModelArguments, {"init_from": "a", "init_from_gpt2": "b"}, "init_from='a' and init_from_gpt2='b'"),
+    ],
+)
+def test_each_part_refuses_a_bad_value_of_its_own_naming_it(part, values, message):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # init_from_gpt2's deprecation: another test's subject
+        with pytest.raises(ValueError, match=message):
+            part(**values)
+        with pytest.raises(ValueError, match=message):
+            ExperimentArguments(**values)
+
+
+def test_checks_across_parts_are_made_by_the_whole():
+    DataArguments(), EvaluationArguments(eval_stride=999), RunArguments(fsdp_size=2)  # each fine alone
+    with pytest.raises(ValueError, match=r"eval_stride must be in \[1, train_length=64\], got 999"):
+        ExperimentArguments(train_length=64, eval_stride=999)
+    with pytest.raises(ValueError, match="fsdp_size=2 shard ALiBi models only"):
+        ExperimentArguments(fsdp_size=2)
+
+
+def test_init_from_gpt2_warns_that_it_is_deprecated_naming_the_caller_and_still_sets_init_from(tmp_path):
+    with pytest.warns(FutureWarning, match="init_from_gpt2='gpt2' is deprecated.*use --init_from") as caught:
+        experiment, _ = parse_args(["--output_dir", str(tmp_path), "--models", "alibi", "--init_from_gpt2", "gpt2"],
+                                   ExperimentArguments)  # fmt: skip
+    assert experiment.init_from == "gpt2" and experiment.init_from_gpt2 == "gpt2"  # recorded as given
+    assert [w.filename for w in caught] == [__file__]  # the line that used the old name, not hf_alibi's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        assert ExperimentArguments(models=["alibi"], init_from="gpt2").init_from_gpt2 is None  # the new name: silent
