@@ -13,6 +13,8 @@ from hf_alibi.models.alibi_gpt2.attention_paged import plan_paged_attention
 
 NEW_TOKENS = 12
 PROMPT_LENGTHS = (5, 17, 40, 1, 64)
+# A small paged cache: by default transformers sizes it from free memory (GiBs on a CPU), seconds of zeroing a call
+SMALL_CACHE = dict(page_size=16, num_blocks=64, max_batch_tokens=256)
 
 
 def greedy_config(max_new_tokens: int = NEW_TOKENS) -> GenerationConfig:
@@ -33,6 +35,7 @@ def alone(model, prompt: list[int], max_new_tokens: int = NEW_TOKENS) -> list[in
 
 
 def batched(model, inputs, cb_config=None, max_new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+    cb_config = ContinuousBatchingConfig(**SMALL_CACHE) if cb_config is None else cb_config
     outputs = model.generate_batch(inputs=inputs, generation_config=greedy_config(max_new_tokens),
                                    continuous_batching_config=cb_config, progress_bar=False)  # fmt: skip
     assert len(outputs) == len(inputs), f"{len(outputs)} results for {len(inputs)} requests"
@@ -46,14 +49,13 @@ def assert_each_request_as_alone(model, inputs, cb_config=None):
         assert have == want, f"request {i} ({len(inputs[i])} prompt tokens): {have} != generate()'s {want}"
 
 
-@pytest.mark.parametrize("backend", ["sdpa", pytest.param("eager", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
 def test_generate_batch_gives_every_request_its_generate_tokens(make_model, backend):
     model = make_model(backend)
     assert_each_request_as_alone(model, prompts())
     assert model.config._attn_implementation == backend  # the manager switched back after the batch
 
 
-@pytest.mark.slow
 def test_imported_bloom_and_mpt_decode_under_continuous_batching_as_alone():
     bloom = BloomForCausalLM(BloomConfig(vocab_size=256, hidden_size=48, n_layer=2, n_head=6)).eval()
     mpt = MptForCausalLM(MptConfig(vocab_size=256, d_model=48, n_layers=2, n_heads=6, no_bias=True,
@@ -63,7 +65,6 @@ def test_imported_bloom_and_mpt_decode_under_continuous_batching_as_alone():
         assert_each_request_as_alone(model, prompts((7, 30, 2)))
 
 
-@pytest.mark.slow
 def test_falcon_import_decodes_under_continuous_batching_as_alone():
     from transformers import FalconConfig, FalconForCausalLM
 
@@ -73,7 +74,6 @@ def test_falcon_import_decodes_under_continuous_batching_as_alone():
     assert_each_request_as_alone(convert(falcon).eval(), prompts((9, 26)))
 
 
-@pytest.mark.slow
 def test_long_prompts_split_over_several_batches_attend_their_earlier_chunks(make_model, record_plans):
     model = make_model()
     cb = ContinuousBatchingConfig(max_batch_tokens=16, num_blocks=64, page_size=16)
@@ -85,12 +85,12 @@ def test_long_prompts_split_over_several_batches_attend_their_earlier_chunks(mak
     assert max(p.query_length for p in plans if p.paged is not None) <= 16
 
 
-@pytest.mark.slow
 def test_requests_joining_while_others_decode_get_their_own_tokens(make_model):
     model = make_model()
     inputs = prompts((20, 11, 35))
     expected = [alone(model, p, 40) for p in inputs]
-    manager = model.init_continuous_batching(generation_config=greedy_config(40))
+    manager = model.init_continuous_batching(generation_config=greedy_config(40),
+                                             continuous_batching_config=ContinuousBatchingConfig(**SMALL_CACHE))
     manager.start()
     try:
         first = manager.add_request(inputs[0], max_new_tokens=40, streaming=True)
@@ -109,7 +109,6 @@ def test_requests_joining_while_others_decode_get_their_own_tokens(make_model):
         assert results.get(request) == want, f"{request}: {results.get(request)} != {want}"
 
 
-@pytest.mark.slow
 def test_prefix_sharing_reuses_cached_blocks_and_keeps_each_requests_tokens(make_model, record_plans):
     model = make_model()
     shared = prompts((48,))[0]
@@ -134,7 +133,6 @@ def test_prefix_sharing_reuses_cached_blocks_and_keeps_each_requests_tokens(make
         [(c.query_offset, c.query_length) for c in prefills]
 
 
-@pytest.mark.slow
 def test_certified_skipping_under_continuous_batching_keeps_the_tokens(make_model, record_plans):
     model = make_model(alibi_skip_eps=1e-7)
     with record_plans(model) as plans:
