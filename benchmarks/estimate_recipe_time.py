@@ -23,7 +23,7 @@ import math
 import torch
 
 from hf_alibi.experiments.arguments import ExperimentArguments, batch_size_at, parse_args
-from hf_alibi.experiments.data import heldout_token_ids, load_text_corpus
+from hf_alibi.experiments.data import heldout_token_ids, load_recipe_corpus
 from hf_alibi.experiments.length_eval import nonoverlapping_windows, select_documents, sliding_windows
 from hf_alibi.experiments.runner import make_model
 from hf_alibi.experiments.tokenization import load_or_train_tokenizer
@@ -68,13 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip_eval", action="store_true", help="time training steps only")
     args = parser.parse_args(argv)
     experiment, training = parse_args(["--config", args.config], ExperimentArguments)
-    corpus = load_text_corpus(
-        experiment.dataset_name,
-        experiment.dataset_config,
-        data_files=experiment.data_files,
-        text_column=experiment.text_column,
-        heldout_fraction=experiment.heldout_fraction,
-    )
+    corpus = load_recipe_corpus(experiment)
     tokenizer = load_or_train_tokenizer(corpus["train"], experiment.vocab_size)
     heldout = heldout_token_ids(corpus["validation"], tokenizer, max(experiment.eval_lengths) + 1)
     docs, _ = select_documents(heldout, experiment.eval_lengths, experiment.eval_max_documents)

@@ -11,7 +11,7 @@ from accelerate import PartialState
 from transformers import AutoTokenizer
 
 from .arguments import ExperimentArguments
-from .data import heldout_token_ids, load_text_corpus, pack_documents
+from .data import heldout_token_ids, load_recipe_corpus, pack_documents
 from .length_eval import select_documents
 from .tokenization import load_or_train_tokenizer
 
@@ -27,13 +27,7 @@ def prepare_data(experiment: ExperimentArguments, state: PartialState):
         from ..conversion.common import load_config
 
         load_config(experiment.init_from)  # a missing folder or an uncached Hub id fails here, by name
-    corpus = load_text_corpus(
-        experiment.dataset_name,
-        experiment.dataset_config,
-        data_files=experiment.data_files,
-        text_column=experiment.text_column,
-        heldout_fraction=experiment.heldout_fraction,
-    )
+    corpus = load_recipe_corpus(experiment)
     if experiment.max_train_documents is not None:
         corpus["train"] = corpus["train"].select(range(min(experiment.max_train_documents, len(corpus["train"]))))
     with state.main_process_first():  # one process trains and caches the tokenizer; the others load it

@@ -23,15 +23,6 @@ MOVED = [
 ]
 
 
-@pytest.mark.parametrize("name, home", MOVED)
-def test_runner_still_exports_what_it_exported_before_the_split(name, home):
-    runner = importlib.import_module("hf_alibi.experiments.runner")
-    defined = importlib.import_module(f"hf_alibi.experiments.{home}")
-    assert getattr(runner, name) is getattr(defined, name), f"runner.{name} is not {home}.{name}"
-    assert name in runner.__all__, name
-
-
-
 # Names `arguments` held before parsing and the token budget got modules of their own (benchmarks import them).
 ARGUMENTS_MOVED = [
     ("parse_args", "parsing"),
@@ -45,8 +36,12 @@ ARGUMENTS_MOVED = [
 ]
 
 
-@pytest.mark.parametrize("name, home", ARGUMENTS_MOVED)
-def test_arguments_still_exports_what_it_exported_before_the_split(name, home):
-    arguments = importlib.import_module("hf_alibi.experiments.arguments")
+
+@pytest.mark.parametrize(
+    "module, name, home", [("runner", *moved) for moved in MOVED] + [("arguments", *moved) for moved in ARGUMENTS_MOVED]
+)
+def test_split_modules_still_export_what_they_exported_before_the_split(module, name, home):
+    before = importlib.import_module(f"hf_alibi.experiments.{module}")
     defined = importlib.import_module(f"hf_alibi.experiments.{home}")
-    assert getattr(arguments, name) is getattr(defined, name), f"arguments.{name} is not {home}.{name}"
+    assert getattr(before, name) is getattr(defined, name), f"{module}.{name} is not {home}.{name}"
+    assert name in before.__all__, name

@@ -22,6 +22,7 @@ FlashAttention-2 needs none of this: its varlen and paged kernels take the bound
 from dataclasses import dataclass, replace
 
 import torch
+from transformers.generation.continuous_batching import PagedAttentionCache  # loaded with GenerationMixin anyway
 
 from .attention_plan import SDPA_QUERY_CHUNK, AlibiAttentionPlan, _in_dtype, plan_alibi_attention
 
@@ -34,8 +35,6 @@ _PREFIX = "paged|"  # transformers switches eager models to "paged|eager" for co
 
 def is_paged_cache(cache) -> bool:
     """True for transformers' continuous-batching cache (it is not a `Cache`: no `get_seq_length`)."""
-    from transformers.generation.continuous_batching import PagedAttentionCache
-
     return isinstance(cache, PagedAttentionCache)
 
 
