@@ -11,7 +11,7 @@ import torch
 
 from hf_alibi import get_alibi_slopes
 from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_plan import plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5
@@ -135,7 +135,7 @@ def test_static_cache_buffer_matches_reference_and_only_its_filled_keys_are_used
     output, weights, inputs = result if output_attentions else (result, None, None)
     assert_matches_reference(output, expected, has_keys, atol=1e-5)
     if output_attentions:  # weights cover the buffer, as the cache's keys do, with 0 on the unwritten slots
-        assert inputs.key_length == filled and (inputs.bias is None or inputs.bias.shape[-1] == filled)
+        assert inputs.key_length == filled and (inputs.payload.bias.shape[-1] == filled)
         assert weights.shape == (3, HEADS, q_len, buffer)
         difference = (weights.double() - expected_weights).abs().masked_fill(~has_keys, 0).max().item()
         assert difference <= 1e-6, f"largest weight difference {difference:.3g}"
@@ -153,7 +153,7 @@ def test_a_call_in_a_wider_dtype_than_planned_gets_the_exact_fp32_bias(path):
     query, key, value = qkv(2, q_len, 40)
     inputs = plan(backend, query.bfloat16(), key, slopes, mask, offset)
     assert inputs.path == ("sdpa_bank" if path == "bank" else "sdpa_mask")
-    assert inputs.bias_cast.dtype == torch.bfloat16 and inputs.bias.dtype == torch.float32
+    assert inputs.payload.cast.dtype == torch.bfloat16 and inputs.payload.bias.dtype == torch.float32
     with torch.no_grad():
         alibi_attention(query.bfloat16(), key.bfloat16(), value.bfloat16(), inputs, SCALE)
         output, _ = alibi_attention(query, key, value, inputs, SCALE)

@@ -8,8 +8,13 @@ import torch
 from alibi_reference import reference_attention
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import ALIBI_ATTENTION_FUNCTIONS, alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_plan import PATHS, KeyRanges, choose_path, plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_alibi import (
+    ALIBI_ATTENTION_FUNCTIONS,
+    PREPARE_PATHS,
+    alibi_attention,
+    plan_alibi_attention,
+)
+from hf_alibi.models.alibi_gpt2.attention_plan import PATHS, KeyRanges, choose_path, plan_facts
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5
@@ -23,8 +28,10 @@ ROUTES = {
 }
 
 
-def facts(query_length=20, key_length=20, offset=0, documents=None, dropout=0.0):
-    plan = plan_alibi_attention("eager", SLOPES, 1, query_length, key_length, offset, dropout=dropout)
+def facts(query_length=20, key_length=20, offset=None, documents=None, dropout=0.0, key_ranges=False):
+    offset = key_length - query_length if offset is None else offset
+    ranges = KeyRanges(1, torch.zeros(HEADS, 1, dtype=torch.long)) if key_ranges else None
+    plan = plan_facts(SLOPES, 1, query_length, key_length, offset, dropout=dropout, key_ranges=ranges)
     return dataclasses.replace(plan, documents=documents)
 
 
@@ -41,8 +48,29 @@ def facts(query_length=20, key_length=20, offset=0, documents=None, dropout=0.0)
         ("sdpa", facts(), dict(kernels_work=lambda: False), "sdpa_bank"),  # the private kernels failed their probe
         ("sdpa", facts(query_length=1, key_length=30, offset=torch.tensor(5)), {}, "sdpa_mask"),  # static, compiled
         ("eager", facts(), {}, "eager"),
+        ("eager", facts(), dict(skip_eps=1e-7), "eager"),  # the reference never skips
         ("flex_attention", facts(), {}, "flex_attention"),
+        ("flex_attention", facts(), dict(device="cuda"), "flex_attention_compiled"),  # an eager model on a GPU
+        ("flex_attention", facts(), dict(device="cuda", tracing=True), "flex_attention"),  # compiled with the model
         ("flash_attention_2", facts(), {}, "flash_attention_2"),
+        ("flash_attention_2", facts(documents=torch.zeros(1, 20, dtype=torch.long)), {}, "flash_attention_2_varlen"),
+        # certified skipping: inference only, outside tracing, on the split, FlexAttention and decoding rows
+        ("sdpa", facts(), dict(skip_eps=1e-7), "sdpa_split_certified"),
+        ("sdpa", facts(), dict(skip_eps=1e-7, grad=True), "sdpa_split"),
+        ("sdpa", facts(), dict(skip_eps=1e-7, tracing=True), "sdpa_bank"),
+        ("sdpa", facts(), dict(skip_eps=1e-7, sdpa_split=False), "sdpa_bank"),
+        ("sdpa", facts(query_length=1), dict(skip_eps=1e-7), "sdpa_decode_certified_segmented"),
+        ("sdpa", facts(query_length=1, dropout=0.1), dict(skip_eps=1e-7), "sdpa_decode_certified"),
+        ("sdpa", facts(query_length=1), dict(skip_eps=1e-7, device="cuda"), "sdpa_decode_certified"),
+        ("sdpa", facts(query_length=1, key_ranges=True), {}, "sdpa_decode_in_ranges_segmented"),
+        ("sdpa", facts(query_length=1, key_ranges=True), dict(kernels_work=lambda: False), "sdpa_decode_in_ranges"),
+        ("sdpa", facts(query_length=1, key_ranges=True), dict(skip_eps=1e-7), "sdpa_decode_in_ranges_segmented"),
+        ("flex_attention", facts(), dict(skip_eps=1e-7), "flex_attention_certified"),
+        ("flex_attention", facts(), dict(skip_eps=1e-7, device="cuda"), "flex_attention_certified_compiled"),
+        # continuous batching's flattened row
+        ("sdpa", facts(), dict(paged=True), "paged"),
+        ("flash_attention_2", facts(), dict(paged=True), "paged_flash_attention_2"),
+        ("flash_attention_2", facts(), dict(paged=True, block_table=True), "paged_flash_attention_2_kvcache"),
     ],
 )
 def test_one_function_chooses_every_path(implementation, plan, options, expected):
@@ -50,8 +78,18 @@ def test_one_function_chooses_every_path(implementation, plan, options, expected
     assert choose_path(implementation, plan, **arguments) == expected
 
 
-def test_every_path_has_one_function_in_the_table():
-    assert set(ALIBI_ATTENTION_FUNCTIONS) == set(PATHS)
+def test_every_path_has_one_function_and_one_prepare_in_the_tables():
+    assert tuple(ALIBI_ATTENTION_FUNCTIONS) == PATHS == tuple(PREPARE_PATHS)
+
+
+def test_no_function_outside_choose_path_reads_the_backend_or_the_skip_eps():
+    """Every choice of path is made in `choose_path`: the functions of the table and the prepares read the plan."""
+    import inspect
+
+    for function in {*ALIBI_ATTENTION_FUNCTIONS.values(), *PREPARE_PATHS.values()}:
+        source = inspect.getsource(function)
+        for name in ("skip_eps >", "is_grad_enabled", "is_compiling", "split_kernels_work()", "device.type =="):
+            assert name not in source, f"{function.__name__} chooses by {name!r}"
 
 
 def test_every_layer_reads_the_same_plan_and_none_changes_it(make_model, random_ids, record_plans):
@@ -62,15 +100,15 @@ def test_every_layer_reads_the_same_plan_and_none_changes_it(make_model, random_
         model(random_ids(2, 10), attention_mask=mask)
     assert len(plans) == model.config.n_layer and all(plan is plans[0] for plan in plans)
     plan = plans[0]
-    assert plan.bias.dtype == torch.float32 and plan.bias_cast.dtype == torch.bfloat16  # autocast's, cast once
-    bank = plan.bias.clone()
+    assert plan.payload.bias.dtype == torch.float32 and plan.payload.cast.dtype == torch.bfloat16  # autocast's, cast once
+    bank = plan.payload.bias.clone()
     with torch.no_grad():
         for dtype in (torch.bfloat16, torch.float32):
             query, key, value = (torch.randn(2, model.config.n_head, 10, 8, dtype=dtype) for _ in range(3))
             alibi_attention(query, key, value, plan, SCALE)
-    assert torch.equal(plan.bias, bank), "a call changed the plan's fp32 bias"
+    assert torch.equal(plan.payload.bias, bank), "a call changed the plan's fp32 bias"
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.bias = None
+        plan.payload = None
 
 
 def qkv(batch, q_len, kv_len):

@@ -13,7 +13,7 @@ from alibi_reference import reference_attention
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hf_alibi.models.alibi_gpt2.attention_plan import plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
 from hf_alibi.models.alibi_gpt2.attention_skip import (
     certified_decode_start,
     certified_key_starts,
@@ -165,7 +165,7 @@ def test_the_splits_certificate_from_its_kernels_diagonal_log_sum_exps_drops_at_
     with torch.no_grad():
         plan = plan_alibi_attention("sdpa", p["slopes"], batch, q_len, kv, query_offset=p["offset"],
                                     attention_mask=mask, skip_eps=p["eps"])  # fmt: skip
-        if plan.path != "sdpa_split" or plan.skip_eps != p["eps"]:
+        if plan.path != "sdpa_split_certified" or plan.payload.eps != p["eps"]:
             return  # eps 0 or a plan without the split
         output, ranges = certified_split(p["query"], p["key"], p["value"], plan, p["scaling"], rows=rows,
                                          key_block=p["key_block"])  # fmt: skip

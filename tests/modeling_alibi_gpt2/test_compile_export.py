@@ -78,7 +78,7 @@ def test_static_cache_prefill_builds_nothing_of_prompt_by_buffer_size_and_matche
             logits = model(ids, attention_mask=F.pad(mask, (0, buffer - prompt), value=1), cache=cache).logits
     assert prepared[-1].key_length == prompt, f"the prefill attends {prepared[-1].key_length} keys, not {prompt}"
     if backend == "flex_attention":
-        assert prepared[-1].block_mask.seq_lengths == (prompt, prompt)
+        assert prepared[-1].payload.block_mask.seq_lengths == (prompt, prompt)
     else:
         sized_by_both = sorted({s for s in recorder.shapes if prompt in s and buffer in s})
         assert not sized_by_both, f"the prefill built tensors sized by prompt and buffer: {sized_by_both}"
@@ -158,3 +158,17 @@ def test_transformers_executorch_recipe_exports_a_static_cache_decoder_that_matc
         decoded = torch.cat([program(input_ids=ids[:, t : t + 1], cache_position=torch.tensor([t])) for t in range(12)], 1)
         expected = tiny_model(ids).logits
     torch.testing.assert_close(decoded, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_compiled_flex_model_with_a_padding_mask_matches_eager_on_cpu(make_model, random_ids):
+    """What the README advises for FlexAttention: `torch.compile(model)`. On CPU torch 2.13 lowers a mask_mod only if
+    it reads the mask as given (not a tensor the graph computed, `.bool()` included) and inputs laid out as
+    (B, H, L, D)."""
+    model = make_model("flex_attention")
+    ids, mask = left_padded([random_ids(1, n)[0] for n in (40, 23)])
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).logits
+        compiled = torch.compile(model)(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(compiled[real], expected[real], atol=1e-5, rtol=0)

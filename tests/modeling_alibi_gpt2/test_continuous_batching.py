@@ -80,9 +80,9 @@ def test_long_prompts_split_over_several_batches_attend_their_earlier_chunks(mak
     inputs = prompts((70, 33, 4))
     with record_plans(model) as plans:
         assert_each_request_as_alone(model, inputs, cb)
-    chunks = [s.plan for p in plans if p.paged is not None for s in p.paged.segments]
+    chunks = [s.plan for p in plans if p.path == "paged" for s in p.payload.segments]
     assert any(c.query_length > 1 and c.query_offset > 0 for c in chunks), "no prompt was continued in a later batch"
-    assert max(p.query_length for p in plans if p.paged is not None) <= 16
+    assert max(p.query_length for p in plans if p.path == "paged") <= 16
 
 
 def test_requests_joining_while_others_decode_get_their_own_tokens(make_model):
@@ -127,7 +127,7 @@ def test_prefix_sharing_reuses_cached_blocks_and_keeps_each_requests_tokens(make
     finally:
         manager.stop(block=True, timeout=30)
     assert list(got.values()) == expected
-    prefills = [s.plan for p in plans if p.paged is not None for s in p.paged.segments]
+    prefills = [s.plan for p in plans if p.path == "paged" for s in p.payload.segments]
     # the second prompt's first 48 tokens (3 full blocks) were not recomputed: its prefill starts past them
     assert any(c.query_offset == 48 and c.query_length == len(inputs[1]) - 48 for c in prefills), \
         [(c.query_offset, c.query_length) for c in prefills]
@@ -137,7 +137,7 @@ def test_certified_skipping_under_continuous_batching_keeps_the_tokens(make_mode
     model = make_model(alibi_skip_eps=1e-7)
     with record_plans(model) as plans:
         assert_each_request_as_alone(model, prompts((300, 9, 40)))
-    skipping = [s.plan for p in plans if p.paged is not None for s in p.paged.segments if s.plan.skip_eps > 0]
+    skipping = [s.plan for p in plans if p.path == "paged" for s in p.payload.segments if "certified" in s.plan.path]
     assert any(c.query_length == 1 for c in skipping), "decoding rows did not skip"
     assert any(c.query_length > 1 for c in skipping), "prefill did not skip"
 
@@ -146,7 +146,7 @@ def test_paged_attention_gives_each_request_its_own_distances(make_model):
     """Against the model's ordinary attention on each request alone: prefill rows, a continued chunk, decoding rows
     and a zero-length padding entry, in one flattened batch."""
     from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
-    from hf_alibi.models.alibi_gpt2.attention_plan import plan_alibi_attention
+    from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
 
     heads, dim = 12, 8
     slopes = make_model().transformer.alibi_slopes
@@ -159,7 +159,7 @@ def test_paged_attention_gives_each_request_its_own_distances(make_model):
     kwargs = {"cu_seq_lens_q": cu_q, "cu_seq_lens_k": {"full_attention": cu_k}, "read_index": [], "write_index": []}
     for backend in ("sdpa", "eager"):
         plan = plan_paged_attention(backend, slopes, query.shape[2], positions, kwargs)
-        assert plan.paged.decode is not None and plan.paged.decode.rows.numel() == 3
+        assert plan.payload.decode is not None and plan.payload.decode.rows.numel() == 3
         got, _ = alibi_attention(query, key, value, plan, dim**-0.5)  # (1, T, H, D)
         for r, (q, k) in enumerate(requests):
             if q == 0:

@@ -68,13 +68,13 @@ def test_the_model_folder_holds_exactly_what_every_checkpoint_carries():
 
 
 def test_old_flat_import_paths_name_the_same_modules():
-    import hf_alibi.models.alibi_gpt2.configuration_alibi_gpt2 as old_configuration
-    import hf_alibi.models.alibi_gpt2.modeling_alibi_gpt2 as old_modeling
-    from hf_alibi.models.alibi_gpt2.attention_plan import plan_alibi_attention
-    from hf_alibi.models.alibi_gpt2 import attention_plan, configuration_alibi_gpt2, modeling_alibi_gpt2
+    import hf_alibi.configuration_alibi_gpt2 as old_configuration
+    import hf_alibi.modeling_alibi_gpt2 as old_modeling
+    from hf_alibi.attention_alibi import plan_alibi_attention
+    from hf_alibi.models.alibi_gpt2 import attention_alibi, configuration_alibi_gpt2, modeling_alibi_gpt2
 
     assert old_modeling is modeling_alibi_gpt2 and old_configuration is configuration_alibi_gpt2
-    assert plan_alibi_attention is attention_plan.plan_alibi_attention
+    assert plan_alibi_attention is attention_alibi.plan_alibi_attention
     assert hf_alibi.AlibiGPT2Config is configuration_alibi_gpt2.AlibiGPT2Config
 
 

@@ -24,13 +24,21 @@ from dataclasses import dataclass, replace
 import torch
 from transformers.generation.continuous_batching import PagedAttentionCache  # loaded with GenerationMixin anyway
 
-from .attention_plan import SDPA_QUERY_CHUNK, AlibiAttentionPlan, _in_dtype, plan_alibi_attention
+from .attention_alibi import plan_alibi_attention
+from .attention_plan import (
+    PAGED_PREFIX,
+    SDPA_QUERY_CHUNK,
+    AlibiAttentionPlan,
+    BiasBank,
+    choose_path,
+    mask_in_dtype,
+    plan_facts,
+)
 
 # What transformers' continuous batching hands the model beside `position_ids` (continuous_batching/input_outputs.py)
 PAGED_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "read_index", "write_index",
                 "block_table")  # fmt: skip
 PAGED_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
-_PREFIX = "paged|"  # transformers switches eager models to "paged|eager" for continuous batching
 
 
 def is_paged_cache(cache) -> bool:
@@ -55,7 +63,7 @@ class PagedDecode:
 
     rows: torch.Tensor  # (n,) int64 rows of the flattened batch
     key_index: torch.Tensor  # (n * K_max,) int64 rows of the returned keys, each request's padded by its last key
-    plan: AlibiAttentionPlan  # bias (n, H, 1, K_max): the per-key ALiBi bias, padding masked
+    plan: AlibiAttentionPlan  # payload (n, H, 1, K_max): each request's per-key ALiBi bias, its padding masked
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,13 +87,13 @@ class PagedPlan:
         """
         kwargs = dict(self.cache_kwargs)
         key, value = cache.update(key, value, layer_idx, kwargs)  # (1, H', K, D)
-        if kwargs.get("k_cache") is None:
+        if plan.path != "paged_flash_attention_2_kvcache":
             return key, value, plan
         fast = (kwargs["k_cache"], kwargs["v_cache"], kwargs["block_table"], kwargs["cu_seq_lens_k"])
-        return key, value, replace(plan, paged=replace(self, kernel_cache=fast))
+        return key, value, replace(plan, payload=replace(self, kernel_cache=fast))
 
-    def for_heads(self, heads: slice) -> "PagedPlan":
-        """The plan for a tensor-parallel rank's global heads `heads`."""
+    def for_heads(self, heads: slice, plan: AlibiAttentionPlan | None = None) -> "PagedPlan":
+        """The payload for a tensor-parallel rank's global heads `heads`."""
         segments = tuple(replace(s, plan=s.plan.for_heads(heads)) for s in self.segments)
         decode = None if self.decode is None else replace(self.decode, plan=self.decode.plan.for_heads(heads))
         return replace(self, segments=segments, decode=decode)
@@ -107,7 +115,7 @@ def plan_paged_attention(
     `paged_kwargs` are the keyword arguments transformers passed with the paged cache (`PAGED_KWARGS`);
     `position_ids` (1, T), each request's positions, are checked against the boundaries they must agree with.
     """
-    implementation = implementation.removeprefix(_PREFIX)
+    implementation = implementation.removeprefix(PAGED_PREFIX)
     if implementation not in PAGED_IMPLEMENTATIONS:
         raise ValueError(
             f"continuous batching runs ALiBi GPT-2 on {PAGED_IMPLEMENTATIONS}, not attn_implementation="
@@ -124,10 +132,13 @@ def plan_paged_attention(
         if set(cu_k) != {"full_attention"}:
             raise ValueError(f"ALiBi GPT-2 has full-attention layers only, got cache layer types {sorted(cu_k)}")
         cu_k = cu_k["full_attention"]
-    if implementation == "flash_attention_2":
+    facts = AlibiAttentionPlan("", slopes, query_length, query_length, 0)  # one flattened row
+    path = choose_path(implementation, facts, slopes.device.type, tracing=False, paged=True,
+                       block_table=paged_kwargs.get("block_table") is not None)  # fmt: skip
+    if path != "paged":  # FlashAttention-2 takes the boundaries as they are
         paged = PagedPlan(cache_kwargs, query_length, cu_seq_lens_q=cache_kwargs["cu_seq_lens_q"],
                           max_length_q=int(paged_kwargs.get("max_length_q") or query_length))  # fmt: skip
-        return AlibiAttentionPlan("paged_flash_attention_2", slopes, query_length, query_length, 0, paged=paged)
+        return replace(facts, path=path, payload=paged)
 
     cu_q_list, cu_k_list = cache_kwargs["cu_seq_lens_q"].tolist(), cu_k.tolist()  # one host read per forward
     _check_boundaries(cu_q_list, cu_k_list, query_length, position_ids)
@@ -149,7 +160,7 @@ def plan_paged_attention(
         segments.append(PagedSegment(*rows, *keys, plan))
     decode = _decode_group(base, slopes, decoding, dtype) if decoding else None
     paged = PagedPlan(cache_kwargs, query_length, tuple(segments), decode)
-    return AlibiAttentionPlan("paged", slopes, query_length, cu_k_list[-1], 0, paged=paged)
+    return replace(facts, path=path, key_length=cu_k_list[-1], payload=paged)
 
 
 def _check_boundaries(cu_q: list[int], cu_k: list[int], query_length: int, position_ids) -> None:
@@ -188,6 +199,10 @@ def _decode_group(implementation: str, slopes, decoding: list, dtype) -> PagedDe
     distance = (lengths - 1)[:, None] - offset[None, :]  # (n, K_max): i - j, negative past the request's keys
     bias = -slopes[None, :, None, None] * distance[:, None, None, :].float()  # (n, H, 1, K_max)
     bias = bias.masked_fill((distance < 0)[:, None, None, :], torch.finfo(torch.float32).min)
-    path = "eager" if implementation == "eager" else "sdpa_mask"
-    plan = AlibiAttentionPlan(path, slopes, 1, longest, longest - 1, bias=bias, bias_cast=_in_dtype(bias, dtype))
+    # n rows of batch n, each at the end of its (padded) keys: a decoding row's path. Its payload is each request's
+    # own bias rather than one over the padded length, which would differ from it by a per-row constant (softmax
+    # ignores it, but fp32 would round larger logits).
+    facts = plan_facts(slopes, len(decoding), 1, longest, longest - 1)
+    path = choose_path(implementation, facts, slopes.device.type, tracing=False)  # eager, or sdpa's one-row bank
+    plan = replace(facts, path=path, payload=BiasBank(bias, mask_in_dtype(bias, dtype), folded=True))
     return PagedDecode(rows, key_index.reshape(-1), plan)

@@ -1,10 +1,12 @@
-"""One ALiBi attention plan per forward: every backend and SDPA path is chosen here, once, and then only read.
+"""One ALiBi attention plan per forward: the facts every layer shares, the one function that chooses the path, and
+the masks the paths build from those facts.
 
-The model calls `plan_alibi_attention` once per forward with its raw inputs (the 2-D padding mask, packed-row
-`position_ids` or `cu_seq_lens`, the cache length). It validates them once, derives the masking facts, chooses the
-path, and builds whatever that path needs (never sized by a maximum length, never per layer, already in the layers'
-compute dtype). Every layer hands the frozen plan to `alibi_attention` (`attention_alibi.py`), which looks its path
-up in `ALIBI_ATTENTION_FUNCTIONS`, the way transformers' `ALL_ATTENTION_FUNCTIONS` works.
+The model plans once per forward (`attention_alibi.plan_alibi_attention`, or `attention_paged.plan_paged_attention`
+under continuous batching): `plan_facts` validates the raw inputs (the 2-D padding mask, packed-row `position_ids` or
+`cu_seq_lens`, the cache length) and derives the masking facts; `choose_path` names the path; that path's
+`prepare_<path>` builds its small frozen payload (never sized by a maximum length, never per layer, already in the
+layers' compute dtype). Every layer hands the frozen plan to `alibi_attention`, which looks its path up in
+`ALIBI_ATTENTION_FUNCTIONS`, the way transformers' `ALL_ATTENTION_FUNCTIONS` works.
 
 Query row `r` sits at absolute position `query_offset + r`, where `query_offset` is the number of cached tokens (a
 0-d tensor for static caches, so compiled decoding neither syncs nor recompiles). A key `j` is visible to query `i`
@@ -12,34 +14,52 @@ when `j <= i`, it is not padding, it belongs to the same document (packed rows),
 key range if the plan has `key_ranges`. ALiBi depends on `i - j` alone, so left padding needs no position shift and a
 packed document sees exactly the distances it would see alone: masking is all it takes.
 
-The paths (`AlibiAttentionPlan.path`) and why each one exists:
+The paths (`PATHS`; `choose_path` is the only place that picks one) and why each exists:
 - `eager`: the reference (scores, bias and softmax in fp32), and the only path that returns attention weights.
 - `sdpa_split`: SDPA on the CPU flash kernels with no (q, kv) bias at all (`attention_sdpa_split.py`): the fast path
   for multi-row, unpacked, dropout-free CPU calls in eager mode, when its private kernels pass their probe.
+- `sdpa_split_certified`: the same with certified key skipping (`alibi_skip_eps`, `attention_skip_ranges.py`): each
+  layer computes its blocks' diagonals, certifies from their log-sum-exps which far keys it may leave out, then reads
+  only the kept ones.
 - `sdpa_bank`: public SDPA per query chunk, each chunk's mask a view of one (H, chunk, kv) bias bank: every call
   with queries ending at the last key that the split cannot take (decoding rows, packed rows, dropout, GPUs,
   compiled and exported graphs, a failed probe, `alibi_sdpa_split=False`).
+- `sdpa_decode_in_ranges`: a decoding row with given `key_ranges`: one public call per run of heads sharing a first
+  key, over the kept keys only. `_segmented`: on the CPU flash kernels (batch 1, no dropout), a long run is cut into
+  segments that go to the kernel as one batch, so one row spreads over threads.
+- `sdpa_decode_certified` (and `_segmented`): the same, with the ranges certified per layer from the query, the
+  diagonal logit and a running summary of the cache's key norms.
 - `sdpa_mask`: one (B|1, H, q, kv) mask, for queries that do not end at the last key as plain ints: a static cache's
   compiled steps (a 0-d tensor offset; a decoding step has q = 1, so its mask is per key) and symbolic lengths
   under torch.export.
-- `flex_attention`: the analytic `score_mod` and a block mask (padding, documents, key ranges) that skips blocks.
-- `flash_attention_2`: flash-attn's own `alibi_slopes` (CUDA), dense or varlen.
-- `paged` / `paged_flash_attention_2`: transformers' continuous batching (a `PagedAttentionCache` and one flattened
-  row of requests), planned by `attention_paged.plan_paged_attention`: each request attends as a batch-1 cached
-  forward of its own, through the paths above; FlashAttention-2 takes the request boundaries directly.
+- `flex_attention`: the analytic `score_mod` and a block mask (padding, documents, key ranges) that skips blocks;
+  `_certified`: per-layer certified key ranges as per-head block masks; `_compiled` (either): FlexAttention's fused
+  kernel, for a model that runs eagerly on a GPU (a traced model compiles the kernel with it).
+- `flash_attention_2`: flash-attn's own `alibi_slopes` (CUDA); `_varlen`: padded batches and packed rows through the
+  varlen kernel on the real tokens only (`attention_flash.py`).
+- `paged` / `paged_flash_attention_2` (`_kvcache`): transformers' continuous batching (a `PagedAttentionCache` and
+  one flattened row of requests), planned by `attention_paged.plan_paged_attention`: each request attends as a
+  batch-1 cached forward of its own, through the paths above; FlashAttention-2 takes the request boundaries directly
+  (`_kvcache`: its paged kernel reads and writes the cache's blocks on the decode fast path).
 """
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from .alibi import alibi_causal_bias
-from .attention_sdpa_split import SKIP_CHUNKS, SPLIT_CHUNKS, SplitPlan, split_kernels_work, split_plan
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
-PATHS = ("eager", "sdpa_split", "sdpa_bank", "sdpa_mask", "flex_attention", "flash_attention_2", "paged",
-         "paged_flash_attention_2")
+PATHS = (
+    "eager", "sdpa_split", "sdpa_split_certified", "sdpa_bank", "sdpa_decode_in_ranges",
+    "sdpa_decode_in_ranges_segmented", "sdpa_decode_certified", "sdpa_decode_certified_segmented", "sdpa_mask",
+    "flex_attention", "flex_attention_compiled", "flex_attention_certified", "flex_attention_certified_compiled",
+    "flash_attention_2", "flash_attention_2_varlen", "paged", "paged_flash_attention_2",
+    "paged_flash_attention_2_kvcache",
+)  # fmt: skip
+PAGED_PREFIX = "paged|"  # continuous batching's implementations (transformers names eager models "paged|eager")
 # Rows per query chunk of the bias bank (the config's `alibi_sdpa_query_chunk`)
 SDPA_QUERY_CHUNK = 256
 
@@ -63,12 +83,20 @@ class KeyRanges:
         keys = torch.arange(key_length, device=self.first_key.device)  # (kv,)
         return (keys[None, None, :] >= first[:, :, None])[None]  # (1, H, q', kv)
 
+    def for_heads(self, heads: slice) -> "KeyRanges":
+        return KeyRanges(self.rows, self.first_key[heads])
+
 
 @dataclass(frozen=True, eq=False)
 class AlibiAttentionPlan:
-    """What the layers of one forward share, built once by `plan_alibi_attention` and never changed afterwards."""
+    """What the layers of one forward share: the facts of its inputs, the chosen path, and that path's payload.
 
-    path: str  # a key of ALIBI_ATTENTION_FUNCTIONS (module docstring)
+    Built once per forward (and once per tensor-parallel rank, `for_heads`) and never changed afterwards. The
+    payload is the path's own frozen data (a bias, a bank, the split's calls, a block mask, varlen boundaries, the
+    paged batch), built by its `prepare_<path>`; a path reads no other path's data.
+    """
+
+    path: str  # a key of ALIBI_ATTENTION_FUNCTIONS (module docstring); "" for facts not yet given a path
     slopes: torch.Tensor  # (H,) fp32, the heads the layers' queries hold
     query_length: int
     key_length: int  # keys the layers read: a static cache's filled part outside compilation
@@ -76,55 +104,60 @@ class AlibiAttentionPlan:
     dropout: float = 0.0  # attention-probability dropout (the model's, in training)
     key_padding: torch.Tensor | None = None  # (B, kv) bool, True = real token; None = no padding
     documents: torch.Tensor | None = None  # (B, kv) document index of each token of packed rows; None = one each
-    # fp32 with every mask folded in: eager and sdpa_mask (B|1, H, q, kv); sdpa_bank's bank (B|1, H, chunk, kv)
-    bias: torch.Tensor | None = None
-    bias_cast: torch.Tensor | None = None  # sdpa: `bias` in the layers' compute dtype, cast once (`bias` if fp32)
-    bias_has_padding: bool = False  # sdpa_bank: a single chunk, whose bank already hides padding and documents
-    query_chunk: int = SDPA_QUERY_CHUNK  # sdpa_bank: rows per chunk
-    split_chunks: tuple[int, ...] = SPLIT_CHUNKS  # sdpa_split: rows per chunk, coarse to fine
-    split: SplitPlan | None = None  # sdpa_split: every kernel call and its masks, shared by all layers and passes
-    block_mask: object | None = None  # flex_attention
-    flex_compiled: bool = False  # flex_attention: call the compiled kernel (CUDA, eager model: no graph to join)
     key_ranges: KeyRanges | None = None  # per (head, query block) first key; None = every causal key
-    # Certified skipping (`attention_skip_ranges`): > 0 only where this forward applies it; each layer then derives
-    # its own key ranges from its queries and keys. Decoding keeps a dynamic cache's key-norm summary in `key_norms`.
-    skip_eps: float = 0.0
-    key_norms: object | None = None
-    paged: object | None = None  # paged paths: the flattened batch's `attention_paged.PagedPlan`
     heads: slice | None = None  # the global heads `slopes` are (`for_heads`: a tensor-parallel rank's); None: all
-
-    def bias_in(self, dtype: torch.dtype) -> torch.Tensor:
-        """The SDPA bias in `dtype`: the one cast at planning time, or (a layer in another dtype) a cast of fp32."""
-        return self.bias_cast if self.bias_cast.dtype == dtype else _in_dtype(self.bias, dtype)
+    batch: int = 1
+    # `key_padding`'s source, the 2-D 0/1 mask as the caller gave it (when it covers the keys): FlexAttention's
+    # mask_mod reads it, since torch 2.13's inductor cannot lower a mask_mod that reads a tensor computed inside the
+    # compiled graph (`.bool()` of it included)
+    attention_mask: torch.Tensor | None = None
+    payload: object | None = None  # the path's data; `payload.for_heads(heads, plan)` slices it
 
     def for_heads(self, heads: slice) -> "AlibiAttentionPlan":
-        """The plan for the global heads `heads` only (a tensor-parallel rank's): slopes, bias, ranges and the split's
-        calls for those heads. The model builds it once per forward for all its layers (they hold the same heads)."""
+        """The plan for the global heads `heads` only (a tensor-parallel rank's): slopes, ranges and the payload for
+        those heads. The model builds it once per forward for all its layers (they hold the same heads)."""
         if not isinstance(heads, slice) or len(range(self.slopes.shape[0])[heads]) == 0:
             raise ValueError(f"heads={heads!r} must be a non-empty slice of the plan's {self.slopes.shape[0]} heads")
         if self.heads is not None:
             raise ValueError(f"this plan holds heads {self.heads!r} already; slice the forward's plan for {heads!r}")
-        ranges = self.key_ranges
-        subset = replace(
-            self,
-            slopes=self.slopes[heads],
-            heads=heads,
-            bias=None if self.bias is None else self.bias[:, heads],
-            bias_cast=None if self.bias_cast is None else self.bias_cast[:, heads],
-            key_ranges=None if ranges is None else KeyRanges(ranges.rows, ranges.first_key[heads]),
-            paged=None if self.paged is None else self.paged.for_heads(heads),
-        )
-        if self.split is not None:  # its masks hold every head: the same calls for the subset's slopes
-            split = self.split
-            subset = replace(subset, split=split_plan(subset.slopes, split.offset, split.q_len, split.key_padding,
-                                                      split.chunks, split.batch, subset.key_ranges, split.dtype))  # fmt: skip
-        if ranges is not None and self.block_mask is not None:  # per-head block masks (a sliced one has no mask_mod)
-            subset = replace(subset, block_mask=_flex_block_mask(subset, self.slopes.device))
-        return subset
+        ranges = None if self.key_ranges is None else self.key_ranges.for_heads(heads)
+        subset = replace(self, slopes=self.slopes[heads], heads=heads, key_ranges=ranges, payload=None)
+        return subset if self.payload is None else replace(subset, payload=self.payload.for_heads(heads, subset))
 
 
-def plan_alibi_attention(
-    implementation: str,
+class Preparation(NamedTuple):
+    """What a path's `prepare_<path>(plan, preparation)` may read beside the plan's facts."""
+
+    dtype: torch.dtype = torch.float32  # the layers' compute dtype: SDPA masks are cast to it once
+    query_chunk: int = SDPA_QUERY_CHUNK  # sdpa_bank: rows per chunk
+    skip_eps: float = 0.0  # the certified paths' eps
+    key_norms: object | None = None  # certified decoding: a zero-argument function giving the cache's summary
+
+
+@dataclass(frozen=True, eq=False)
+class FullBias:
+    """`eager` and `sdpa_mask`: one fp32 (B|1, H, q, kv) bias with every mask folded in, and its cast."""
+
+    bias: torch.Tensor  # fp32
+    cast: torch.Tensor  # `bias` in the layers' compute dtype, cast once (`bias` itself if fp32)
+
+    def in_dtype(self, dtype: torch.dtype) -> torch.Tensor:
+        """The bias in `dtype`: the one cast at planning time, or (a layer in another dtype) a cast of fp32."""
+        return self.cast if self.cast.dtype == dtype else mask_in_dtype(self.bias, dtype)
+
+    def for_heads(self, heads: slice, plan: AlibiAttentionPlan) -> "FullBias":
+        return replace(self, bias=self.bias[:, heads], cast=self.cast[:, heads])
+
+
+@dataclass(frozen=True, eq=False)
+class BiasBank(FullBias):
+    """`sdpa_bank` and the decoding rows: the bias (B|1, H, chunk, kv) of the last `chunk` queries against all keys,
+    which every chunk's mask slices; `folded`: a single chunk, whose bank already hides padding and documents."""
+
+    folded: bool = False
+
+
+def plan_facts(
     slopes: torch.Tensor,
     batch: int,
     query_length: int,
@@ -133,33 +166,13 @@ def plan_alibi_attention(
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
     cu_seq_lens: torch.Tensor | None = None,
-    dtype: torch.dtype = torch.float32,
     dropout: float = 0.0,
-    sdpa_split: bool = True,
-    query_chunk: int = SDPA_QUERY_CHUNK,
     key_ranges: KeyRanges | None = None,
-    skip_eps: float = 0.0,
-    key_norms=None,
+    host_offset: bool = False,
+    tracing: bool = False,
 ) -> AlibiAttentionPlan:
-    """Validate one forward's inputs and build its plan for `implementation` (one of `SUPPORTED_ATTENTION`).
-
-    `attention_mask` is the usual 2-D (B, kv) mask of 1 (real) and 0 (padding), or None. `query_offset` is the
-    number of cached tokens (default `key_length - query_length`). Packed rows are described by `position_ids` that
-    restart (read only without a mask and without cached tokens, as transformers' models do) or by flash-attention
-    style `cu_seq_lens` of one flattened row. `dtype` is the layers' compute dtype (autocast's, else the weights'):
-    SDPA masks are built in it once. `sdpa_split=False` sends the calls the split would serve to the bias bank,
-    whose chunks have `query_chunk` rows (the config's `alibi_sdpa_split` and `alibi_sdpa_query_chunk`).
-    `skip_eps` (the config's `alibi_skip_eps`) turns on certified key skipping where it applies: without gradients,
-    outside tracing, on the split and FlexAttention (several rows) and on one-row SDPA steps over a dynamic cache,
-    whose running key-norm summary (`attention_skip_ranges.RunningKeyNorms`) the caller keeps per cache and hands
-    over through `key_norms`, a function called only when a decoding step skips.
-    """
-    if implementation not in SUPPORTED_ATTENTION:
-        raise ValueError(
-            f"attn_implementation={implementation!r} is not supported by ALiBi GPT-2; choose one of "
-            f"{SUPPORTED_ATTENTION}"
-        )
-    tracing = torch.compiler.is_compiling()  # the one place that asks: compiled graphs never branch on data
+    """One forward's inputs validated once and turned into facts (`plan_alibi_attention` documents the arguments);
+    `host_offset` reads a static cache's 0-d count even for one row (a skipping decoding step needs it)."""
     slopes = slopes.float()
     if query_offset is None:
         query_offset = key_length - query_length
@@ -169,51 +182,51 @@ def plan_alibi_attention(
     # prefill (or any multi-row step) reads that count once, so its keys are the filled ones only: the rest are
     # unwritten and causally hidden, and a bias over them would cost (q, max_cache_len) per head. One-row steps keep
     # the tensor: their bias is per key anyway, and reading the count would sync a device on every decoding step.
-    skip = skip_eps > 0 and key_ranges is None and not torch.is_grad_enabled() and not tracing
-    if isinstance(query_offset, torch.Tensor) and (query_length > 1 or skip) and not tracing:
-        query_offset = int(query_offset)  # a skipping decoding step needs its position on the host anyway
+    if isinstance(query_offset, torch.Tensor) and (query_length > 1 or host_offset) and not tracing:
+        query_offset = int(query_offset)
     filled = query_offset + query_length if isinstance(query_offset, int) else key_length
     if _is_static(filled) and _is_static(key_length) and filled < key_length:
-        key_length = filled  # `alibi_attention` reads keys [0, filled) of the buffer
+        key_length = filled  # `alibi_attention` reads keys [0, filled) of the buffer: the one cut
         key_padding = None if key_padding is None else key_padding[:, :filled]
     if key_ranges is not None:
-        _check_key_ranges(key_ranges, implementation, slopes, query_offset, query_length, tracing)
-    plan = AlibiAttentionPlan(
-        "eager", slopes, query_length, key_length, query_offset, float(dropout), key_padding, documents,
-        query_chunk=query_chunk, key_ranges=key_ranges,
-    )  # fmt: skip
-    path = choose_path(
-        implementation, plan, device=slopes.device.type, tracing=tracing, sdpa_split=sdpa_split,
-        kernels_work=split_kernels_work,
-    )  # fmt: skip
-    decoding = path == "sdpa_bank" and query_length == 1 and isinstance(query_offset, int)
-    if skip and (path in ("sdpa_split", "flex_attention") or decoding):
-        plan = replace(plan, skip_eps=float(skip_eps), key_norms=key_norms() if decoding and key_norms else None)
-    if path == "eager":
-        return replace(plan, bias=_full_bias(plan))  # fp32: the eager path scores in fp32
-    if path == "sdpa_mask":
-        bias = _full_bias(plan)
-        return replace(plan, path=path, bias=bias, bias_cast=_in_dtype(bias, dtype))
-    if path == "sdpa_bank":
-        bank, has_padding = _bias_bank(plan)
-        return replace(plan, path=path, bias=bank, bias_cast=_in_dtype(bank, dtype), bias_has_padding=has_padding)
-    if path == "flex_attention":
-        compiled = slopes.device.type == "cuda" and not tracing  # a traced model compiles the kernel with it
-        return replace(plan, path=path, block_mask=_flex_block_mask(plan, slopes.device), flex_compiled=compiled)
-    if path == "sdpa_split" and plan.skip_eps > 0:  # one level of blocks, cut to each layer's own key ranges
-        split = split_plan(slopes, query_offset, query_length, key_padding, SKIP_CHUNKS, batch, None, dtype)
-        return replace(plan, path=path, split_chunks=SKIP_CHUNKS, split=split)
-    if path == "sdpa_split":
-        split = split_plan(slopes, query_offset, query_length, key_padding, plan.split_chunks, batch, key_ranges, dtype)
-        return replace(plan, path=path, split=split)
-    return replace(plan, path=path)
+        _check_key_ranges(key_ranges, slopes, query_offset, query_length, tracing)
+    given = attention_mask if key_padding is not None and attention_mask.shape[-1] == key_length else None
+    return AlibiAttentionPlan("", slopes, query_length, key_length, query_offset, float(dropout), key_padding,
+                              documents, key_ranges, batch=batch, attention_mask=given)  # fmt: skip
 
 
-def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, tracing: bool, sdpa_split: bool,
-                kernels_work=split_kernels_work) -> str:  # fmt: skip
-    """The path for a backend and a plan's facts (module docstring). `kernels_work` is called only if it matters."""
-    if implementation != "sdpa":
-        return implementation
+def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, tracing: bool, sdpa_split: bool = True,
+                skip_eps: float = 0.0, grad: bool = False, kernels_work=lambda: False, paged: bool = False,
+                block_table: bool = False) -> str:  # fmt: skip
+    """The path for a backend and a plan's facts (module docstring): the only function that chooses one.
+
+    `skip_eps > 0` (the config's `alibi_skip_eps`) asks for certified key skipping; it applies without gradients,
+    outside tracing, without caller-given key ranges, on the split, on FlexAttention and on one-row steps over
+    plain-int positions. `kernels_work` (the split's probe) is called only when it matters. `paged`: continuous
+    batching's flattened row of requests; `block_table`: transformers hands the paged kernel its block tables (the
+    FlashAttention-2 decode fast path).
+    """
+    if paged:
+        if implementation != "flash_attention_2":
+            return "paged"
+        return "paged_flash_attention_2_kvcache" if block_table else "paged_flash_attention_2"
+    if implementation not in SUPPORTED_ATTENTION:
+        raise ValueError(
+            f"attn_implementation={implementation!r} is not supported by ALiBi GPT-2; choose one of "
+            f"{SUPPORTED_ATTENTION}"
+        )
+    skip = skip_eps > 0 and plan.key_ranges is None and not grad and not tracing
+    if implementation == "eager":
+        return "eager"
+    if implementation == "flash_attention_2":
+        if plan.key_ranges is not None:
+            raise ValueError("key_ranges: flash-attn's kernel has no per-head key ranges; use 'sdpa' or "
+                             "'flex_attention'")  # fmt: skip
+        dense = plan.key_padding is None and plan.documents is None
+        return "flash_attention_2" if dense else "flash_attention_2_varlen"
+    if implementation == "flex_attention":
+        path = "flex_attention_certified" if skip else "flex_attention"
+        return f"{path}_compiled" if device == "cuda" and not tracing else path
     bottom_right = (  # plain ints and queries that end at the last key: no cache, dynamic, static outside compile
         isinstance(plan.query_offset, int)
         and _is_static(plan.query_length)
@@ -222,15 +235,23 @@ def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, trac
     )
     if not bottom_right:
         return "sdpa_mask"
+    if plan.query_length == 1:  # a decoding row: its bank row is already a per-key bias, one public call
+        if not skip and plan.key_ranges is None:
+            return "sdpa_bank"
+        path = "sdpa_decode_certified" if skip else "sdpa_decode_in_ranges"
+        # one row of batch 1 cannot spread over threads (the kernel splits work by batch, heads and query rows)
+        segmented = device == "cpu" and plan.dropout == 0.0 and plan.batch == 1 and kernels_work()
+        return f"{path}_segmented" if segmented else path
     split = (
         sdpa_split
         and plan.documents is None
-        and plan.query_length > 1  # one row: its bank row is already a per-key bias, one public call
         and plan.dropout == 0.0  # the CPU flash kernel has no dropout
         and device == "cpu"
         and not tracing  # compiled and exported graphs keep to public ops
     )
-    return "sdpa_split" if split and kernels_work() else "sdpa_bank"
+    if not (split and kernels_work()):
+        return "sdpa_bank"
+    return "sdpa_split_certified" if skip else "sdpa_split"
 
 
 def _is_static(length) -> bool:
@@ -238,7 +259,7 @@ def _is_static(length) -> bool:
     return isinstance(length, int) and not isinstance(length, torch.SymInt)
 
 
-def _in_dtype(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def mask_in_dtype(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A float mask in `dtype`; clamped first, since fp32's minimum becomes -inf in fp16 (a row of -inf is NaN)."""
     if mask.dtype == dtype:
         return mask
@@ -313,9 +334,7 @@ def documents_from_cu_seq_lens(cu_seq_lens: torch.Tensor, length: int, tracing: 
     return torch.searchsorted(cu_seq_lens[1:].to(positions.dtype), positions, right=True)[None]  # (1, L)
 
 
-def _check_key_ranges(ranges: KeyRanges, implementation, slopes, query_offset, query_length, tracing) -> None:
-    if implementation == "flash_attention_2":
-        raise ValueError("key_ranges: flash-attn's kernel has no per-head key ranges; use 'sdpa' or 'flex_attention'")
+def _check_key_ranges(ranges: KeyRanges, slopes, query_offset, query_length, tracing) -> None:
     if isinstance(ranges.rows, bool) or not isinstance(ranges.rows, int) or ranges.rows < 1:
         raise ValueError(f"key_ranges.rows must be a positive integer, got {ranges.rows!r}")
     blocks = -(-query_length // ranges.rows)
@@ -351,19 +370,19 @@ def visible_keys(plan: AlibiAttentionPlan, rows: slice = slice(None), keys: slic
     return keep
 
 
-def _full_bias(plan: AlibiAttentionPlan) -> torch.Tensor:
+def full_bias(plan: AlibiAttentionPlan) -> torch.Tensor:
     """One fp32 (B|1, H, q, kv) bias with every mask folded in: eager's, and sdpa_mask's before its cast."""
     bias = alibi_causal_bias(plan.slopes, plan.query_length, plan.key_length, plan.query_offset)[None]  # (1, H, q, kv)
     keep = visible_keys(plan)
     return bias if keep is None else bias.masked_fill(~keep, torch.finfo(torch.float32).min)  # (B|1, H, q, kv)
 
 
-def _bias_bank(plan: AlibiAttentionPlan) -> tuple[torch.Tensor, bool]:
+def bias_bank(plan: AlibiAttentionPlan, query_chunk: int) -> tuple[torch.Tensor, bool]:
     """The bias of the last `chunk` queries against all keys (chunks' masks slice it), and whether masks are in it.
 
     A single chunk (decoding, short inputs) gets padding, documents and key ranges folded in once, here.
     """
-    chunk = min(plan.query_length, plan.query_chunk)
+    chunk = min(plan.query_length, query_chunk)
     bank = alibi_causal_bias(plan.slopes, chunk, plan.key_length)[None]  # (1, H, chunk, kv) fp32
     if chunk < plan.query_length:
         return bank, False
@@ -371,15 +390,23 @@ def _bias_bank(plan: AlibiAttentionPlan) -> tuple[torch.Tensor, bool]:
     return (bank if keep is None else bank.masked_fill(~keep, torch.finfo(torch.float32).min)), True
 
 
-def _flex_block_mask(plan: AlibiAttentionPlan, device):
-    """Causal, padding-, document- and key-range-aware: blocks no query of a block can see are skipped."""
+def flex_block_mask(plan: AlibiAttentionPlan):
+    """Causal, padding-, document- and key-range-aware: blocks no query of a block can see are skipped.
+
+    Padding is read from the mask as given where the plan has it (`AlibiAttentionPlan.attention_mask`), so that the
+    block mask compiles under `torch.compile`; packed rows' documents and a mask shorter than a static cache's
+    buffer are computed tensors, which torch 2.13 compiles for FlexAttention on CUDA but not on CPU.
+    """
     from torch.nn.attention.flex_attention import create_block_mask
 
     offset, key_padding, documents, ranges = plan.query_offset, plan.key_padding, plan.documents, plan.key_ranges
+    given = plan.attention_mask
 
     def mask_mod(b, h, q_idx, kv_idx):
         keep = kv_idx <= q_idx + offset
-        if key_padding is not None:
+        if given is not None:
+            keep = keep & (given[b, kv_idx] != 0)
+        elif key_padding is not None:
             keep = keep & key_padding[b, kv_idx]
         if documents is not None:
             keep = keep & (documents[b, q_idx] == documents[b, kv_idx])
@@ -390,4 +417,4 @@ def _flex_block_mask(plan: AlibiAttentionPlan, device):
     per_row = key_padding if key_padding is not None else documents
     batch = None if per_row is None else per_row.shape[0]
     heads = None if ranges is None else plan.slopes.shape[0]  # per-head masks only when heads differ
-    return create_block_mask(mask_mod, batch, heads, plan.query_length, plan.key_length, device=device)
+    return create_block_mask(mask_mod, batch, heads, plan.query_length, plan.key_length, device=plan.slopes.device)

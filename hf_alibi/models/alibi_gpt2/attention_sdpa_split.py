@@ -41,10 +41,6 @@ import torch
 # is this machine's noise. The kernel tiles 256 query rows from 768 rows up and 64 below, so the first level keeps
 # >= 768 rows, and the 256-row diagonal blocks (and sub-blocks) are what the per-score overhead sits in.
 SPLIT_CHUNKS = (1024, 256)
-# With certified key skipping (`attention_skip_ranges`): one level of 256-row blocks, each with its own first key per
-# head. Finer blocks follow steep heads more closely; 256 rows keep the kernel's calls large enough (measured on the
-# demo checkpoint at 8k: 0.382 of causal work kept with 256-row blocks, 0.404 with 512, 0.445 with 1024).
-SKIP_CHUNKS = (256,)
 
 
 def sdpa_alibi_split(
@@ -214,6 +210,7 @@ class SplitPlan:
     def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1, first_keys=None):
         self.offset, self.key_padding, self.heads, self.calls = offset, key_padding, slopes.shape[0], []
         self.q_len, self.batch, self.dtype, self.chunks = q_len, batch, slopes.dtype, chunks
+        self.first_keys = first_keys
         self._cover(0, q_len, 0, chunks, 0)
         self._set_calls(self.calls if first_keys is None else self._ranged_calls(first_keys))
         self.visible = offset + q_len
@@ -221,6 +218,12 @@ class SplitPlan:
         self.diagonal = _diagonal_bias(slopes, min(chunks[-1], q_len))  # (1, H, n, n)
         longest = max(end - start for start, end, *_ in self.calls)
         self.row_shift = slopes[:, None] * torch.arange(longest, device=slopes.device)  # (H, rows): m * a
+
+    def for_heads(self, heads: slice, plan) -> "SplitPlan":
+        """The same calls for the global heads `heads` (a tensor-parallel rank's): `plan` is the attention plan
+        already cut to them (its slopes and key ranges)."""
+        return split_plan(plan.slopes, self.offset, self.q_len, self.key_padding, self.chunks, self.batch,
+                          plan.key_ranges, self.dtype)  # fmt: skip
 
     def in_key_ranges(self, first_key: torch.Tensor) -> "SplitPlan":
         """This plan's calls cut to `first_key` ((H, blocks) first key per head and block of `chunks[0]` rows), its
@@ -239,6 +242,16 @@ class SplitPlan:
         self.groups = _group(calls) if self.batch == 1 else [CallGroup(1, 0, *call) for call in calls]
         # Diagonal blocks first: together they cover every row of every head once, so they start the running results
         self.groups.sort(key=lambda group: not group.diagonal)
+        # One diagonal call and nothing else (a short uncached prompt): the kernel's own result is the answer, and
+        # its own backward the gradient
+        self.one_call = len(self.groups) == 1
+        # One strided diagonal call over every row and head (batch 1, q a multiple of the block rows): the kernel
+        # writes the running results' memory layout itself (`attend_diagonals`)
+        diagonals = [group for group in self.groups if group.diagonal]
+        first = diagonals[0]
+        self.tiled_diagonals = len(diagonals) == 1 and self.batch == 1 and (
+            (first.start, first.count * first.end, first.head_start, first.head_end) == (0, self.q_len, 0, self.heads)
+        )
 
     def _cover(self, first, last, key_start, chunks, level):
         """Calls for rows [first, last) over keys [key_start, offset + last), every head."""
@@ -355,9 +368,8 @@ def attend_diagonals(plan: SplitPlan, query, key, value, scaling) -> tuple[torch
     """
     diagonals = [group for group in plan.groups if group.diagonal]
     batch, heads, q_len, dim = query.shape
-    count, _, start, end, *_, head_start, head_end = diagonals[0]
-    if len(diagonals) == 1 and batch == 1 and (start, count * end, head_start, head_end) == (0, q_len, 0, heads):
-        n = end  # rows per block: the group's calls tile rows [0, q) in `count` blocks
+    if plan.tiled_diagonals:
+        n = diagonals[0].end  # rows per block: the group's calls tile rows [0, q) in `count` blocks
         mask, _, rows, keys = plan.views(diagonals[0])
         out, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (count, H, n, .)
         if out.dtype == plan.dtype and out.stride() == (n * heads * dim, dim, heads * dim, 1) and (
@@ -403,7 +415,7 @@ class _SplitAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, plan, scaling):
         ctx.plan, ctx.scaling = plan, scaling
-        if len(plan.groups) == 1:  # one diagonal call (short rows, nothing cached): the kernel's result is the answer
+        if plan.one_call:  # one diagonal call (short rows, nothing cached): the kernel's result is the answer
             mask, _, rows, keys = plan.views(plan.groups[0])
             output, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (B, H, q, D)
             ctx.save_for_backward(query, key, value, output, lse)
@@ -422,7 +434,7 @@ class _SplitAttention(torch.autograd.Function):
         query, key, value, output, lse = ctx.saved_tensors
         plan, offset, q_len = ctx.plan, ctx.plan.offset, query.shape[2]
         grad_output = grad_output.to(query.dtype)
-        if len(plan.groups) == 1 and key.shape[2] == q_len:  # the forward's one call, differentiated as it is
+        if plan.one_call and key.shape[2] == q_len:  # the forward's one call, differentiated as it is
             mask, _, _, _ = plan.views(plan.groups[0])
             dq, dk, dv = _flash_backward(grad_output, query, key, value, output, lse, mask, ctx.scaling, causal=True)
             return dq, dk, dv, None, None

@@ -1,25 +1,26 @@
 """Certified key ranges for one layer's attention call (`alibi_skip_eps`), from the bounds of `attention_skip.py`.
 
-A plan built with `skip_eps > 0` (inference only: `plan_alibi_attention` decides) has every layer turn its own
-queries and keys into `KeyRanges`: per head and block of `ROWS` query rows, the first key whose predecessors' softmax
-mass is certified <= eps (`certified_key_starts`):
-- prefill on the split (`certified_split`): each block's own diagonal first, on the kernel; its log-sum-exp is the
-  lower bound on each row's (Theorem 4), far tighter than the diagonal logit on flat heads; then the certificate,
-  then only the kept keys left of each block, merged into the diagonal's results;
-- prefill on FlexAttention (`certified_plan`): the ranges before the call, from the diagonal logit (Theorem 2), as
-  per-head block masks;
-- decoding (one query row over a dynamic cache): per head, from the current query's norm, its diagonal logit and
-  the running maximum of key norms per block of cache positions (`RunningKeyNorms`), so a step costs the kept keys,
-  not a pass over the whole cache.
-Every output moves by at most 2 * eps * max|v| (Theorem 1 there).
+A plan on a certified path (`choose_path` picks one for `skip_eps > 0`: inference only) has every layer turn its
+own queries and keys into `KeyRanges`: per head and block of `ROWS` query rows, the first key whose predecessors'
+softmax mass is certified <= eps (`certified_key_starts`):
+- prefill on the split (`sdpa_split_certified`, `certified_split`): each block's own diagonal first, on the kernel;
+  its log-sum-exp is the lower bound on each row's (Theorem 4), far tighter than the diagonal logit on flat heads;
+  then the certificate, then only the kept keys left of each block, merged into the diagonal's results;
+- prefill on FlexAttention (`flex_attention_certified`, `certified_flex_ranges`): the ranges before the call, from
+  the diagonal logit (Theorem 2), as per-head block masks;
+- decoding (`sdpa_decode_certified`, one query row over a dynamic cache, `certified_decode_ranges`): per head, from
+  the current query's norm, its diagonal logit and the running maximum of key norms per block of cache positions
+  (`RunningKeyNorms`), so a step costs the kept keys, not a pass over the whole cache.
+Every output moves by at most 2 * eps * max|v| (Theorem 1 there). Each certified path's payload (below) is built
+once per forward by its `prepare_*`; the ranges are the layer's own.
 """
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from .attention_plan import AlibiAttentionPlan, KeyRanges, _flex_block_mask
-from .attention_sdpa_split import SKIP_CHUNKS, attend, attend_diagonals, split_plan
+from .attention_plan import AlibiAttentionPlan, BiasBank, KeyRanges, Preparation, bias_bank, mask_in_dtype
+from .attention_sdpa_split import SplitPlan, attend, attend_diagonals, split_plan
 from .attention_skip import (
     certified_decode_start,
     certified_key_starts,
@@ -28,7 +29,10 @@ from .attention_skip import (
     upper_norms,
 )
 
-ROWS = SKIP_CHUNKS[0]  # query rows per block (the split's one level when skipping; why 256: there)
+# Query rows per block of the certificate, and the split's one level of blocks when skipping. Finer blocks follow
+# steep heads more closely; 256 rows keep the kernel's calls large enough (measured on the demo checkpoint at 8k:
+# 0.382 of causal work kept with 256-row blocks, 0.404 with 512, 0.445 with 1024).
+ROWS = 256
 # Keys per block of the bound. Finer blocks certify more of the steep heads (results/skip/kept_fraction.md: at 8k on
 # the demo checkpoint 0.356 of causal work kept with 64-key blocks against 0.381 with 256) for 4x the bound's work.
 KEY_BLOCK = 64
@@ -43,26 +47,68 @@ NEAR = 1
 ROW_GROUP = 16
 
 
-def certified_plan(plan: AlibiAttentionPlan, query, key, scaling: float, layer: int | None) -> AlibiAttentionPlan:
-    """`plan` with this layer's certified key ranges for `query` (B, H, q, D) over `key` (B, H, kv, D), the plan's
-    keys (a static cache's filled part: `alibi_attention` cuts the buffer); a split prefill's plan is returned as it
-    is (`certified_split` certifies inside the call)."""
-    if plan.query_length == 1:  # decoding: one row at position query_offset
-        norms = plan.key_norms(layer, key, plan.key_padding) if plan.key_norms is not None else None
-        return replace(plan, key_ranges=decode_key_ranges(query, key, plan, scaling, norms))
-    if plan.path == "sdpa_split":
-        return plan
+@dataclass(frozen=True, eq=False)
+class CertifiedSplit:
+    """`sdpa_split_certified`: the one-level split of `ROWS`-row blocks over every causal key (each layer cuts it to
+    its own ranges), shared by all layers of the forward."""
+
+    eps: float
+    split: SplitPlan
+
+    def for_heads(self, heads: slice, plan: AlibiAttentionPlan) -> "CertifiedSplit":
+        return replace(self, split=self.split.for_heads(heads, plan))
+
+
+@dataclass(frozen=True, eq=False)
+class CertifiedFlex:
+    """`flex_attention_certified`: nothing per forward beyond eps (each layer builds its per-head block mask)."""
+
+    eps: float
+
+    def for_heads(self, heads: slice, plan: AlibiAttentionPlan) -> "CertifiedFlex":
+        return self
+
+
+@dataclass(frozen=True, eq=False)
+class CertifiedDecode:
+    """`sdpa_decode_certified`: the decoding row's per-key bias bank (padding folded in) and the cache's running
+    key-norm summary (None: each layer summarises its keys afresh)."""
+
+    eps: float
+    bank: BiasBank
+    key_norms: object | None = None
+
+    def for_heads(self, heads: slice, plan: AlibiAttentionPlan) -> "CertifiedDecode":
+        return replace(self, bank=self.bank.for_heads(heads, plan))
+
+
+def prepare_sdpa_split_certified(plan: AlibiAttentionPlan, preparation: Preparation) -> CertifiedSplit:
+    split = split_plan(plan.slopes, plan.query_offset, plan.query_length, plan.key_padding, (ROWS,), plan.batch,
+                       None, preparation.dtype)  # fmt: skip
+    return CertifiedSplit(preparation.skip_eps, split)
+
+
+def prepare_sdpa_decode_certified(plan: AlibiAttentionPlan, preparation: Preparation) -> CertifiedDecode:
+    bank, folded = bias_bank(plan, 1)  # (B|1, H, 1, kv), padding folded in
+    norms = preparation.key_norms() if preparation.key_norms is not None else None
+    return CertifiedDecode(preparation.skip_eps, BiasBank(bank, mask_in_dtype(bank, preparation.dtype), folded), norms)
+
+
+def prepare_flex_attention_certified(plan: AlibiAttentionPlan, preparation: Preparation) -> CertifiedFlex:
+    return CertifiedFlex(preparation.skip_eps)
+
+
+def certified_flex_ranges(plan: AlibiAttentionPlan, query, key, scaling: float) -> KeyRanges:
+    """A FlexAttention prefill layer's certified ranges for `query` (B, H, q, D) over `key` (B, H, kv, D), the plan's
+    keys, from each row's diagonal logit (`NEAR`)."""
     starts = certified_key_starts(
-        query, key, plan.slopes, scaling, plan.query_offset, plan.skip_eps, ROWS, KEY_BLOCK, plan.key_padding,
+        query, key, plan.slopes, scaling, plan.query_offset, plan.payload.eps, ROWS, KEY_BLOCK, plan.key_padding,
         near=NEAR, centroid=False, row_group=ROW_GROUP,  # the centred bound buys ~0.001 of kept work (trained)
     )  # (H, blocks)  # fmt: skip
-    ranged = replace(plan, key_ranges=KeyRanges(ROWS, starts), split=None)  # the split plans this layer's calls
-    if plan.block_mask is not None:
-        ranged = replace(ranged, block_mask=_flex_block_mask(ranged, plan.slopes.device))  # per-head blocks
-    return ranged
+    return KeyRanges(ROWS, starts)
 
 
-def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float, rows: int = ROWS,
+def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float, rows: int | None = None,
                     key_block: int = KEY_BLOCK):  # fmt: skip
     """The split with certified skipping: (output (B, H, q, D) in the query's dtype, the `KeyRanges` it used).
 
@@ -70,24 +116,24 @@ def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float,
     2. Those log-sum-exps, less their rounding (`kernel_lse_lower_bound`), bound each row's from below; with them,
        `certified_key_starts` gives each (head, block) its first key.
     3. Each block's keys from its first key to the block, per run of heads sharing a first key, merged in.
-    `key`/`value` hold the plan's keys (a static cache's filled part); `rows` and `key_block` size the blocks of
-    query rows and of keys (the defaults are the measured ones). No autograd: skipping is inference only.
+    `plan` is a `sdpa_split_certified` plan; `key`/`value` hold its keys (a static cache's filled part). `rows` and
+    `key_block` size the blocks of query rows (None: the plan's `ROWS`) and of keys (the defaults are the measured
+    ones). No autograd: skipping is inference only.
     """
     batch, heads, q_len, _ = query.shape
-    offset, padding, slopes = plan.query_offset, plan.key_padding, plan.slopes
-    dtype = torch.promote_types(query.dtype, torch.float32)
+    offset, padding, slopes, dense = plan.query_offset, plan.key_padding, plan.slopes, plan.payload.split
+    rows = dense.chunks[0] if rows is None else rows
     blocks = offset + torch.arange(0, q_len, rows, device=query.device)  # (R,) each block's first position
     diagonals = KeyRanges(rows, blocks.expand(heads, -1))  # nothing left of any block: its diagonal alone
-    dense = plan.split  # every block's whole causal range, one level of blocks, built once per forward
-    if dense is None or dense.chunks != (rows,) or dense.dtype != dtype:
-        dense = split_plan(slopes, offset, q_len, padding, (rows,), batch, dtype=dtype)
+    if dense.chunks != (rows,) or dense.dtype != torch.promote_types(query.dtype, torch.float32):
+        dense = split_plan(slopes, offset, q_len, padding, (rows,), batch, dtype=query.dtype)  # (another layer dtype)
     split = dense.in_key_ranges(diagonals.first_key)
     output, lse = attend_diagonals(split, query, key, value, scaling)  # (B, H, q, D), (B, H, q)
-    query_norms, key_norms = upper_norms(query), upper_norms(key[:, :, : offset + q_len])  # (B, H, q), (B, H, kv)
-    real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None, : offset + q_len], 0.0)
+    query_norms, key_norms = upper_norms(query), upper_norms(key)  # (B, H, q), (B, H, kv)
+    real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None], 0.0)
     lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, rows, query.shape[-1])
     starts = certified_key_starts(
-        query, key, slopes, scaling, offset, plan.skip_eps, rows, key_block, padding, centroid=False,
+        query, key, slopes, scaling, offset, plan.payload.eps, rows, key_block, padding, centroid=False,
         row_group=ROW_GROUP, lse_lower=lower, query_norms=query_norms, key_norms=key_norms,
     )  # (H, R)  # fmt: skip
     ranges = KeyRanges(rows, starts)
@@ -96,17 +142,21 @@ def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float,
     return output.to(query.dtype), ranges
 
 
-def decode_key_ranges(query, key, plan: AlibiAttentionPlan, scaling: float, norms=None) -> KeyRanges:
-    """One decoding row's first key per head, (H, 1): the minimum over the batch of each row's certified start."""
-    position = plan.query_offset
-    if norms is None:
+def certified_decode_ranges(plan: AlibiAttentionPlan, query, key, scaling: float, layer: int | None) -> KeyRanges:
+    """A `sdpa_decode_certified` layer's first key per head, (H, 1), for its one row `query` (B, H, 1, D) over `key`
+    (B, H, kv, D): the minimum over the batch of each row's certified start. `layer` names the layer for the cache's
+    running key-norm summary."""
+    position, payload = plan.query_offset, plan.payload
+    if payload.key_norms is not None:
+        norms = payload.key_norms(layer, key, plan.key_padding)  # (1, H, blocks)
+    else:
         norms = key_block_norms(key, KEY_BLOCK, plan.key_padding).amax(0, keepdim=True)  # (1, H, blocks)
     # the diagonal logit (Theorem 2 with N = {i}) in float64, as `near_key_lse(..., near=1)` gives it, in a step's
     # fewest operations
     lse = (query[:, :, 0].double() * key[:, :, position].double()).sum(-1) * scaling  # (B, H)
     if plan.key_padding is not None:  # a padded row (its own token is padding) has no certificate: keep it dense
         lse = lse.masked_fill(~plan.key_padding[:, None, position], -torch.inf)
-    starts = certified_decode_start(query, norms, plan.slopes, scaling, position, plan.skip_eps, KEY_BLOCK, lse)
+    starts = certified_decode_start(query, norms, plan.slopes, scaling, position, payload.eps, KEY_BLOCK, lse)
     return KeyRanges(1, starts.amin(0)[:, None])  # (H, 1)
 
 

@@ -27,9 +27,9 @@ from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .alibi import slopes_from_config
-from .attention_alibi import alibi_attention
+from .attention_alibi import alibi_attention, plan_alibi_attention
 from .attention_paged import PAGED_KWARGS, is_paged_cache, plan_paged_attention
-from .attention_plan import SUPPORTED_ATTENTION, AlibiAttentionPlan, plan_alibi_attention
+from .attention_plan import SUPPORTED_ATTENTION, AlibiAttentionPlan
 from .attention_skip_ranges import RunningKeyNorms
 from .configuration_alibi_gpt2 import AlibiGPT2Config
 from .tensor_parallel_alibi_gpt2 import ALIBI_HEADS  # noqa: F401  (registers the styles of the config's TP plan)
@@ -82,8 +82,8 @@ class AlibiGPT2Attention(nn.Module):
         query, key, value = (
             t.view(batch, length, -1, self.head_dim).transpose(1, 2) for t in (query, key, value)
         )  # 3 x (B, H', q, D)
-        if alibi.paged is not None:  # continuous batching: every scheduled request's keys, (1, H', K, D)
-            key, value, alibi = alibi.paged.update_cache(cache, key, value, self.layer_idx, alibi)
+        if is_paged_cache(cache):  # continuous batching: every scheduled request's keys, (1, H', K, D)
+            key, value, alibi = alibi.payload.update_cache(cache, key, value, self.layer_idx, alibi)
         elif cache is not None:
             key, value = cache.update(key, value, self.layer_idx)  # (B, H', kv, D)
         output, weights = alibi_attention(
