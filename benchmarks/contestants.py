@@ -3,22 +3,33 @@
 GPT-2's default attention dropout (0.1) pushes SDPA off its fused causal path in training, and BLOOM/MPT/hf_alibi
 apply theirs differently, so every contestant gets 0 everywhere: the benchmark compares attention, not dropout.
 
-| name                   | model                                           | attention                                  |
-|------------------------|-------------------------------------------------|--------------------------------------------|
-| `gpt2-sdpa`            | `GPT2LMHeadModel`, learned positions            | SDPA, no bias (the default reference)      |
-| `gpt2-flash`           | `GPT2LMHeadModel`, CUDA + flash-attn only       | FlashAttention-2, no bias (GPU reference)  |
-| `bloom-eager`          | `BloomForCausalLM`                              | HF's ALiBi, eager (BLOOM has no other)     |
-| `mpt-eager`            | `MptForCausalLM`, `alibi=True`                  | HF's ALiBi, eager (MPT has no other)       |
-| `alibi-sdpa`           | `AlibiGPT2LMHeadModel` (the default backend)    | SDPA: CPU split, else bias-bank chunks     |
-| `alibi-eager`          | `AlibiGPT2LMHeadModel`                          | the fp32 reference                         |
-| `alibi-flex`           | `AlibiGPT2LMHeadModel`                          | FlexAttention, analytic `score_mod`        |
-| `alibi-flex-compiled`  | `torch.compile` of `alibi-flex`, inference only | compiled FlexAttention (slow to compile)   |
-| `alibi-flash`          | `AlibiGPT2LMHeadModel`, CUDA + flash-attn only  | FlashAttention-2 `alibi_slopes`            |
-| `alibi-flex-skip`      | `alibi-flex`, `alibi_skip_eps=1e-7`, inference  | per-head block masks (fused on CUDA)       |
-| `alibi-from-bloom`     | `bloom-eager`'s weights imported (`convert`)     | SDPA; logits checked equal to BLOOM's first|
+| name                    | model                                          | attention                                 |
+|-------------------------|------------------------------------------------|-------------------------------------------|
+| `gpt2-sdpa`             | `GPT2LMHeadModel`, learned positions           | SDPA, no bias (the default reference)     |
+| `gpt2-flash`            | `GPT2LMHeadModel`, CUDA + flash-attn only      | FlashAttention-2, no bias (GPU reference) |
+| `bloom-eager`           | `BloomForCausalLM`                             | HF's ALiBi, eager (BLOOM has no other)    |
+| `mpt-eager`             | `MptForCausalLM`, `alibi=True`                 | HF's ALiBi, eager (MPT has no other)      |
+| `alibi-sdpa`            | `AlibiGPT2LMHeadModel` (the default backend)   | SDPA: CPU split, else bias-bank chunks    |
+| `alibi-sdpa-gpt2-gelu`  | `alibi-sdpa` with GPT-2's unfused GELU         | as `alibi-sdpa` (attention-only ratio)    |
+| `alibi-eager`           | `AlibiGPT2LMHeadModel`                         | the fp32 reference                        |
+| `alibi-flex`            | `AlibiGPT2LMHeadModel`                         | FlexAttention, analytic `score_mod`       |
+| `alibi-flex-compiled`   | `torch.compile`d `alibi-flex`, inference only  | compiled FlexAttention (slow to compile)  |
+| `alibi-flash`           | `AlibiGPT2LMHeadModel`, CUDA + flash-attn only | FlashAttention-2 `alibi_slopes`           |
+| `alibi-flash-gpt2-gelu` | `alibi-flash` with GPT-2's unfused GELU        | as `alibi-flash` (attention-only ratio)   |
+| `alibi-flex-skip`       | `alibi-flex`, `alibi_skip_eps=1e-7`, inference | per-head block masks (fused on CUDA)      |
+| `alibi-from-bloom`      | `bloom-eager`'s weights imported (`convert`)   | SDPA; refuses unless logits equal BLOOM's |
 
 `alibi-from-bloom` is your BLOOM, imported: the same random BLOOM as `bloom-eager` (same seed), imported exactly
 into hf_alibi, so the two time one function. Its worker refuses to start if the imported logits differ.
+
+The model as shipped against GPT-2 as shipped, and the attention-only ratio beside it: hf_alibi's MLP runs the tanh
+GELU as torch's fused kernel (`hf_alibi/models/alibi_gpt2/activations.py`), GPT-2's as transformers'
+`NewGELUActivation` (8 elementwise ops). `alibi-sdpa` / `alibi-flash` are the models as users get them; their
+`-gpt2-gelu` twins put GPT-2's `NewGELUActivation` back into every MLP (`ATTENTION_ONLY`), so that everything but
+attention and positions runs GPT-2's very kernels and their ratio to the reference is what ALiBi's attention costs,
+not hidden by the faster GELU (nor the GELU by it). Both are whole models in the same cells, processes and protocol,
+so the two columns differ by the GELU kernel alone; timing the attention call alone (`bench_attention_call`) would
+leave out what ALiBi changes around it (the plan, no position table) and gives a ratio of a part, not of the model.
 
 Every ratio is against one reference, a GPT-2 without any bias (`REFERENCES`): `gpt2-sdpa` by default, `gpt2-flash`
 on a GPU to hold `alibi-flash` against the same FlashAttention-2 kernel without `alibi_slopes` (the parity targets).
@@ -37,6 +48,8 @@ CONTESTANTS = (
     "alibi-flex",
     "alibi-flex-compiled",
     "alibi-flash",
+    "alibi-sdpa-gpt2-gelu",
+    "alibi-flash-gpt2-gelu",
     "alibi-from-bloom",
     "alibi-flex-skip",
 )
@@ -52,7 +65,11 @@ ALIBI_BACKENDS = {
     "alibi-flash": "flash_attention_2",
     "alibi-from-bloom": "sdpa",
     "alibi-flex-skip": "flex_attention",
+    "alibi-sdpa-gpt2-gelu": "sdpa",
+    "alibi-flash-gpt2-gelu": "flash_attention_2",
 }
+# hf_alibi with GPT-2's unfused GELU (transformers' NewGELUActivation) -> the contestant it is, as shipped
+ATTENTION_ONLY = {"alibi-sdpa-gpt2-gelu": "alibi-sdpa", "alibi-flash-gpt2-gelu": "alibi-flash"}
 SUITES = ("train", "forward", "generate")
 
 
@@ -77,15 +94,16 @@ class Shape:
 
 def default_contestants(device: str) -> list[str]:
     """Every contestant that runs on `device` without a compile step."""
-    names = ["gpt2-sdpa", "bloom-eager", "mpt-eager", "alibi-sdpa", "alibi-eager", "alibi-flex"]
+    names = ["gpt2-sdpa", "bloom-eager", "mpt-eager", "alibi-sdpa", "alibi-sdpa-gpt2-gelu", "alibi-eager",
+             "alibi-flex"]  # fmt: skip
     if device == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        names.append("alibi-flash")
+        names += ["alibi-flash", "alibi-flash-gpt2-gelu"]
     return names
 
 
 def unsupported_reason(name: str, suite: str, device: str) -> str | None:
     """Why `name` cannot run `suite` on `device`, or None when it can. Decided before any worker starts."""
-    if name in ("alibi-flash", "gpt2-flash"):
+    if name in ("alibi-flash", "alibi-flash-gpt2-gelu", "gpt2-flash"):
         if device != "cuda":
             return "FlashAttention-2 needs CUDA"
         if importlib.util.find_spec("flash_attn") is None:
@@ -141,8 +159,20 @@ def build_model(name: str, shape: Shape, max_length: int):
         config = AlibiGPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, classifier_dropout=0.0, **ids,
                                  **skip)  # fmt: skip
         model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation=ALIBI_BACKENDS[name])
+        if name in ATTENTION_ONLY:
+            with_gpt2_gelu(model)
     forward = torch.compile(model) if name == "alibi-flex-compiled" else model
     return model, forward
+
+
+def with_gpt2_gelu(model):
+    """`model` (hf_alibi) with transformers' own class for its activation's name in every MLP: for the default
+    `gelu_new`, GPT-2's unfused `NewGELUActivation` in place of the fused kernel the model picks (`mlp_activation`)."""
+    from transformers.activations import ACT2FN
+
+    for block in model.transformer.h:
+        block.mlp.act = ACT2FN[model.config.activation_function]
+    return model
 
 
 def imported_bloom(bloom, check_length: int = 64):

@@ -13,7 +13,7 @@ import statistics
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 
-from .contestants import REFERENCE
+from .contestants import ATTENTION_ONLY, REFERENCE
 
 OK = "ok"
 
@@ -300,6 +300,11 @@ def render_markdown(report: dict) -> str:
         f"{settings['shape']['n_head']} heads, vocab {settings['shape']['vocab_size']}, {settings['dtype']}, "
         f"every dropout 0, random init. " + _method(settings),
     ]
+    for twin, shipped in ATTENTION_ONLY.items():
+        if twin in names:
+            lines += ["", f"`{shipped}` is hf_alibi as shipped (its MLP's tanh GELU fused) against GPT-2 as shipped "
+                      f"(`NewGELUActivation`, unfused); `{twin}` is the same model with GPT-2's unfused GELU in every "
+                      f"MLP, so its ratio is the attention-only one (ALiBi's attention and no position table)."]
     for suite in settings["suites"]:
         cells = [cell for cell in report["cells"] if cell["suite"] == suite]
         if not cells:

@@ -10,8 +10,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..atomic_files import check_destination, write_folder_atomically  # noqa: F401  (importable here: dispatch, cli)
-
-TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # the same function (BLOOM's, GPT-2's, llama.cpp's), rounding apart
+# The tanh GELU's names (BLOOM's, GPT-2's, llama.cpp's function): the model's own table, the one that runs it fused
+from ..models.alibi_gpt2.activations import TANH_GELUS  # noqa: F401  (importable here: bloom, gguf_export)
 
 
 def shared_fields(config) -> dict:

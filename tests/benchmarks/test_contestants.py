@@ -1,10 +1,13 @@
-"""The imported-BLOOM benchmark contestant: `alibi-from-bloom` times the very function `bloom-eager` times."""
+"""Benchmark contestants that must time a stated function: `alibi-from-bloom` the very function `bloom-eager` times,
+`alibi-sdpa-gpt2-gelu` hf_alibi with GPT-2's unfused GELU (the attention-only ratio)."""
 
+import copy
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from transformers.activations import ACT2FN
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not part of the installed package
@@ -43,3 +46,28 @@ def test_issue_8_targets_read_bloom_eager_of_the_same_cell():
     assert rows["forward L=8192 >= 4x faster than bloom-eager, <= 1/8 its memory"]["status"] == "met"
     assert rows["forward L=16384 runs"]["status"] == "met"
     assert rows["forward L=32768 runs"]["status"] == "n/a"
+
+
+def test_attention_only_twin_is_alibi_sdpa_with_gpt2s_unfused_gelu():
+    shipped, _ = build_model("alibi-sdpa", SHAPE, 128)
+    twin, _ = build_model("alibi-sdpa-gpt2-gelu", SHAPE, 128)
+    assert twin.config.to_dict() == shipped.config.to_dict()  # same config, "gelu_new" in both
+    by_hand = copy.deepcopy(shipped)
+    for block in by_hand.transformer.h:  # what GPT2LMHeadModel's MLP runs for "gelu_new"
+        block.mlp.act = ACT2FN["gelu_new"]
+    ids = torch.randint(3, 512, (1, 100))
+    with torch.no_grad():
+        assert torch.equal(twin(ids).logits, by_hand(ids).logits)  # same weights, GPT-2's kernel: bit for bit
+        torch.testing.assert_close(twin(ids).logits, shipped(ids).logits, atol=1e-5, rtol=0)  # fp32 rounding apart
+
+
+def test_markdown_says_which_ratio_is_the_model_and_which_attention_only():
+    machine = {"cpu": "cpu", "cpu_count": 2, "device": "cpu", "threads": 1, "torch": "t", "transformers": "t",
+               "python": "p", "date": "d"}
+    settings = {"shape": {"n_embd": 8, "n_layer": 1, "n_head": 1, "vocab_size": 8}, "dtype": "fp32", "suites": [],
+                "processes": 0, "warmup": 0, "repeats": 1, "memory_method": "m", "reference": "gpt2-sdpa"}
+    document = {"command": "c", "machine": machine, "settings": settings, "cells": [], "targets": []}
+    names = ["gpt2-sdpa", "alibi-sdpa", "alibi-sdpa-gpt2-gelu"]
+    text = report.render_markdown({**document, "contestants": names})
+    assert "`alibi-sdpa` is hf_alibi as shipped" in text and "`alibi-sdpa-gpt2-gelu` is the same model" in text
+    assert "attention-only" not in report.render_markdown({**document, "contestants": names[:2]})

@@ -42,7 +42,9 @@ class AlibiGPT2Config(PretrainedConfig):
         n_inner (`int`, *optional*):
             Width of the MLP's hidden layer; `None` means `4 * n_embd`.
         activation_function (`str`, *optional*, defaults to `"gelu_new"`):
-            MLP activation, any key of `transformers.activations.ACT2FN`.
+            MLP activation, any key of `transformers.activations.ACT2FN`. The tanh GELU, under any name that is
+            exactly it (`gelu_new`, `gelu_pytorch_tanh`, ...), runs as torch's fused kernel (`activations.py`);
+            the name is kept as given.
         resid_pdrop (`float`, *optional*, defaults to 0.1):
             Dropout on the outputs of attention and MLP before they join the residual stream.
         embd_pdrop (`float`, *optional*, defaults to 0.1):

@@ -13,7 +13,6 @@ from torch.nn import functional as F
 from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 from transformers import Cache, DynamicCache, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
@@ -26,6 +25,7 @@ from transformers.pytorch_utils import Conv1D
 from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 
+from .activations import mlp_activation
 from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention, plan_alibi_attention
 from .attention_paged import PAGED_KWARGS, is_paged_cache, plan_paged_attention
@@ -99,7 +99,7 @@ class AlibiGPT2MLP(nn.Module):
         super().__init__()
         self.c_fc = AlibiGPT2Conv1D(intermediate_size, config.n_embd, bias=config.bias)
         self.c_proj = AlibiGPT2Conv1D(config.n_embd, intermediate_size, bias=config.bias)
-        self.act = ACT2FN[config.activation_function]
+        self.act = mlp_activation(config.activation_function)  # the tanh GELU fused (activations.py)
         self.dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
