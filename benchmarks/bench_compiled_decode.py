@@ -25,6 +25,8 @@ from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel, StoppingCri
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 from hf_alibi.atomic_files import write_text_atomically
 
+from .contestants import add_shape_arguments
+
 
 def build(name: str, args) -> torch.nn.Module:
     shape = dict(n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head, vocab_size=args.vocab)
@@ -105,15 +107,11 @@ def table(results: dict, args) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n-embd", type=int, default=768)
-    parser.add_argument("--n-layer", type=int, default=4)
-    parser.add_argument("--n-head", type=int, default=12)
-    parser.add_argument("--vocab", type=int, default=50257)
+    add_shape_arguments(parser, n_embd=768, n_head=12, n_layer=4, vocab=50257, threads=2)
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--decode", type=int, default=64)
     parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[1, 8])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write the raw tokens/s per repeat here (JSON)")
     args = parser.parse_args(argv)
     if args.decode < 2 or args.repeats < 1 or args.prefill < 2:

@@ -27,6 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .contestants import add_shape_arguments
+from .report import add_output_arguments
+
 MODES = ("ddp", "fsdp", "tp")
 MIB = 2**20
 
@@ -143,13 +146,9 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--batch", type=int, default=4, help="rows a rank trains on per step")
     parser.add_argument("--length", type=int, default=512)
-    parser.add_argument("--n-embd", type=int, default=512)
-    parser.add_argument("--n-head", type=int, default=8)
-    parser.add_argument("--n-layer", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads in each rank")
-    parser.add_argument("--out", type=Path, help="write every launch's figures and the table's rows as JSON")
-    parser.add_argument("--markdown", type=Path, help="write the table to this file too")
+    add_shape_arguments(parser, n_embd=512, n_head=8, n_layer=4, vocab=8192, threads=1,
+                        threads_help="torch threads in each rank")  # fmt: skip
+    add_output_arguments(parser, "launch")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "FOLDER"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 

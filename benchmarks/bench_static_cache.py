@@ -23,6 +23,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .contestants import add_shape_arguments
+from .report import add_output_arguments
+
 PREFIX = "@@static_cache "
 CACHES = ("static", "dynamic")
 MIB = 2**20
@@ -112,13 +115,8 @@ def parse_args(argv=None):
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per cache and prompt (median)")
     parser.add_argument("--batch", type=int, default=1, help="prompt rows; > 1 left-pads down to half the prompt")
     parser.add_argument("--new-tokens", type=int, default=4, help="greedy tokens generated after the prompt")
-    parser.add_argument("--n-embd", type=int, default=128)
-    parser.add_argument("--n-head", type=int, default=8)
-    parser.add_argument("--n-layer", type=int, default=2)
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads in each process")
-    parser.add_argument("--out", type=Path, help="write every process's figures and the table's rows as JSON")
-    parser.add_argument("--markdown", type=Path, help="write the table to this file too")
+    add_shape_arguments(parser, n_embd=128, n_head=8, n_layer=2, vocab=512, threads=2)
+    add_output_arguments(parser, "process")
     parser.add_argument("--child", nargs=2, metavar=("CACHE", "PROMPT"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 

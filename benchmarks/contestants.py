@@ -92,6 +92,16 @@ class Shape:
             raise ValueError(f"vocab_size must be >= 8 (ids 0-2 are reserved for pad/bos/eos), got {self.vocab_size}")
 
 
+def add_shape_arguments(parser, n_embd: int, n_head: int, n_layer: int, vocab: int, threads: int,
+                        threads_help: str = "torch threads in each process") -> None:  # fmt: skip
+    """The model-shape and thread flags every standalone benchmark takes, with that benchmark's defaults."""
+    parser.add_argument("--n-embd", type=int, default=n_embd)
+    parser.add_argument("--n-head", type=int, default=n_head)
+    parser.add_argument("--n-layer", type=int, default=n_layer)
+    parser.add_argument("--vocab", type=int, default=vocab)
+    parser.add_argument("--threads", type=int, default=threads, help=threads_help)
+
+
 def default_contestants(device: str) -> list[str]:
     """Every contestant that runs on `device` without a compile step."""
     names = ["gpt2-sdpa", "bloom-eager", "mpt-eager", "alibi-sdpa", "alibi-sdpa-gpt2-gelu", "alibi-eager",

@@ -18,6 +18,14 @@ from .contestants import ATTENTION_ONLY, REFERENCE
 OK = "ok"
 
 
+def add_output_arguments(parser, what: str) -> None:
+    """`--out` (every `what`'s figures and the table's rows as JSON) and `--markdown` (the table)."""
+    from pathlib import Path
+
+    parser.add_argument("--out", type=Path, help=f"write every {what}'s figures and the table's rows as JSON")
+    parser.add_argument("--markdown", type=Path, help="write the table to this file too")
+
+
 def summarise(cell: dict, result: dict) -> None:
     """Fill `result`'s medians and tokens/s from its raw repeats (in place); a cell's time is its median."""
     if result.get("status") != OK:

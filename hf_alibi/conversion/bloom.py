@@ -10,10 +10,19 @@ import torch
 from transformers import BloomConfig, BloomForCausalLM
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
-from ..models.alibi_gpt2.alibi import slopes_from_config
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, TANH_GELUS, Requirement, build_exactly, require, shared_fields
+from .common import (
+    EXPORT_REFUSAL,
+    IMPORT_REFUSAL,
+    TANH_GELUS,
+    Requirement,
+    build_exactly,
+    mlp_width_requirement,
+    require,
+    shared_fields,
+    slopes_requirement,
+)
 from .weight_map import TRANSPOSE, Entry, WeightMap, map_weights, per_head_qkv
 
 _REFUSED = (Requirement("apply_residual_connection_post_layernorm", False),)
@@ -81,12 +90,8 @@ _NEEDS = (
     Requirement("clip_qkv", None),
     Requirement("scale_attn_weights", True),
     Requirement("activation_function", frozenset(TANH_GELUS), "BLOOM's MLP is the tanh GELU; {field}={value!r}"),
-    Requirement("n_inner", lambda config: 4 * config.n_embd,
-                "BLOOM's MLP is 4 * n_embd = {accepted} wide; n_inner={config.n_inner}",
-                read=lambda config: config.n_inner or 4 * config.n_embd),
-    Requirement("alibi_slopes", lambda config: bloom_slopes(config.n_head).tolist(),
-                "BLOOM computes the paper's slopes for {config.n_head} heads; this model's alibi_slopes/alibi_max_bias "
-                "give {value}", read=lambda config: slopes_from_config(config).tolist()),
+    mlp_width_requirement("BLOOM's MLP"),
+    slopes_requirement(bloom_slopes, "BLOOM computes the paper's slopes for {config.n_head} heads"),
 )  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from transformers import PreTrainedModel
 from ..atomic_files import check_destination, write_folder_atomically  # noqa: F401  (importable here: dispatch, cli)
 # The tanh GELU's names (BLOOM's, GPT-2's, llama.cpp's function): the model's own table, the one that runs it fused
 from ..models.alibi_gpt2.activations import TANH_GELUS  # noqa: F401  (importable here: bloom, gguf_export)
+from ..models.alibi_gpt2.alibi import slopes_from_config
 
 
 def shared_fields(config) -> dict:
@@ -38,6 +39,21 @@ class Requirement(NamedTuple):
     accepted: object  # the one value held exactly; a frozenset: any of its values; a function: of the config, giving it
     message: str | None = None  # `str.format`ted with family, field, value, accepted and config; None: the default
     read: Callable | None = None  # the value checked, when derived from the config (the slopes); None: the field
+
+
+def mlp_width_requirement(mlp: str) -> Requirement:
+    """The export refusal of an MLP that is not 4 * n_embd wide, which `mlp` (say "BLOOM's MLP") always is."""
+    return Requirement("n_inner", lambda config: 4 * config.n_embd,
+                       mlp + " is 4 * n_embd = {accepted} wide; n_inner={config.n_inner}",
+                       read=lambda config: config.n_inner or 4 * config.n_embd)  # fmt: skip
+
+
+def slopes_requirement(slopes: Callable[[int], torch.Tensor], rule: str) -> Requirement:
+    """The export refusal of slopes other than `slopes(n_head)`, the family's own rule (`rule` says it, with
+    `{config.n_head}` for the head count)."""
+    return Requirement("alibi_slopes", lambda config: slopes(config.n_head).tolist(),
+                       rule + "; this model's alibi_slopes/alibi_max_bias give {value}",
+                       read=lambda config: slopes_from_config(config).tolist())  # fmt: skip
 
 
 def require(config, requirements: tuple[Requirement, ...], family: str, message: str) -> None:

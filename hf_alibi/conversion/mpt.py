@@ -12,10 +12,18 @@ import torch
 from transformers import MptConfig, MptForCausalLM
 from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 
-from ..models.alibi_gpt2.alibi import slopes_from_config
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, Requirement, build_exactly, require, shared_fields
+from .common import (
+    EXPORT_REFUSAL,
+    IMPORT_REFUSAL,
+    Requirement,
+    build_exactly,
+    mlp_width_requirement,
+    require,
+    shared_fields,
+    slopes_requirement,
+)
 from .weight_map import IDENTITY, TRANSPOSE, Entry, Transform, WeightMap, map_weights
 
 # What transformers' MptForCausalLM (and so this import) cannot honour; each would change the function.
@@ -114,12 +122,8 @@ _NEEDS = (
     Requirement("embedding_layernorm", False),
     Requirement("activation_function", "gelu"),
     Requirement("tie_word_embeddings", True),
-    Requirement("n_inner", lambda config: 4 * config.n_embd,
-                "transformers' MPT MLP is 4 * n_embd = {accepted} wide; n_inner={config.n_inner}",
-                read=lambda config: config.n_inner or 4 * config.n_embd),
-    Requirement("alibi_slopes", lambda config: mpt_slopes(config.n_head).tolist(),
-                "MPT computes its slopes for {config.n_head} heads at max bias 8; this model's "
-                "alibi_slopes/alibi_max_bias give {value}", read=lambda config: slopes_from_config(config).tolist()),
+    mlp_width_requirement("transformers' MPT MLP"),
+    slopes_requirement(mpt_slopes, "MPT computes its slopes for {config.n_head} heads at max bias 8"),
 )  # fmt: skip
 
 
