@@ -161,7 +161,7 @@ def test_transformers_executorch_recipe_exports_a_static_cache_decoder_that_matc
 
 
 @pytest.mark.slow
-def test_compiled_flex_model_with_a_padding_mask_matches_eager_on_cpu(make_model, random_ids):
+def test_compiled_flex_model_with_a_padding_mask_or_packed_rows_matches_eager_on_cpu(make_model, random_ids):
     """What the README advises for FlexAttention: `torch.compile(model)`. On CPU torch 2.13 lowers a mask_mod only if
     it reads the mask as given (not a tensor the graph computed, `.bool()` included) and inputs laid out as
     (B, H, L, D)."""
@@ -172,3 +172,8 @@ def test_compiled_flex_model_with_a_padding_mask_matches_eager_on_cpu(make_model
         compiled = torch.compile(model)(ids, attention_mask=mask).logits
     real = mask.bool()
     torch.testing.assert_close(compiled[real], expected[real], atol=1e-5, rtol=0)
+    packed, positions = random_ids(1, 40), torch.cat([torch.arange(25), torch.arange(15)])[None]  # two documents
+    with torch.no_grad():
+        expected = model(packed, position_ids=positions).logits
+        compiled = torch.compile(model)(packed, position_ids=positions).logits
+    torch.testing.assert_close(compiled, expected, atol=1e-5, rtol=0)

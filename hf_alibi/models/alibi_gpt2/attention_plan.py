@@ -393,9 +393,9 @@ def bias_bank(plan: AlibiAttentionPlan, query_chunk: int) -> tuple[torch.Tensor,
 def flex_block_mask(plan: AlibiAttentionPlan):
     """Causal, padding-, document- and key-range-aware: blocks no query of a block can see are skipped.
 
-    Padding is read from the mask as given where the plan has it (`AlibiAttentionPlan.attention_mask`), so that the
-    block mask compiles under `torch.compile`; packed rows' documents and a mask shorter than a static cache's
-    buffer are computed tensors, which torch 2.13 compiles for FlexAttention on CUDA but not on CPU.
+    Padding is read from the mask as given where the plan has it (`AlibiAttentionPlan.attention_mask`): torch 2.13's
+    CPU inductor cannot lower a mask_mod that reads the graph's own `.bool()` of it (packed rows' document indices
+    lower: `tests/modeling_alibi_gpt2/test_compile_export.py` compiles both).
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
