@@ -200,9 +200,9 @@ def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, trac
                 block_table: bool = False) -> str:  # fmt: skip
     """The path for a backend and a plan's facts (module docstring): the only function that chooses one.
 
-    `skip_eps > 0` (the config's `alibi_skip_eps`) asks for certified key skipping; it applies without gradients,
-    outside tracing, without caller-given key ranges, on the split, on FlexAttention and on one-row steps over
-    plain-int positions. `kernels_work` (the split's probe) is called only when it matters. `paged`: continuous
+    `skip_eps > 0` (the config's `alibi_skip_eps`) asks for certified key skipping; it applies outside tracing,
+    without caller-given key ranges, on the split (training too: its gradient is that of the attention computed),
+    on FlexAttention and on one-row steps over plain-int positions. `grad` says whether autograd records. `kernels_work` (the split's probe) is called only when it matters. `paged`: continuous
     batching's flattened row of requests; `block_table`: transformers hands the paged kernel its block tables (the
     FlashAttention-2 decode fast path).
     """
@@ -215,7 +215,7 @@ def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, trac
             f"attn_implementation={implementation!r} is not supported by ALiBi GPT-2; choose one of "
             f"{SUPPORTED_ATTENTION}"
         )
-    skip = skip_eps > 0 and plan.key_ranges is None and not grad and not tracing
+    skip = skip_eps > 0 and plan.key_ranges is None and not tracing
     if implementation == "eager":
         return "eager"
     if implementation == "flash_attention_2":

@@ -410,11 +410,23 @@ def attend(plan: SplitPlan, groups, query, key, value, scaling, output, lse) -> 
 
 
 class _SplitAttention(torch.autograd.Function):
-    """The split on the CPU flash kernels, forward and backward; see the module docstring for the math."""
+    """The split on the CPU flash kernels, forward and backward; see the module docstring for the math.
+
+    `diagonals`, when given, are the running (output, log-sum-exp) of the plan's diagonal groups, already computed
+    (certified skipping computes them first to certify the rest): the forward then runs the other groups only. The
+    backward is the same either way: every call of the plan, differentiated with the final output and log-sum-exp.
+    """
 
     @staticmethod
-    def forward(ctx, query, key, value, plan, scaling):
+    def forward(ctx, query, key, value, plan, scaling, diagonals=None):
         ctx.plan, ctx.scaling = plan, scaling
+        if diagonals is not None:
+            output, lse = diagonals  # (B, H, q, D), (B, H, q) in the plan's dtype, merged into in place
+            attend(plan, [group for group in plan.groups if not group.diagonal], query, key, value, scaling, output,
+                   lse)  # fmt: skip
+            output = output.to(query.dtype)
+            ctx.save_for_backward(query, key, value, output, lse)
+            return output
         if plan.one_call:  # one diagonal call (short rows, nothing cached): the kernel's result is the answer
             mask, _, rows, keys = plan.views(plan.groups[0])
             output, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (B, H, q, D)
@@ -437,7 +449,7 @@ class _SplitAttention(torch.autograd.Function):
         if plan.one_call and key.shape[2] == q_len:  # the forward's one call, differentiated as it is
             mask, _, _, _ = plan.views(plan.groups[0])
             dq, dk, dv = _flash_backward(grad_output, query, key, value, output, lse, mask, ctx.scaling, causal=True)
-            return dq, dk, dv, None, None
+            return dq, dk, dv, None, None, None
         # Summed in fp32 (fp64 for fp64 inputs). The diagonal groups come first and cover every query row and every
         # key in [offset, offset + q) exactly once, so they write their gradients (no zero fill, no add); only cached
         # keys [0, offset) and a static cache's unread tail are zeroed; the other calls add into them.
@@ -454,4 +466,4 @@ class _SplitAttention(torch.autograd.Function):
             for grad, part, view in ((grads[0], dq, rows), (grads[1], dk, keys), (grads[2], dv, keys)):
                 view(grad).copy_(part) if diagonal else view(grad).add_(part)
         grad_query, grad_key, grad_value = (g.to(t.dtype) for g, t in zip(grads, (query, key, value)))
-        return grad_query, grad_key, grad_value, None, None
+        return grad_query, grad_key, grad_value, None, None, None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .attention_plan import AlibiAttentionPlan, BiasBank, KeyRanges, Preparation, bias_bank, mask_in_dtype
-from .attention_sdpa_split import SplitPlan, attend, attend_diagonals, split_plan
+from .attention_sdpa_split import SplitPlan, _SplitAttention, attend_diagonals, split_plan
 from .attention_skip import (
     certified_decode_start,
     certified_key_starts,
@@ -101,10 +101,11 @@ def prepare_flex_attention_certified(plan: AlibiAttentionPlan, preparation: Prep
 def certified_flex_ranges(plan: AlibiAttentionPlan, query, key, scaling: float) -> KeyRanges:
     """A FlexAttention prefill layer's certified ranges for `query` (B, H, q, D) over `key` (B, H, kv, D), the plan's
     keys, from each row's diagonal logit (`NEAR`)."""
-    starts = certified_key_starts(
-        query, key, plan.slopes, scaling, plan.query_offset, plan.payload.eps, ROWS, KEY_BLOCK, plan.key_padding,
-        near=NEAR, centroid=False, row_group=ROW_GROUP,  # the centred bound buys ~0.001 of kept work (trained)
-    )  # (H, blocks)  # fmt: skip
+    with torch.no_grad():  # a certificate of this forward's queries and keys: the ranges are constants to autograd
+        starts = certified_key_starts(
+            query.detach(), key.detach(), plan.slopes, scaling, plan.query_offset, plan.payload.eps, ROWS, KEY_BLOCK,
+            plan.key_padding, near=NEAR, centroid=False, row_group=ROW_GROUP,  # centred: ~0.001 less kept work
+        )  # (H, blocks)  # fmt: skip
     return KeyRanges(ROWS, starts)
 
 
@@ -118,7 +119,15 @@ def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float,
     3. Each block's keys from its first key to the block, per run of heads sharing a first key, merged in.
     `plan` is a `sdpa_split_certified` plan; `key`/`value` hold its keys (a static cache's filled part). `rows` and
     `key_block` size the blocks of query rows (None: the plan's `ROWS`) and of keys (the defaults are the measured
-    ones). No autograd: skipping is inference only.
+    ones).
+
+    Training (gradients on): steps 1-2 run without autograd, on this step's own queries and keys, so the dropped
+    mass is certified for the very forward it drops from. Step 3 and the backward are the split's autograd function
+    over the ranged calls (`_SplitAttention`, given step 1's results): the gradient is the exact gradient of the
+    attention this forward computed, the causal attention restricted to each (head, block)'s kept keys. The ranges
+    are a step function of the queries and keys, constant almost everywhere, so holding them fixed is what the
+    derivative of the computed function is. That attention is within 2 * eps * max|v| of dense attention in every
+    output (Theorem 1); the gradients are those of the computed, not of dense, attention.
     """
     batch, heads, q_len, _ = query.shape
     offset, padding, slopes, dense = plan.query_offset, plan.key_padding, plan.slopes, plan.payload.split
@@ -127,21 +136,22 @@ def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float,
     diagonals = KeyRanges(rows, blocks.expand(heads, -1))  # nothing left of any block: its diagonal alone
     if dense.chunks != (rows,) or dense.dtype != torch.promote_types(query.dtype, torch.float32):
         dense = split_plan(slopes, offset, q_len, padding, (rows,), batch, dtype=query.dtype)  # (another layer dtype)
-    split = dense.in_key_ranges(diagonals.first_key)
-    output, lse = attend_diagonals(split, query, key, value, scaling)  # (B, H, q, D), (B, H, q)
-    query_norms, key_norms = upper_norms(query), upper_norms(key)  # (B, H, q), (B, H, kv)
-    real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None], 0.0)
-    lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, rows, query.shape[-1])
-    starts = certified_key_starts(
-        query, key, slopes, scaling, offset, plan.payload.eps, rows, key_block, padding, centroid=False,
-        row_group=ROW_GROUP, lse_lower=lower, query_norms=query_norms, key_norms=key_norms,
-    )  # (H, R)  # fmt: skip
+    with torch.no_grad():  # the certificate of this step's queries and keys: no autograd through it
+        q, k, v = query.detach(), key.detach(), value.detach()
+        output, lse = attend_diagonals(dense.in_key_ranges(diagonals.first_key), q, k, v, scaling)  # (B, H, q, .)
+        query_norms, key_norms = upper_norms(q), upper_norms(k)  # (B, H, q), (B, H, kv)
+        real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None], 0.0)
+        lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, rows, q.shape[-1])
+        starts = certified_key_starts(
+            q, k, slopes, scaling, offset, plan.payload.eps, rows, key_block, padding, centroid=False,
+            row_group=ROW_GROUP, lse_lower=lower, query_norms=query_norms, key_norms=key_norms,
+        )  # (H, R)  # fmt: skip
     ranges = KeyRanges(rows, starts)
-    split = dense.in_key_ranges(starts)
-    attend(split, [group for group in split.groups if not group.diagonal], query, key, value, scaling, output, lse)
-    return output.to(query.dtype), ranges
+    output = _SplitAttention.apply(query, key, value, dense.in_key_ranges(starts), scaling, (output, lse))
+    return output, ranges  # (B, H, q, D) in the query's dtype
 
 
+@torch.no_grad()  # a certificate: the ranges are constants to autograd
 def certified_decode_ranges(plan: AlibiAttentionPlan, query, key, scaling: float, layer: int | None) -> KeyRanges:
     """A `sdpa_decode_certified` layer's first key per head, (H, 1), for its one row `query` (B, H, 1, D) over `key`
     (B, H, kv, D): the minimum over the batch of each row's certified start. `layer` names the layer for the cache's
