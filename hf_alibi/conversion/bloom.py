@@ -13,7 +13,16 @@ from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from ..models.alibi_gpt2.alibi import slopes_from_config
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, TANH_GELUS, Requirement, build_exactly, require, shared_fields
+from .common import (
+    EXPORT_REFUSAL,
+    IMPORT_REFUSAL,
+    NO_MUP_SWITCHES,
+    TANH_GELUS,
+    Requirement,
+    build_exactly,
+    require,
+    shared_fields,
+)
 from .weight_map import TRANSPOSE, Entry, WeightMap, map_weights, per_head_qkv
 
 _REFUSED = (Requirement("apply_residual_connection_post_layernorm", False),)
@@ -76,6 +85,7 @@ def convert_bloom(model: BloomForCausalLM) -> AlibiGPT2LMHeadModel:
 
 # What BLOOM's architecture holds: anything else would change the function.
 _NEEDS = (
+    *NO_MUP_SWITCHES,
     Requirement("embedding_layernorm", True),
     Requirement("bias", True),
     Requirement("clip_qkv", None),

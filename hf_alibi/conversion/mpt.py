@@ -15,7 +15,7 @@ from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 from ..models.alibi_gpt2.alibi import slopes_from_config
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, Requirement, build_exactly, require, shared_fields
+from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, NO_MUP_SWITCHES, Requirement, build_exactly, require, shared_fields
 from .weight_map import IDENTITY, TRANSPOSE, Entry, Transform, WeightMap, map_weights
 
 # What transformers' MptForCausalLM (and so this import) cannot honour; each would change the function.
@@ -110,6 +110,7 @@ def convert_mpt(model: MptForCausalLM) -> AlibiGPT2LMHeadModel:
 
 # What transformers' MPT architecture holds: anything else would change the function.
 _NEEDS = (
+    *NO_MUP_SWITCHES,
     Requirement("bias", False),
     Requirement("embedding_layernorm", False),
     Requirement("activation_function", "gelu"),
