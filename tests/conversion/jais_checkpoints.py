@@ -7,6 +7,8 @@ import math
 import torch
 from alibi_reference import reference_logits
 from safetensors.torch import save_file
+from tokenizers import ByteLevelBPETokenizer
+from transformers import PreTrainedTokenizerFast
 
 from hf_alibi.conversion.remote_code import Checkpoint
 
@@ -117,6 +119,14 @@ def their_logits(checkpoint: Checkpoint, input_ids, attention_mask=None) -> torc
     return reference_logits(
         state, input_ids, n_layer=config["n_layer"], n_head=config["n_head"], slopes=slopes,
         attn_scale=1 / head_dim if by_d else head_dim**-0.5, gated=gated,
-        activation="silu" if gated else config["activation_function"], embedding_scale=embedding_scale, logit_scale=logit_scale, eps=config["layer_norm_epsilon"],
-        attention_mask=attention_mask,
+        activation="silu" if gated else config["activation_function"], embedding_scale=embedding_scale,
+        logit_scale=logit_scale, eps=config["layer_norm_epsilon"], attention_mask=attention_mask,
     )  # fmt: skip
+
+
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE (Jais's and BTLM's kind) trained on a little Arabic and English: ~290 ids."""
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["مرحبا بالعالم hello world"] * 20, vocab_size=VOCAB + 200,
+                            special_tokens=["<|endoftext|>"], show_progress=False)  # fmt: skip
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>")

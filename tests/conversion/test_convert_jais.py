@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 from family_checks import left_padded_batch
-from jais_checkpoints import GENERATIONS, N_POSITIONS, VOCAB, paper_slopes, save_source, their_logits, tiny_checkpoint
-from tokenizers import ByteLevelBPETokenizer
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from jais_checkpoints import GENERATIONS, N_POSITIONS, VOCAB, byte_level_tokenizer, paper_slopes, save_source
+from jais_checkpoints import their_logits, tiny_checkpoint
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_alibi import AlibiGPT2LMHeadModel, convert, get_alibi_slopes
 from hf_alibi.cli import run
@@ -139,13 +139,6 @@ def test_checkpoint_defects_are_refused_by_name():
     checkpoint.state_dict["transformer.h.0.attn.rotary.inv_freq"] = torch.ones(4)
     with pytest.raises(ValueError, match="unused.*rotary"):
         convert_cerebras(checkpoint)
-
-
-def byte_level_tokenizer() -> PreTrainedTokenizerFast:
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(["مرحبا بالعالم hello world"] * 20, vocab_size=VOCAB + 200, special_tokens=["<|endoftext|>"],
-                            show_progress=False)  # fmt: skip
-    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>")
 
 
 def test_cli_convert_writes_an_exact_folder_with_their_tokenizer_files_unchanged(tmp_path, capsys):
