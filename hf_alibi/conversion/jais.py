@@ -18,7 +18,8 @@ weight copies over as it is (one identity table, `cerebras_weights`). What diffe
   ours `-m (i - j)`: the same on every key a causal row sees.
 
 Their code caps inputs at `n_positions` (a `tril(ones(n_positions, n_positions))` mask buffer); ALiBi GPT-2 has no
-cap. In bf16 their code rounds the bias `m |i - j|` to bf16; ours is fp32: compare the two in fp32.
+cap. In bf16 their code rounds the bias `m |i - j|` to bf16; ours is fp32: compare the two in fp32. Their
+`reorder_and_upcast_attn` only upcasts the scores to fp32 (the same function) and is accepted.
 """
 
 import math
@@ -163,6 +164,8 @@ def _their_tensors(checkpoint: Checkpoint, config: dict, family: str) -> tuple[d
 def convert_cerebras(checkpoint: Checkpoint) -> AlibiGPT2LMHeadModel:
     """An `AlibiGPT2LMHeadModel` computing what the Jais or BTLM checkpoint's own code computes (fp32 rounding
     apart), at any length; `ValueError` naming the config field or tensor it cannot hold exactly."""
+    if checkpoint.config.get("model_type") not in NAMES:
+        raise ValueError(f"model_type must be one of {sorted(NAMES)}, got {checkpoint.config.get('model_type')!r}")
     config = _with_defaults(checkpoint.config)
     family = NAMES[config["model_type"]]
     require(config, _REFUSED, family, IMPORT_REFUSAL)
