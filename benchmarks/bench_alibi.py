@@ -1,4 +1,4 @@
-"""hf_alibi against GPT-2 (SDPA, no ALiBi), BLOOM and MPT, side by side in one run.
+"""hf_alibi against GPT-2 (SDPA, no ALiBi), BLOOM, MPT and Jais's eager code, side by side in one run.
 
     python -m benchmarks.bench_alibi --out results.json --markdown BENCHMARKS-table.md          # GPT-2 small, CPU
     python -m benchmarks.bench_alibi --preset tiny --repeats 1                                  # smoke, ~1 min
@@ -7,6 +7,9 @@
     bash benchmarks/gpu_parity.sh                                                        # the parity targets on a GPU
     python -m benchmarks.bench_alibi --preset bloom-560m --suite forward,train --train-batch 1 \
         --contestants bloom-eager,alibi-from-bloom --out bloom560m.json --markdown bloom560m.md    # imported BLOOM
+    python -m benchmarks.bench_alibi --suite forward,train --lengths 2048,8192,16384 --train-lengths 2048 \
+        --train-batch 1 --contestants gpt2-sdpa,jais-eager,alibi-from-jais --out jais.json --markdown jais.md
+        # imported Jais against their eager code: at 2048 (its n_positions cap; it raises past it) and past the cap
     python -m benchmarks.bench_alibi --suite forward --lengths 512,2048 --processes 5 --targets parity  # parity
 
 Every contestant lives in its own worker process (`benchmarks.worker`) for the whole run, so its peak memory is

@@ -3,24 +3,29 @@
 GPT-2's default attention dropout (0.1) pushes SDPA off its fused causal path in training, and BLOOM/MPT/hf_alibi
 apply theirs differently, so every contestant gets 0 everywhere: the benchmark compares attention, not dropout.
 
-| name                    | model                                          | attention                                 |
-|-------------------------|------------------------------------------------|-------------------------------------------|
-| `gpt2-sdpa`             | `GPT2LMHeadModel`, learned positions           | SDPA, no bias (the default reference)     |
-| `gpt2-flash`            | `GPT2LMHeadModel`, CUDA + flash-attn only      | FlashAttention-2, no bias (GPU reference) |
-| `bloom-eager`           | `BloomForCausalLM`                             | HF's ALiBi, eager (BLOOM has no other)    |
-| `mpt-eager`             | `MptForCausalLM`, `alibi=True`                 | HF's ALiBi, eager (MPT has no other)      |
-| `alibi-sdpa`            | `AlibiGPT2LMHeadModel` (the default backend)   | SDPA: CPU split, else bias-bank chunks    |
-| `alibi-sdpa-gpt2-gelu`  | `alibi-sdpa` with GPT-2's unfused GELU         | as `alibi-sdpa` (attention-only ratio)    |
-| `alibi-eager`           | `AlibiGPT2LMHeadModel`                         | the fp32 reference                        |
-| `alibi-flex`            | `AlibiGPT2LMHeadModel`                         | FlexAttention, analytic `score_mod`       |
-| `alibi-flex-compiled`   | `torch.compile`d `alibi-flex`, inference only  | compiled FlexAttention (slow to compile)  |
-| `alibi-flash`           | `AlibiGPT2LMHeadModel`, CUDA + flash-attn only | FlashAttention-2 `alibi_slopes`           |
-| `alibi-flash-gpt2-gelu` | `alibi-flash` with GPT-2's unfused GELU        | as `alibi-flash` (attention-only ratio)   |
-| `alibi-flex-skip`       | `alibi-flex`, `alibi_skip_eps=1e-7`, inference | per-head block masks (fused on CUDA)      |
-| `alibi-from-bloom`      | `bloom-eager`'s weights imported (`convert`)   | SDPA; refuses unless logits equal BLOOM's |
+| name                   | model                                           | attention                                  |
+|------------------------|-------------------------------------------------|--------------------------------------------|
+| `gpt2-sdpa`            | `GPT2LMHeadModel`, learned positions            | SDPA, no bias (the default reference)      |
+| `gpt2-flash`           | `GPT2LMHeadModel`, CUDA + flash-attn only       | FlashAttention-2, no bias (GPU reference)  |
+| `bloom-eager`          | `BloomForCausalLM`                              | HF's ALiBi, eager (BLOOM has no other)     |
+| `mpt-eager`            | `MptForCausalLM`, `alibi=True`                  | HF's ALiBi, eager (MPT has no other)       |
+| `alibi-sdpa`           | `AlibiGPT2LMHeadModel` (the default backend)    | SDPA: CPU split, else bias-bank chunks     |
+| `alibi-sdpa-gpt2-gelu` | `alibi-sdpa` with GPT-2's unfused GELU          | as `alibi-sdpa` (attention-only ratio)     |
+| `alibi-eager`          | `AlibiGPT2LMHeadModel`                          | the fp32 reference                         |
+| `alibi-flex`           | `AlibiGPT2LMHeadModel`                          | FlexAttention, analytic `score_mod`        |
+| `alibi-flex-compiled`  | `torch.compile` of `alibi-flex`, inference only | compiled FlexAttention (slow to compile)   |
+| `alibi-flash`          | `AlibiGPT2LMHeadModel`, CUDA + flash-attn only  | FlashAttention-2 `alibi_slopes`            |
+| `alibi-flash-gpt2-gelu`| `alibi-flash` with GPT-2's unfused GELU         | as `alibi-flash` (attention-only ratio)    |
+| `alibi-flex-skip`      | `alibi-flex`, `alibi_skip_eps=1e-7`, inference  | per-head block masks (fused on CUDA)       |
+| `alibi-from-bloom`     | `bloom-eager`'s weights imported (`convert`)     | SDPA; logits checked equal to BLOOM's first|
+| `jais-eager`           | `benchmarks.jais_eager`: their code's forward   | their eager ALiBi, capped at n_positions   |
+| `alibi-from-jais`      | `jais-eager`'s weights imported (`convert`)     | SDPA; logits checked equal to theirs first |
 
 `alibi-from-bloom` is your BLOOM, imported: the same random BLOOM as `bloom-eager` (same seed), imported exactly
-into hf_alibi, so the two time one function. Its worker refuses to start if the imported logits differ.
+into hf_alibi, so the two time one function. Its worker refuses to start if the imported logits differ. The same for
+`alibi-from-jais` and `jais-eager`, a faithful re-implementation of the Jais / BTLM remote code's forward (their code
+cannot ship here): SwiGLU MLP `4 * n_embd` wide, jais-13b's muP multipliers, its n_positions cap of 2048 (longer
+inputs raise, as in their code), forward and train suites only (no cache).
 
 The model as shipped against GPT-2 as shipped, and the attention-only ratio beside it: hf_alibi's MLP runs the tanh
 GELU as torch's fused kernel (`hf_alibi/models/alibi_gpt2/activations.py`), GPT-2's as transformers'
@@ -52,6 +57,8 @@ CONTESTANTS = (
     "alibi-flash-gpt2-gelu",
     "alibi-from-bloom",
     "alibi-flex-skip",
+    "jais-eager",
+    "alibi-from-jais",
 )
 REFERENCE = "gpt2-sdpa"  # the default reference of every ratio
 # The GPT-2s without any bias (plain causal attention: what ALiBi is held against) and their attention backends
@@ -67,6 +74,7 @@ ALIBI_BACKENDS = {
     "alibi-flex-skip": "flex_attention",
     "alibi-sdpa-gpt2-gelu": "sdpa",
     "alibi-flash-gpt2-gelu": "flash_attention_2",
+    "alibi-from-jais": "sdpa",
 }
 # hf_alibi with GPT-2's unfused GELU (transformers' NewGELUActivation) -> the contestant it is, as shipped
 ATTENTION_ONLY = {"alibi-sdpa-gpt2-gelu": "alibi-sdpa", "alibi-flash-gpt2-gelu": "alibi-flash"}
@@ -122,6 +130,8 @@ def unsupported_reason(name: str, suite: str, device: str) -> str | None:
         return "FlexAttention has no CPU backward in this torch version"
     if name == "alibi-flex-skip" and (suite == "train" or device != "cuda"):
         return "certified skipping is inference only; on CPU FlexAttention is unfused (measure the split: bench_skip)"
+    if name == "jais-eager" and suite == "generate":
+        return "the re-implementation of their eager code has no KV cache (forward and train only)"
     if name == "alibi-flex-compiled" and suite != "forward":
         return "compiled contestant is inference-forward only (compiling costs ~30 s+ per shape)"
     return None
@@ -164,6 +174,12 @@ def build_model(name: str, shape: Shape, max_length: int):
             attn_config={"attn_pdrop": 0, "alibi": True}, use_cache=True, **ids,
         )
         model = MptForCausalLM._from_config(config, attn_implementation="eager")
+    elif name in ("jais-eager", "alibi-from-jais"):
+        from .jais_eager import JaisEager
+
+        model = JaisEager(shape.vocab_size, shape.n_embd, shape.n_layer, shape.n_head)
+        if name == "alibi-from-jais":
+            model = imported_jais(model)
     else:
         skip = {"alibi_skip_eps": 1e-7} if name.endswith("-skip") else {}  # random weights: say so with its figures
         config = AlibiGPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, classifier_dropout=0.0, **ids,
@@ -198,4 +214,22 @@ def imported_bloom(bloom, check_length: int = 64):
         error = (model(ids).logits - bloom(ids).logits).abs().max().item()  # (1, L, V) each
     if not error < 1e-4:
         raise RuntimeError(f"imported BLOOM's logits differ from BloomForCausalLM's by {error:.2e}")
+    return model
+
+
+def imported_jais(jais, check_length: int = 64):
+    """The `JaisEager` model `jais` imported into hf_alibi (SDPA), after checking both give the same logits."""
+    import torch
+
+    from hf_alibi.conversion import convert_cerebras
+    from hf_alibi.conversion.remote_code import Checkpoint
+
+    model = convert_cerebras(Checkpoint(jais.config, jais.state_dict()))
+    model.set_attn_implementation("sdpa")
+    length = min(check_length, jais.config["n_positions"])  # their code refuses longer inputs
+    ids = torch.randint(3, jais.config["vocab_size"], (1, length), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        error = (model(ids).logits - jais.eval()(ids).logits).abs().max().item()  # (1, L, V) each
+    if not error < 1e-4:
+        raise RuntimeError(f"imported Jais's logits differ from their code's (jais-eager) by {error:.2e}")
     return model

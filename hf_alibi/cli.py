@@ -1,9 +1,10 @@
 """The `hf-alibi` console command.
 
-hf-alibi convert SRC DST                 # GPT-2, BLOOM, MPT or Falcon-RW (folder or Hub id) -> ALiBi GPT-2 folder
+hf-alibi convert SRC DST                 # GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM (folder or Hub id) -> ALiBi GPT-2
 hf-alibi export SRC DST --to bloom       # ALiBi GPT-2 folder -> BloomForCausalLM folder
 hf-alibi export SRC DST --to mpt --max-seq-len 8192   # -> MptForCausalLM folder (transformers, vLLM, TGI)
-hf-alibi export SRC model.gguf --to gguf # -> one llama.cpp file (architecture mpt), tokenizer included
+hf-alibi export SRC DST --to jais        # -> their remote-code layout (also --to btlm), for their own code
+hf-alibi export SRC model.gguf --to gguf # -> one llama.cpp file (architecture mpt or jais), tokenizer included
 hf-alibi plot-bias [MODEL_OR_CONFIG | --n-head N] --output FILE.png   # bias matrices and slope schedule
 hf-alibi train --config cpu_demo [--KEY VALUE ...]    # train short, test long (a shipped config or a YAML file)
 hf-alibi evaluate --model FOLDER [FOLDER ...]         # any checkpoint at 1x-16x its training length
@@ -100,16 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=f"show the traceback of an error (or {DEBUG_VARIABLE}=1)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    convert = commands.add_parser("convert", help="import a GPT-2, BLOOM, MPT or Falcon-RW checkpoint")
+    convert = commands.add_parser("convert", help="import a GPT-2, BLOOM, MPT, Falcon-RW, Jais or BTLM checkpoint")
     convert.add_argument("source", help="checkpoint folder or Hub id (its model_type picks the family)")
     convert.add_argument("destination", help="folder to write (must not exist or be empty)")
     convert.add_argument("--alibi-max-bias", type=float, help="GPT-2 only: the 8 in the paper's slope rule")
-    export = commands.add_parser("export", help="export an ALiBi GPT-2 folder to BLOOM, MPT or GGUF (llama.cpp)")
+    export = commands.add_parser("export", help="export an ALiBi GPT-2 folder to BLOOM, MPT, Jais, BTLM or GGUF")
     export.add_argument("source", help="ALiBi GPT-2 folder (its tokenizer comes along)")
-    export.add_argument("destination", help="folder to write (bloom, mpt) or a .gguf file (gguf)")
-    export.add_argument("--to", required=True, choices=("bloom", "mpt", "gguf"), help="target layout")
-    export.add_argument("--max-seq-len", type=int, help="mpt: longest input served (its loaders refuse more); "
-                        "gguf: the context length recorded (default: the model's n_positions)")
+    export.add_argument("destination", help="folder to write (bloom, mpt, jais, btlm) or a .gguf file (gguf)")
+    export.add_argument("--to", required=True, choices=("bloom", "mpt", "jais", "btlm", "gguf"), help="target layout")
+    export.add_argument("--max-seq-len", type=int, help="mpt, jais, btlm: longest input served (their loaders refuse "
+                        "more); gguf: the context length recorded (default: the model's n_positions)")
     bias = commands.add_parser("plot-bias", help="draw the ALiBi bias of a few heads and the slope schedule")
     bias.add_argument("model", nargs="?", help="saved ALiBi model folder or its config.json")
     bias.add_argument("--n-head", type=int, help="instead of a model: the paper's slopes for this many heads")
@@ -151,10 +152,10 @@ def run(argv: list[str]) -> None:
         print(f"wrote {plot_bias(args)}")
     elif args.command == "convert":
         from .conversion import EXACT_FAMILIES
-        from .conversion.common import load_config
+        from .conversion.common import source_model_type
 
         path = convert_checkpoint(args.source, args.destination, args.alibi_max_bias)
-        family = load_config(args.source).model_type
+        family = source_model_type(args.source)
         if family in EXACT_FAMILIES:
             print(f"wrote ALiBi GPT-2 to {path}: an exact import of the {family} model (same outputs, any length)")
         else:

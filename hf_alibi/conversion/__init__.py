@@ -1,4 +1,5 @@
-"""Conversions into ALiBi GPT-2 (GPT-2, BLOOM, MPT, Falcon-RW) and exports out of it (BLOOM, MPT, GGUF).
+"""Conversions into ALiBi GPT-2 (GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM) and exports out of it (BLOOM, MPT,
+Jais, BTLM, GGUF).
 
 Not shipped with checkpoints. `convert` and `export` (in `dispatch`) pick the family module by `model_type`; each
 family's weights are one table (`weight_map`) applied both ways, its refusals another (`common.Requirement`).
@@ -9,6 +10,7 @@ from .dispatch import EXACT_FAMILIES, FAMILIES, LAYOUTS, convert, export, load_s
 from .falcon import convert_falcon
 from .gguf_export import write_gguf
 from .gpt2 import alibi_config_from_gpt2, convert_gpt2
+from .jais import convert_cerebras, export_cerebras
 from .mpt import convert_mpt, export_mpt
 
 __all__ = [
@@ -17,11 +19,13 @@ __all__ = [
     "LAYOUTS",
     "alibi_config_from_gpt2",
     "convert",
+    "convert_cerebras",
     "convert_bloom",
     "convert_falcon",
     "convert_gpt2",
     "convert_mpt",
     "export",
+    "export_cerebras",
     "export_bloom",
     "export_mpt",
     "load_source",

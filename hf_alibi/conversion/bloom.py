@@ -15,6 +15,7 @@ from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import (
     EXPORT_REFUSAL,
     IMPORT_REFUSAL,
+    NO_MUP_SWITCHES,
     TANH_GELUS,
     Requirement,
     build_exactly,
@@ -85,6 +86,7 @@ def convert_bloom(model: BloomForCausalLM) -> AlibiGPT2LMHeadModel:
 
 # What BLOOM's architecture holds: anything else would change the function.
 _NEEDS = (
+    *NO_MUP_SWITCHES,
     Requirement("embedding_layernorm", True),
     Requirement("bias", True),
     Requirement("clip_qkv", None),

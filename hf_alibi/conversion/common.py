@@ -56,6 +56,16 @@ def slopes_requirement(slopes: Callable[[int], torch.Tensor], rule: str) -> Requ
                        read=lambda config: slopes_from_config(config).tolist())  # fmt: skip
 
 
+# The Jais/BTLM switches at their defaults: what a layout without a gated MLP, a 1/d attention scale or muP
+# multipliers (BLOOM, MPT, llama.cpp's mpt graph) needs. A slope scale shows in the slopes those layouts compare.
+NO_MUP_SWITCHES = (
+    Requirement("gated_mlp", False),
+    Requirement("attn_scale_power", 0.5),
+    Requirement("embedding_scale", 1.0),
+    Requirement("logit_scale", 1.0),
+)
+
+
 def require(config, requirements: tuple[Requirement, ...], family: str, message: str) -> None:
     """Raise a `ValueError` for the first of `requirements` that `config` (a config or a dict) does not meet, with
     its message or else `message` (`IMPORT_REFUSAL`, `EXPORT_REFUSAL`). A field a config object lacks is accepted; a
@@ -107,16 +117,31 @@ def load_config(source: str | os.PathLike, **config_kwargs):
     holds none (no such folder, no config.json, unreadable safetensors, a Hub id unavailable or, offline, not cached).
     `config_kwargs` go to `AutoConfig.from_pretrained` (e.g. `trust_remote_code`).
     """
+    from transformers import AutoConfig
+
+    return _read_config(source, lambda where: AutoConfig.from_pretrained(where, **config_kwargs))
+
+
+def source_model_type(source: str | os.PathLike) -> str | None:
+    """The `model_type` in the config.json at `source` (folder or Hub id), read as a dict: families whose code ships
+    with the checkpoint (Jais, BTLM) have no config class here. `ValueError`s as `load_config`'s."""
+    from transformers import PretrainedConfig
+
+    return _read_config(source, lambda where: PretrainedConfig.get_config_dict(where)[0]).get("model_type")
+
+
+def _read_config(source: str | os.PathLike, read: Callable):
+    """`read(source)` after checking that `source` is a checkpoint folder or a valid Hub id; its failures as
+    `ValueError`s naming `source`."""
     from huggingface_hub import constants
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
-    from transformers import AutoConfig
 
     path = Path(source)
     if path.exists():
         check_checkpoint_folder(path)
         try:
-            return AutoConfig.from_pretrained(path, **config_kwargs)
+            return read(path)
         except (OSError, ValueError) as exc:
             raise ValueError(f"{path / 'config.json'}: not a readable transformers config ({exc})") from exc
     try:
@@ -124,7 +149,7 @@ def load_config(source: str | os.PathLike, **config_kwargs):
     except HFValidationError:
         raise ValueError(f"{str(source)!r}: no such folder") from None
     try:
-        return AutoConfig.from_pretrained(source, **config_kwargs)
+        return read(source)
     except OSError as exc:
         where = "in the local Hub cache (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE else "on the Hub"
         raise ValueError(f"{str(source)!r}: no such folder, and no model of that id {where}") from exc

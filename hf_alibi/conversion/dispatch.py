@@ -1,4 +1,5 @@
-"""One entry point each way: `convert` (GPT-2, BLOOM, MPT, Falcon-RW -> ALiBi GPT-2) and `export` (-> BLOOM, MPT, GGUF).
+"""One entry point each way: `convert` (GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM -> ALiBi GPT-2) and `export`
+(-> BLOOM, MPT, Jais, BTLM, GGUF).
 
     import hf_alibi
     model = hf_alibi.convert("bigscience/bloom-560m")      # object, folder or Hub id; family read from model_type
@@ -6,23 +7,34 @@
     model.config._attn_implementation                      # "sdpa": any length, no eager-only cap
     hf_alibi.export(model, "bloom", "bloom-again/")         # folder BloomForCausalLM loads
     hf_alibi.export(model, "gguf", "model.gguf", tokenizer=tokenizer)  # needs a tanh-GELU model (not BLOOM's norm)
+    hf_alibi.convert("inceptionai/jais-family-590m", "jais-alibi/")  # remote-code checkpoints: read from their files
 
-The same from the shell: `hf-alibi convert SRC DST`, `hf-alibi export SRC DST --to {bloom,mpt,gguf}`.
+The same from the shell: `hf-alibi convert SRC DST`, `hf-alibi export SRC DST --to {bloom,mpt,jais,btlm,gguf}`.
 """
 
+import json
 import os
 from pathlib import Path
 
-from transformers import BloomForCausalLM, FalconForCausalLM, GPT2LMHeadModel, MptForCausalLM, PreTrainedModel
+from transformers import (
+    BloomForCausalLM,
+    FalconForCausalLM,
+    GenerationConfig,
+    GPT2LMHeadModel,
+    MptForCausalLM,
+    PreTrainedModel,
+)
 
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .bloom import check_bloom_exportable, convert_bloom, export_bloom
-from .common import check_destination, load_config, load_tokenizer, write_folder_atomically
+from .common import check_destination, load_config, load_tokenizer, source_model_type, write_folder_atomically
 from .falcon import convert_falcon
 from .gguf_export import check_gguf_exportable, write_gguf
 from .gpt2 import convert_gpt2
+from .jais import check_cerebras_exportable, convert_cerebras, export_cerebras
 from .mpt import check_mpt_exportable, convert_mpt, export_mpt
+from .remote_code import Checkpoint, checkpoint_of_model, copy_tokenizer_files, read_checkpoint
 
 # model_type -> (transformers class that loads the checkpoint, import into ALiBi GPT-2)
 FAMILIES = {
@@ -31,11 +43,15 @@ FAMILIES = {
     "mpt": (MptForCausalLM, convert_mpt),
     "falcon": (FalconForCausalLM, convert_falcon),
 }
-EXACT_FAMILIES = ("bloom", "mpt", "falcon")  # imported without any change of function: no fine-tuning needed
+# model_type -> import, for checkpoints whose modeling code ships with them: read from their files, no code run
+REMOTE_CODE_FAMILIES = {"jais": convert_cerebras, "btlm": convert_cerebras}
+EXACT_FAMILIES = ("bloom", "mpt", "falcon", "jais", "btlm")  # imported without any change of function
 # layout -> check(config, max_seq_len) raising ValueError naming what the layout cannot hold
 EXPORTABLE = {
     "bloom": lambda config, max_seq_len: check_bloom_exportable(config),
     "mpt": check_mpt_exportable,
+    "jais": check_cerebras_exportable,
+    "btlm": check_cerebras_exportable,
     "gguf": lambda config, max_seq_len: check_gguf_exportable(config),
 }
 LAYOUTS = tuple(EXPORTABLE)
@@ -69,25 +85,35 @@ def convert(
     tokenizer=None,
     **gpt2_alibi_kwargs,
 ) -> AlibiGPT2LMHeadModel | Path:
-    """Import a GPT-2, BLOOM, MPT or Falcon-RW model (object, folder or Hub id) into an `AlibiGPT2LMHeadModel`.
+    """Import a GPT-2, BLOOM, MPT, Falcon-RW, Jais or BTLM model (object, folder or Hub id) into an
+    `AlibiGPT2LMHeadModel`.
 
     Without `destination`, returns the model. With one, writes it atomically (a folder that is absent or empty) with
-    its generation config and `tokenizer` (default: the one saved at `source`, if any) and returns the path.
-    BLOOM, MPT and Falcon-RW imports are exact (same function; see each family's module). GPT-2 loses its position
-    embeddings: `gpt2_alibi_kwargs` (e.g. `alibi_max_bias`) choose its slopes, and it warns that it must be
-    fine-tuned. Raises `ValueError` naming any field of the source that ALiBi GPT-2 cannot hold exactly.
+    its generation config and `tokenizer` (default: the one saved at `source`, if any; a Jais or BTLM checkpoint's
+    tokenizer files are copied unchanged) and returns the path. BLOOM, MPT, Falcon-RW, Jais and BTLM imports are
+    exact (same function; see each family's module); Jais and BTLM are read from their files, their code never runs.
+    GPT-2 loses its position embeddings: `gpt2_alibi_kwargs` (e.g. `alibi_max_bias`) choose its slopes, and it warns
+    that it must be fine-tuned. Raises `ValueError` naming any field of the source that ALiBi GPT-2 cannot hold exactly.
     """
     if destination is not None:  # refused before the (possibly long) load
         check_destination(destination)
-    config = source.config if isinstance(source, PreTrainedModel) else load_config(source)
-    model_type = config.model_type
-    if model_type not in FAMILIES:
-        raise ValueError(f"{source}: cannot import model_type {model_type!r}: hf_alibi imports {sorted(FAMILIES)}")
+    model_type = source.config.model_type if isinstance(source, PreTrainedModel) else source_model_type(source)
+    known = sorted([*FAMILIES, *REMOTE_CODE_FAMILIES])
+    if model_type not in known:
+        raise ValueError(f"{source}: cannot import model_type {model_type!r}: hf_alibi imports {known}")
     if model_type != "gpt2" and gpt2_alibi_kwargs:
         raise ValueError(
             f"{model_type} imports copy the checkpoint's own slopes; ALiBi settings {sorted(gpt2_alibi_kwargs)} apply "
             "to GPT-2 only"
         )
+    if model_type in REMOTE_CODE_FAMILIES:
+        checkpoint = checkpoint_of_model(source) if isinstance(source, PreTrainedModel) else read_checkpoint(source)
+        converted = REMOTE_CODE_FAMILIES[model_type](checkpoint)
+        if checkpoint.folder is not None and (checkpoint.folder / "generation_config.json").is_file():
+            converted.generation_config = GenerationConfig.from_pretrained(checkpoint.folder)
+        if destination is None:
+            return converted
+        return save_folder(converted, tokenizer, destination, tokenizer_files=checkpoint.folder)
     if gpt2_alibi_kwargs:
         AlibiGPT2Config(**gpt2_alibi_kwargs)  # bad values fail before the checkpoint loads
     converted = FAMILIES[model_type][1](load_source(source), **gpt2_alibi_kwargs)
@@ -106,17 +132,20 @@ def export(
     tokenizer=None,
     max_seq_len: int | None = None,
 ):
-    """Export an ALiBi GPT-2 model to `layout`: "bloom", "mpt" (transformers/vLLM/TGI) or "gguf" (llama.cpp).
+    """Export an ALiBi GPT-2 model to `layout`: "bloom", "mpt" (transformers/vLLM/TGI), "jais", "btlm" (their
+    remote-code layout) or "gguf" (llama.cpp).
 
-    Without `destination`, returns the `BloomForCausalLM` / `MptForCausalLM`. With one, writes it atomically (a
-    folder with the tokenizer, or one `.gguf` file, which needs the tokenizer) and returns the path. `max_seq_len`:
-    MPT's serving length (its loaders refuse longer inputs) or the gguf's context length; default `n_positions`.
+    Without `destination`, returns the `BloomForCausalLM` / `MptForCausalLM`, or for Jais and BTLM a `Checkpoint`
+    (their config dict and state dict). With one, writes it atomically (a folder with the tokenizer, or one `.gguf`
+    file, which needs the tokenizer) and returns the path. `max_seq_len`: MPT's serving length (its loaders refuse
+    longer inputs), Jais's and BTLM's `n_positions` (the same) or the gguf's context length; default `n_positions`.
     A layout that cannot hold the model exactly raises `ValueError` naming the config field; nothing is written.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if layout == "bloom" and max_seq_len is not None:
-        raise ValueError(f"max_seq_len={max_seq_len} applies to the mpt and gguf layouts; BLOOM has no length cap")
+        raise ValueError(f"max_seq_len={max_seq_len} applies to the mpt, jais, btlm and gguf layouts; BLOOM has no "
+                         "length cap")  # fmt: skip
     if layout == "gguf" and destination is None:
         raise ValueError("a gguf export writes a file: pass destination='model.gguf'")
     if destination is not None:  # refused before the model loads
@@ -130,16 +159,38 @@ def export(
         model = AlibiGPT2LMHeadModel.from_pretrained(model, dtype="auto").eval()
     if layout == "gguf":
         return write_gguf(model, destination, tokenizer, context_length=max_seq_len)
+    if layout in REMOTE_CODE_FAMILIES:
+        exported = export_cerebras(model, layout, max_seq_len)
+        return exported if destination is None else save_checkpoint(exported, model, tokenizer, destination)
     exported = export_bloom(model) if layout == "bloom" else export_mpt(model, max_seq_len)
     return exported if destination is None else save_folder(exported, tokenizer, destination)
 
 
-def save_folder(model: PreTrainedModel, tokenizer, destination: str | os.PathLike) -> Path:
+def save_folder(model: PreTrainedModel, tokenizer, destination: str | os.PathLike,
+                tokenizer_files: Path | None = None) -> Path:  # fmt: skip
     """`model` (with its generation config) and `tokenizer`, if not None, saved to the folder `destination`,
-    atomically: a failure leaves nothing there."""
+    atomically: a failure leaves nothing there. Without a `tokenizer`, the tokenizer files of the folder
+    `tokenizer_files` (if any) are copied unchanged."""
 
     def write(folder: Path) -> None:
         model.save_pretrained(folder)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        else:
+            copy_tokenizer_files(tokenizer_files, folder)
+
+    return write_folder_atomically(destination, write)
+
+
+def save_checkpoint(checkpoint: Checkpoint, model: PreTrainedModel, tokenizer, destination: str | os.PathLike) -> Path:
+    """A Jais/BTLM `checkpoint` as their folders hold one (config.json, safetensors, `model`'s generation config,
+    `tokenizer`), written atomically."""
+    from huggingface_hub import save_torch_state_dict
+
+    def write(folder: Path) -> None:
+        (folder / "config.json").write_text(json.dumps(checkpoint.config, indent=2, sort_keys=True) + "\n")
+        save_torch_state_dict(checkpoint.state_dict, folder)
+        model.generation_config.save_pretrained(folder)
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
 

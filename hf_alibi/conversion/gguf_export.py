@@ -1,9 +1,13 @@
-"""ALiBi GPT-2 -> one GGUF file that llama.cpp (and so Ollama, LM Studio) runs, as its `mpt` architecture.
+"""ALiBi GPT-2 -> one GGUF file that llama.cpp (and so Ollama, LM Studio) runs, as its `mpt` or `jais` architecture.
 
 llama.cpp's `mpt` graph is pre-LN blocks, fused `[q | k | v]`, ALiBi slopes computed from `max_alibi_bias` by the
 paper's rule, the tanh GELU, optional biases, optional `clamp_kqv` and a tied output: the default family (gelu_new
-with biases) and imported BLOOM-free models with the tanh GELU are exact there. Weights are written as F32 (exact).
-The tokenizer (`tokenizer.json` of a byte-level BPE, as GPT-2, BLOOM and MPT use) goes in the same file.
+with biases) and imported BLOOM-free models with the tanh GELU are exact there. A gated MLP (Jais, BTLM) goes to
+its `jais` graph: the same blocks with a SwiGLU MLP (`ffn_up * silu(ffn_gate)`), biases required, `q . k` always
+divided by `head_dim` and no multiplier of its own: as llama.cpp's own converter does, the embedding multiplier is
+folded into `token_embd` (the same product, bit for bit) and the logit multiplier into an untied `output` (equal to
+fp32 rounding). Weights are written as F32 (exact). The tokenizer (`tokenizer.json` of a byte-level BPE, as GPT-2,
+BLOOM and MPT use) goes in the same file.
 """
 
 import json
@@ -17,8 +21,8 @@ from ..atomic_files import check_destination, staged_file
 from ..import_utils import require_extra
 from ..models.alibi_gpt2.alibi import get_alibi_slopes, slopes_from_config
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
-from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import TANH_GELUS, Requirement, checkpoint_name, require, source_card_metadata
+from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel, scaled
+from .common import NO_MUP_SWITCHES, TANH_GELUS, Requirement, checkpoint_name, require, source_card_metadata
 
 # The pre-tokenizers llama.cpp implements that byte-level BPE tokenizers of these families use (llama-vocab.cpp).
 _BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"
@@ -26,18 +30,40 @@ _LAYERS = {
     "ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
     "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down",
 }  # fmt: skip
-_NEEDS = (
-    Requirement("activation_function", frozenset(TANH_GELUS),
-                "{family} uses the tanh GELU; {field}={value!r} would run approximately"),
-    Requirement("embedding_layernorm", False),
-    Requirement("scale_attn_weights", True),
-)  # fmt: skip
+_JAIS_LAYERS = _LAYERS | {"mlp.c_fc2": "ffn_gate"}
+# architecture -> what llama.cpp's graph of that name holds exactly
+_NEEDS = {
+    "mpt": (
+        Requirement("activation_function", frozenset(TANH_GELUS),
+                    "{family} uses the tanh GELU; {field}={value!r} would run approximately"),
+        Requirement("embedding_layernorm", False),
+        Requirement("scale_attn_weights", True),
+        *NO_MUP_SWITCHES,
+    ),
+    "jais": (
+        Requirement("activation_function", "silu", "{family}'s gated MLP is SwiGLU; {field}={value!r}"),
+        Requirement("bias", True, "{family} adds every bias (they are required tensors); {field}={value!r}"),
+        Requirement("embedding_layernorm", False),
+        Requirement("clip_qkv", None),
+        Requirement("scale_attn_weights", True),
+        Requirement("attn_scale_power", 1.0, "{family} divides q.k by head_dim (a fixed 1/d); {field}={value!r}"),
+        Requirement("alibi_scaling_factor", 1.0, "{family} computes its slopes from max_alibi_bias alone (no slope "
+                    "scale); {field}={value!r}"),
+    ),
+}  # fmt: skip
+
+
+def gguf_architecture(config: AlibiGPT2Config) -> str:
+    """llama.cpp's architecture for a model of `config`: `jais` for a gated (SwiGLU) MLP, else `mpt`."""
+    return "jais" if config.gated_mlp else "mpt"
 
 
 def check_gguf_exportable(config: AlibiGPT2Config) -> float:
     """The `max_alibi_bias` llama.cpp needs to compute the slopes of a model of `config`; `ValueError` naming what
     it cannot hold."""
-    require(config, _NEEDS, "llama.cpp's mpt graph", "{family} needs {field}={accepted!r}, the model has {value!r}")
+    architecture = gguf_architecture(config)
+    require(config, _NEEDS[architecture], f"llama.cpp's {architecture} graph",
+            "{family} needs {field}={accepted!r}, the model has {value!r}")  # fmt: skip
     slopes = slopes_from_config(config)
     if torch.all(slopes == 0):
         return 0.0  # llama.cpp: max_alibi_bias 0 means no ALiBi at all
@@ -124,8 +150,8 @@ def _inert_merge(tokens: list[str], types: list) -> str:
 def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, context_length: int | None = None):
     """Write `model` and `tokenizer` (a fast tokenizer) to the GGUF file `path`, atomically; return the path.
 
-    `context_length` (default: the model's `n_positions`) is the `mpt.context_length` llama.cpp reads as the training
-    length; ALiBi itself runs past it (`llama-cli -c N`).
+    `context_length` (default: the model's `n_positions`) is the `{mpt,jais}.context_length` llama.cpp reads as the
+    training length; ALiBi itself runs past it (`llama-cli -c N`).
     """
     require_extra("gguf", "a gguf export (llama.cpp)")
     import gguf
@@ -136,7 +162,7 @@ def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, 
         raise ValueError("a gguf needs the model's tokenizer (llama.cpp reads text through it); pass tokenizer=")
     config = model.config
     with staged_file(path) as staging:  # gguf's writer opens the file itself
-        writer = gguf.GGUFWriter(staging, "mpt")
+        writer = gguf.GGUFWriter(staging, gguf_architecture(config))
         add_general_fields(writer, model)
         writer.add_context_length(context_length or config.n_positions)
         writer.add_embedding_length(config.n_embd)
@@ -183,16 +209,21 @@ def add_general_fields(writer, model: AlibiGPT2LMHeadModel) -> None:
 
 
 def gguf_tensors(model: AlibiGPT2LMHeadModel) -> dict[str, np.ndarray]:
-    """llama.cpp `mpt` tensor names -> fp32 arrays in its (out, in) row-major layout (Conv1D weights transposed)."""
+    """llama.cpp `mpt` or `jais` tensor names -> fp32 arrays in its (out, in) row-major layout (Conv1D weights
+    transposed); for `jais` the muP multipliers folded into `token_embd` and `output`, which it always has."""
+    config = model.config
     state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-    arrays = {"token_embd.weight": state["transformer.wte.weight"]}  # (V, C)
+    jais = gguf_architecture(config) == "jais"
+    # `scaled` is the model's own product (wte(ids) * scale in fp32): the same bits, looked up before or after
+    arrays = {"token_embd.weight": scaled(state["transformer.wte.weight"], config.embedding_scale)}  # (V, C)
     for part in ("weight", "bias"):
         if f"transformer.ln_f.{part}" in state:
             arrays[f"output_norm.{part}"] = state[f"transformer.ln_f.{part}"]
-    if not model.config.tie_word_embeddings:
-        arrays["output.weight"] = state["lm_head.weight"]  # (V, C)
-    for i in range(model.config.n_layer):
-        for ours, theirs in _LAYERS.items():
+    if jais or not config.tie_word_embeddings:
+        head = state["transformer.wte.weight" if config.tie_word_embeddings else "lm_head.weight"]  # (V, C)
+        arrays["output.weight"] = scaled(head, config.logit_scale)  # h @ (W s)^T: (h @ W^T) s to fp32 rounding
+    for i in range(config.n_layer):
+        for ours, theirs in (_JAIS_LAYERS if jais else _LAYERS).items():
             weight = state[f"transformer.h.{i}.{ours}.weight"]
             # Conv1D (in, out) -> (out, in); LayerNorm weights are 1-D
             arrays[f"blk.{i}.{theirs}.weight"] = weight.t() if weight.ndim == 2 else weight

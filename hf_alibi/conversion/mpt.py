@@ -17,6 +17,7 @@ from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import (
     EXPORT_REFUSAL,
     IMPORT_REFUSAL,
+    NO_MUP_SWITCHES,
     Requirement,
     build_exactly,
     mlp_width_requirement,
@@ -118,6 +119,7 @@ def convert_mpt(model: MptForCausalLM) -> AlibiGPT2LMHeadModel:
 
 # What transformers' MPT architecture holds: anything else would change the function.
 _NEEDS = (
+    *NO_MUP_SWITCHES,
     Requirement("bias", False),
     Requirement("embedding_layernorm", False),
     Requirement("activation_function", "gelu"),

@@ -1,4 +1,5 @@
-"""Benchmark contestants that must time a stated function: `alibi-from-bloom` the very function `bloom-eager` times,
+"""Benchmark contestants that must time a stated function: `alibi-from-bloom` / `alibi-from-jais` the very function
+`bloom-eager` / `jais-eager` times (`jais-eager` held to the float64 reference of their code), and
 `alibi-sdpa-gpt2-gelu` hf_alibi with GPT-2's unfused GELU (the attention-only ratio)."""
 
 import copy
@@ -14,7 +15,8 @@ if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import report  # noqa: E402
-from benchmarks.contestants import Shape, build_model, imported_bloom  # noqa: E402
+from benchmarks.contestants import Shape, build_model, imported_bloom, imported_jais  # noqa: E402
+from benchmarks.jais_eager import EMBEDDINGS_SCALE, WIDTH_SCALE, JaisEager  # noqa: E402
 
 SHAPE = Shape(n_embd=64, n_layer=2, n_head=16, vocab_size=512)  # bloom-560m's 16 heads, tiny otherwise
 
@@ -71,3 +73,51 @@ def test_markdown_says_which_ratio_is_the_model_and_which_attention_only():
     text = report.render_markdown({**document, "contestants": names})
     assert "`alibi-sdpa` is hf_alibi as shipped" in text and "`alibi-sdpa-gpt2-gelu` is the same model" in text
     assert "attention-only" not in report.render_markdown({**document, "contestants": names[:2]})
+
+
+JAIS_SHAPE = Shape(n_embd=48, n_layer=2, n_head=6, vocab_size=512)  # 6 heads: the interleaved slopes
+
+
+def test_jais_eager_computes_what_the_float64_reference_of_their_code_does():
+    from alibi_reference import reference_logits
+
+    jais, _ = build_model("jais-eager", JAIS_SHAPE, 128)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in jais.parameters():  # off the init: every weight's place matters
+            if parameter.requires_grad:
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    ids, mask = torch.randint(3, 512, (2, 40)), torch.ones(2, 40, dtype=torch.long)
+    mask[0, :6] = 0
+    slopes = jais.transformer.relative_pe.slopes.double().flatten()
+    expected = reference_logits(jais.state_dict(), ids, n_layer=2, n_head=6, slopes=slopes, attn_scale=1 / 8,
+                                activation="silu", gated=True, embedding_scale=EMBEDDINGS_SCALE,
+                                logit_scale=WIDTH_SCALE, attention_mask=mask)  # fmt: skip
+    with torch.no_grad():
+        got = jais.eval()(ids, attention_mask=mask).logits
+    error = (got.double() - expected)[mask.bool()].abs().max().item()
+    assert error < 2e-5, f"jais-eager differs from the reference of their code by {error:.2e}"
+    # 6 heads: the 4-head slopes, then every other one of the 8-head slopes (the paper's interleave)
+    assert torch.equal(slopes.float(), torch.tensor([2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]))
+
+
+def test_alibi_from_jais_holds_jais_eagers_weights_and_logits_and_runs_past_its_cap():
+    jais, _ = build_model("jais-eager", JAIS_SHAPE, 128)
+    alibi, _ = build_model("alibi-from-jais", JAIS_SHAPE, 128)
+    assert alibi.config._attn_implementation == "sdpa" and alibi.config.gated_mlp
+    ids = torch.randint(3, 512, (1, 100))
+    with torch.no_grad():
+        torch.testing.assert_close(alibi(ids).logits, jais.eval()(ids).logits, atol=2e-5, rtol=0)
+    capped = JaisEager(512, 48, 2, 6, n_positions=32)
+    long_ids = torch.randint(3, 512, (1, 40))
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        capped(long_ids)  # their tril(ones(n_positions)) buffer stops at 32
+    with torch.no_grad():
+        assert torch.isfinite(imported_jais(capped)(long_ids).logits).all()
+
+
+def test_imported_jais_refuses_to_benchmark_a_different_function():
+    jais, _ = build_model("jais-eager", JAIS_SHAPE, 128)
+    jais.transformer.h[0].mlp.register_forward_hook(lambda module, args, out: out * 2)
+    with pytest.raises(RuntimeError, match="differ"):
+        imported_jais(jais)

@@ -34,10 +34,14 @@ def get_alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
 
 
 def slopes_from_config(config) -> torch.Tensor:
-    """The slopes a config asks for: its explicit `alibi_slopes`, else the paper's rule at `alibi_max_bias`."""
+    """The slopes a config asks for, fp32 `(H,)`: its explicit `alibi_slopes`, else the paper's rule at
+    `alibi_max_bias`; divided by `alibi_scaling_factor` (Jais's static `alibi_scaling`, in fp32 as Jais divides)."""
     if config.alibi_slopes is not None:
-        return torch.tensor(config.alibi_slopes, dtype=torch.float32)
-    return get_alibi_slopes(config.n_head, config.alibi_max_bias)
+        slopes = torch.tensor(config.alibi_slopes, dtype=torch.float32)
+    else:
+        slopes = get_alibi_slopes(config.n_head, config.alibi_max_bias)
+    factor = getattr(config, "alibi_scaling_factor", 1.0)  # configs saved before the switch existed lack it
+    return slopes if factor == 1.0 else slopes / factor  # (H,)
 
 
 def relative_distances(query_length: int, key_length: int, device=None, query_offset=None) -> torch.Tensor:

@@ -57,7 +57,8 @@ class AlibiGPT2Config(PretrainedConfig):
             Standard deviation of the normal initialisation of weights (GPT-2's scheme, residual projections scaled
             by `1 / sqrt(2 * n_layer)`).
         scale_attn_weights (`bool`, *optional*, defaults to `True`):
-            Divide `q . k` by `sqrt(head_dim)`. The ALiBi bias itself is never scaled.
+            Divide `q . k` by `head_dim ** attn_scale_power` (`sqrt(head_dim)` by default). The ALiBi bias itself is
+            never scaled.
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether the model returns a key/value cache for incremental decoding.
         bos_token_id (`int`, *optional*, defaults to 50256), eos_token_id (`int`, *optional*, defaults to 50256),
@@ -83,6 +84,27 @@ class AlibiGPT2Config(PretrainedConfig):
         clip_qkv (`float`, *optional*):
             Clamp the fused query/key/value projection to `[-clip_qkv, clip_qkv]` before attention (MPT's
             `clip_qkv`, e.g. 6 in mpt-30b-chat). `None` means no clamp. Must be positive and finite.
+        gated_mlp (`bool`, *optional*, defaults to `False`):
+            A gated MLP, `c_proj(c_fc(x) * act(c_fc2(x)))` with `act` the `activation_function` and a second input
+            projection `mlp.c_fc2` (the gate) of the same width `n_inner`. With `activation_function="silu"` this is
+            SwiGLU, the MLP of Jais and BTLM (whose `n_inner` is not `4 * n_embd`: 13653 for jais-13b).
+        attn_scale_power (`float`, *optional*, defaults to 0.5):
+            With `scale_attn_weights`, `q . k` is divided by `head_dim ** attn_scale_power`: 0.5 is GPT-2's
+            `1 / sqrt(head_dim)`, 1.0 muP's `1 / head_dim` (Jais's and BTLM's `scale_qk_dot_by_d`). The ALiBi bias is
+            added after the scaling, unscaled. A finite number >= 0.
+        embedding_scale (`float`, *optional*, defaults to 1.0):
+            The token embeddings (or the `inputs_embeds` passed in) are multiplied by this, before segment
+            embeddings are added (muP's input multiplier: Jais's and BTLM's `embeddings_scale`, 14.6 in jais-13b).
+            The product is taken in the activations' dtype, with the scale rounded to it, as their code does.
+            Positive and finite.
+        logit_scale (`float`, *optional*, defaults to 1.0):
+            The LM head's logits are multiplied by this (muP's output multiplier: Jais's `width_scale`, or
+            `mup_output_alpha * mup_width_scale`, 0.222 in BTLM-3B-8K), in the logits' dtype. The loss is taken on the
+            scaled logits. The other heads are not scaled. Positive and finite.
+        alibi_scaling_factor (`float`, *optional*, defaults to 1.0):
+            Every slope is divided by this (so every distance is, linearly interpolated positions): Jais's static
+            `alibi_scaling = {"type": "linear", "factor": f}`. It applies to `alibi_slopes` as to the paper's rule, and
+            the slopes buffer holds the divided slopes. Positive and finite.
         alibi_sdpa_split (`bool`, *optional*, defaults to `True`):
             Which SDPA path serves multi-row, unpacked, dropout-free calls on CPU outside compilation: `True` the
             split (no bias tensor; `hf_alibi/models/alibi_gpt2/attention_sdpa_split.py`), `False` the bias bank that every other SDPA
@@ -119,6 +141,7 @@ class AlibiGPT2Config(PretrainedConfig):
         "h.*.attn.c_attn": "conv1d_qkv_colwise",
         "h.*.attn.c_proj": "conv1d_rowwise",
         "h.*.mlp.c_fc": "conv1d_colwise",
+        "h.*.mlp.c_fc2": "conv1d_colwise",  # the gate of a gated MLP: split like c_fc, so each rank gates its columns
         "h.*.mlp.c_proj": "conv1d_rowwise",
     }
     # FSDP2 (`DistributedConfig(fsdp_size=N)`): Llama's default plan in GPT-2's names (one unit per block).
@@ -153,6 +176,11 @@ class AlibiGPT2Config(PretrainedConfig):
     embedding_layernorm: bool = False
     bias: bool = True
     clip_qkv: float | None = None
+    gated_mlp: bool = False
+    attn_scale_power: float = 0.5
+    embedding_scale: float = 1.0
+    logit_scale: float = 1.0
+    alibi_scaling_factor: float = 1.0
     alibi_sdpa_split: bool = True
     alibi_sdpa_query_chunk: int = 256
     alibi_skip_eps: float = 0.0
@@ -204,7 +232,7 @@ class AlibiGPT2Config(PretrainedConfig):
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= eps < 1.0:
             raise ValueError(f"alibi_skip_eps must be a number in [0, 1), got {eps!r}")
         self.alibi_skip_eps = float(eps)
-        for name in ("embedding_layernorm", "bias", "alibi_sdpa_split"):
+        for name in ("embedding_layernorm", "bias", "alibi_sdpa_split", "gated_mlp"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         clip = self.clip_qkv
@@ -212,6 +240,15 @@ class AlibiGPT2Config(PretrainedConfig):
             isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip <= 0
         ):
             raise ValueError(f"clip_qkv must be None or a positive finite number, got {clip!r}")
+        power = self.attn_scale_power
+        if isinstance(power, bool) or not isinstance(power, (int, float)) or not math.isfinite(power) or power < 0:
+            raise ValueError(f"attn_scale_power must be a finite number >= 0, got {power!r}")
+        self.attn_scale_power = float(power)
+        for name in ("embedding_scale", "logit_scale", "alibi_scaling_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+            setattr(self, name, float(value))
 
 
 __all__ = ["AUTO_MAP", "AlibiGPT2Config"]

@@ -61,7 +61,8 @@ class AlibiGPT2Attention(nn.Module):
         # The global heads this module computes: None = all; a tensor-parallel rank's slice (set by the plan's
         # `alibi_heads` style) picks those heads' slopes, since the paper's order is not monotone in the head index.
         self.heads: slice | None = None
-        self.scaling = self.head_dim**-0.5 if config.scale_attn_weights else 1.0
+        # GPT-2's 1/sqrt(d) at the default power 0.5; muP's 1/d (Jais, BTLM) at 1.0
+        self.scaling = self.head_dim ** -config.attn_scale_power if config.scale_attn_weights else 1.0
         self.layer_idx = layer_idx
         self.c_attn = AlibiGPT2Conv1D(3 * self.embed_dim, self.embed_dim, bias=config.bias)
         self.c_proj = AlibiGPT2Conv1D(self.embed_dim, self.embed_dim, bias=config.bias)
@@ -106,6 +107,23 @@ class AlibiGPT2MLP(nn.Module):
         return self.dropout(self.c_proj(self.act(self.c_fc(hidden_states))))
 
 
+class AlibiGPT2GatedMLP(nn.Module):
+    """`gated_mlp=True`: `c_proj(c_fc(x) * act(c_fc2(x)))`, the gate `c_fc2` as wide as `c_fc` (SwiGLU with `silu`:
+    Jais's and BTLM's MLP, whose module names these are)."""
+
+    def __init__(self, intermediate_size: int, config: AlibiGPT2Config):
+        super().__init__()
+        self.c_fc = AlibiGPT2Conv1D(intermediate_size, config.n_embd, bias=config.bias)
+        self.c_fc2 = AlibiGPT2Conv1D(intermediate_size, config.n_embd, bias=config.bias)
+        self.c_proj = AlibiGPT2Conv1D(config.n_embd, intermediate_size, bias=config.bias)
+        self.act = ACT2FN[config.activation_function]
+        self.dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        gated = self.c_fc(hidden_states) * self.act(self.c_fc2(hidden_states))  # (B, q, n_inner')
+        return self.dropout(self.c_proj(gated))
+
+
 class AlibiGPT2Block(GradientCheckpointingLayer):
     def __init__(self, config: AlibiGPT2Config, layer_idx: int):
         super().__init__()
@@ -113,7 +131,7 @@ class AlibiGPT2Block(GradientCheckpointingLayer):
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         self.attn = AlibiGPT2Attention(config, layer_idx)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
-        self.mlp = AlibiGPT2MLP(inner_dim, config)
+        self.mlp = (AlibiGPT2GatedMLP if config.gated_mlp else AlibiGPT2MLP)(inner_dim, config)
 
     def forward(self, hidden_states, alibi, cache=None, output_attentions=False):
         attn_output, weights = self.attn(self.ln_1(hidden_states), alibi, cache, output_attentions)
@@ -149,7 +167,7 @@ class AlibiGPT2PreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        if isinstance(module, (AlibiGPT2Attention, AlibiGPT2MLP)):
+        if isinstance(module, (AlibiGPT2Attention, AlibiGPT2MLP, AlibiGPT2GatedMLP)):
             # GPT-2: residual projections scaled by 1 / sqrt(2 * n_layer) (two residual paths per block)
             init.normal_(module.c_proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
         if isinstance(module, AlibiGPT2Model):
@@ -304,11 +322,20 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             raise ValueError(f"the input has no tokens (shape {shape}): pass at least one token per row")
         if inputs_embeds is None:
             inputs_embeds = self.wte(input_ids)  # (B, q, C)
+        inputs_embeds = scaled(inputs_embeds, self.config.embedding_scale)  # muP's multiplier, before segments
         if token_type_ids is not None:
             if tuple(token_type_ids.shape) != shape:
                 raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}, the input {shape}")
             inputs_embeds = inputs_embeds + self.wte(token_type_ids)  # (B, q, C), GPT-2's segment embedding
         return inputs_embeds
+
+
+def scaled(tensor: torch.Tensor, scale: float) -> torch.Tensor:
+    """`tensor * scale` with the scale rounded to the tensor's dtype, as Jais and BTLM multiply (`x *= torch.tensor(
+    scale, dtype=x.dtype)`: in bf16, 14.6 is 14.625); the tensor itself when the scale is 1."""
+    if scale == 1.0:
+        return tensor
+    return tensor * torch.tensor(scale, dtype=tensor.dtype, device=tensor.device)
 
 
 def _running_key_norms(cache) -> RunningKeyNorms | None:
@@ -400,7 +427,7 @@ class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
         )
         hidden_states = outputs.last_hidden_state  # (B, q, C)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(hidden_states[:, keep, :])  # (B, q', V)
+        logits = scaled(self.lm_head(hidden_states[:, keep, :]), self.config.logit_scale)  # (B, q', V)
         loss = None
         if labels is not None:
             # `num_items_in_batch` (from Trainer, in kwargs) makes the loss exact under gradient accumulation.
