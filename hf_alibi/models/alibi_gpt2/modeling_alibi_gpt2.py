@@ -116,7 +116,7 @@ class AlibiGPT2GatedMLP(nn.Module):
         self.c_fc = AlibiGPT2Conv1D(intermediate_size, config.n_embd, bias=config.bias)
         self.c_fc2 = AlibiGPT2Conv1D(intermediate_size, config.n_embd, bias=config.bias)
         self.c_proj = AlibiGPT2Conv1D(config.n_embd, intermediate_size, bias=config.bias)
-        self.act = ACT2FN[config.activation_function]
+        self.act = mlp_activation(config.activation_function)
         self.dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
