@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers import DynamicCache, StaticCache
+from transformers import Cache, DynamicCache, DynamicLayer, StaticCache
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 from hf_alibi.models.alibi_gpt2.attention_skip import key_block_norms
@@ -117,6 +117,17 @@ def test_the_summary_keeps_what_precedes_a_crop_and_folds_in_only_new_keys():
     torch.testing.assert_close(norms(0, refilled), expected, rtol=0, atol=0)
     norms.note_write(120, 1)  # keys appended unseen (a foreign write): nothing is kept
     assert norms.layers == {}
+
+
+def test_no_summary_for_a_cache_whose_keys_may_change_unwritten_and_one_for_plain_caches():
+    class AgingLayer(DynamicLayer):  # e.g. a quantized layer: old keys come back requantized
+        pass
+
+    assert RunningKeyNorms.for_forward(Cache(layer_class_to_replicate=AgingLayer), 0, 1)() is None
+    assert RunningKeyNorms.for_forward(None, 0, 1)() is None
+    for cache in (make_cache("dynamic", 1), make_cache("static", 1), DynamicCache()):
+        summary = RunningKeyNorms.for_forward(cache, 7, 1)()
+        assert summary is cache.hf_alibi_key_norms and summary.written == 8
 
 
 # --- hypothesis: sequences of cache operations, each step against a dense model fed the same inputs -----------------
