@@ -299,7 +299,8 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             attention_mask=attention_mask, position_ids=position_ids, cu_seq_lens=kwargs.get("cu_seq_lens_q"),
             dtype=_compute_dtype(inputs_embeds), dropout=self.config.attn_pdrop if self.training else 0.0,
             sdpa_split=self.config.alibi_sdpa_split, query_chunk=self.config.alibi_sdpa_query_chunk,
-            skip_eps=self.config.alibi_skip_eps, key_norms=lambda: _running_key_norms(cache),
+            skip_eps=self.config.alibi_skip_eps,
+            key_norms=RunningKeyNorms.for_forward(cache, past_length, query_length),  # before the layers write
         )  # fmt: skip
         return cache, alibi
 
@@ -336,21 +337,6 @@ def scaled(tensor: torch.Tensor, scale: float) -> torch.Tensor:
     if scale == 1.0:
         return tensor
     return tensor * torch.tensor(scale, dtype=tensor.dtype, device=tensor.device)
-
-
-def _running_key_norms(cache) -> RunningKeyNorms | None:
-    """The cache's summary of its key norms for certified skipping while decoding, kept on the cache itself so that
-    it lives, is copied and is dropped with it; None (summarised afresh each step) for a cache that takes no
-    attribute."""
-    if cache is None:
-        return None
-    norms = getattr(cache, "hf_alibi_key_norms", None)
-    if norms is None:
-        try:
-            norms = cache.hf_alibi_key_norms = RunningKeyNorms()
-        except AttributeError:
-            return None
-    return norms
 
 
 def _compute_dtype(hidden_states: torch.Tensor) -> torch.dtype:
