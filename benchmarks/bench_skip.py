@@ -4,14 +4,19 @@ our dense path, in fresh interleaved processes, with the certified kept fraction
     python -m benchmarks.bench_skip --checkpoint runs/cpu_demo/alibi/final --out results/skip/bench_demo
     python -m benchmarks.bench_skip --checkpoint runs/cpu_demo/alibi/final --forward 2048 --decode 0 \
         --processes 1 --repeats 1 --out /tmp/skip_smoke                                      # smoke, ~20 s
+    python -m benchmarks.bench_skip --forward 0 --decode 0 --train 4096,8192 --out results/skip/bench_train
 
 Contestants: `gpt2-sdpa` (transformers' GPT-2, learned positions, the checkpoint's width, depth, heads and
-vocabulary, random weights: dense cost does not depend on them), `alibi-dense` (the checkpoint, `alibi_skip_eps=0`)
-and `alibi-skip` (the checkpoint, `alibi_skip_eps=--eps`). Inputs are real text: the recipe's held-out
-standard-library documents in the checkpoint's own tokenizer (what the certificate's gain depends on; random ids
-would say little). Forward: batch 1, no grad, no cache, `logits_to_keep=1`. Decoding: a static cache (its steps
+vocabulary, random weights: dense cost does not depend on them), `alibi-dense` (the checkpoint,
+`alibi_skip_eps=0`), `alibi-skip` (the checkpoint, `alibi_skip_eps=--eps`) and `alibi-auto` (the checkpoint with
+the default, `alibi_skip_eps="auto"`: skipping where its rule says it pays, dense elsewhere). Inputs are real text:
+the recipe's held-out standard-library documents in the checkpoint's own tokenizer (what the certificate's gain
+depends on; random ids would say little). Forward: batch 1, no grad, no cache, `logits_to_keep=1`. Decoding: a static cache (its steps
 copy nothing: a dynamic cache's concatenation costs more than attention at these widths), one prefill untimed,
-then calls of `--steps` greedy steps each, timed per step; tokens are checked equal to the dense path's. Each
+then calls of `--steps` greedy steps each, timed per step; tokens are checked equal to the dense path's. Training
+(`--train`): one step is a forward with `labels` and its backward (gradients zeroed, no optimizer), the model in
+train mode (the checkpoint's dropouts are 0, so the split and its skipping serve it); the process's peak resident
+memory is reported beside it (`alibi-auto` trains dense: "auto" skips at inference only). Each
 process builds one contestant, warms up once and times `--repeats` calls (median); processes rotate over
 contestants, `--processes` rounds; a cell reports the median over processes and [min, max]. The skipping process
 also reports the kept fraction of causal key work per head: the key ranges its layers certified and used, recorded
@@ -27,7 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CONTESTANTS = ("gpt2-sdpa", "alibi-dense", "alibi-skip")
+CONTESTANTS = ("gpt2-sdpa", "alibi-dense", "alibi-skip", "alibi-auto")
 # glibc returns the top of its heap to the kernel when a free leaves more than its (adaptive) trim threshold there;
 # the MLP's 16 MiB activations at 8k then fault their pages in again in the next layer (~1 us per 4 KiB page). How
 # often depends on where each process's earlier allocations landed: 0 to 120k faults per 8k forward measured, for
@@ -43,6 +48,9 @@ def build(name: str, checkpoint: str, eps: float, length: int):
     import hf_alibi  # noqa: F401  (registers the ALiBi model with the Auto classes)
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
+    if name == "alibi-auto":
+        model.config.alibi_skip_eps = "auto"
+        return model
     if name == "gpt2-sdpa":
         c = model.config
         torch.manual_seed(0)
@@ -92,12 +100,21 @@ def child(args) -> dict:
     import torch
     from transformers import StaticCache
 
-    from benchmarks.measure import time_call
+    from benchmarks.measure import process_peak_bytes, time_call
 
     ids = text_ids(args.checkpoint, args.length)
     budget = args.length + args.steps * (args.repeats + 1) + 1  # every decoding step of this process
     model = build(args.contestant, args.checkpoint, args.eps, budget)
     tokens = []
+    if args.suite == "train":
+        model.train()
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            model(ids, labels=ids).loss.backward()
+
+        seconds = time_call(step, repeats=args.repeats)
+        return {"median_s": statistics.median(seconds), "tokens": [], "peak_bytes": process_peak_bytes("cpu")}
     with torch.no_grad():
         if args.suite == "forward":
             seconds = time_call(lambda: model(ids, logits_to_keep=1), repeats=args.repeats)
@@ -113,15 +130,17 @@ def child(args) -> dict:
 
             seconds = [s / args.steps for s in time_call(steps, repeats=args.repeats)]
     result = {"median_s": statistics.median(seconds), "tokens": tokens}
-    if args.contestant == "alibi-skip" and args.suite == "forward":
-        result["kept_per_head"] = kept_fractions(model, ids, args.eps)
+    if args.contestant in ("alibi-skip", "alibi-auto") and args.suite == "forward":
+        eps = args.eps if args.contestant == "alibi-skip" else "auto"
+        result["kept_per_head"] = kept_fractions(model, ids, eps)
     return result
 
 
 def run_cell(args, suite: str, length: int) -> dict:
     results = {name: [] for name in CONTESTANTS}
     for round_ in range(args.processes):
-        order = CONTESTANTS[round_ % 3 :] + CONTESTANTS[: round_ % 3]  # rotate who goes first
+        turn = round_ % len(CONTESTANTS)
+        order = CONTESTANTS[turn:] + CONTESTANTS[:turn]  # rotate who goes first
         for name in order:
             command = [sys.executable, "-m", "benchmarks.bench_skip", "--child", name, "--suite", suite,
                        "--length", str(length), "--checkpoint", args.checkpoint, "--eps", str(args.eps),
@@ -134,35 +153,43 @@ def run_cell(args, suite: str, length: int) -> dict:
     for name, runs in results.items():
         times = [r["median_s"] for r in runs]
         cell[name] = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
+        if "peak_bytes" in runs[0]:
+            cell[name]["peak_bytes"] = statistics.median(r["peak_bytes"] for r in runs)
         if "kept_per_head" in runs[0]:
-            cell["kept_per_head"] = runs[0]["kept_per_head"]
+            cell[name]["kept_per_head"] = runs[0]["kept_per_head"]
     if suite == "decode":
-        cell["same_tokens"] = all(r["tokens"] == results["alibi-dense"][0]["tokens"] for r in results["alibi-skip"])
+        dense = results["alibi-dense"][0]["tokens"]
+        cell["same_tokens"] = all(r["tokens"] == dense for r in results["alibi-skip"] + results["alibi-auto"])
     return cell
 
 
 def markdown(cells: list[dict], args) -> str:
-    unit = {"forward": "s per forward", "decode": "ms per token"}
+    unit = {"forward": "s per forward", "decode": "ms per token", "train": "s per step"}
     allocator = "glibc without heap trimming (`--no-trim`)" if args.no_trim else "default glibc malloc"
     lines = [f"Checkpoint `{args.checkpoint}`, eps {args.eps:g}, {allocator}, {args.processes} fresh processes per "
              f"contestant, {args.repeats} timed call(s) each (median); ratios of medians against `gpt2-sdpa`.", "",
-             "| cell | `gpt2-sdpa` | `alibi-dense` | `alibi-skip` | skip / dense | kept per head |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+             "| cell | `gpt2-sdpa` | `alibi-dense` | `alibi-skip` | `alibi-auto` | skip / dense | auto / dense | "
+             "kept per head (skip; auto) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for cell in cells:
         scale = 1e3 if cell["suite"] == "decode" else 1.0
         reference = cell["gpt2-sdpa"]["median_s"]
 
         def show(name):
             r = cell[name]
+            peak = f" · {r['peak_bytes'] / 2**20:.0f} MiB peak" if "peak_bytes" in r else ""
             return (f"{r['median_s'] * scale:.3f} [{r['min_s'] * scale:.3f}, {r['max_s'] * scale:.3f}] · "
-                    f"{r['median_s'] / reference:.2f}x")  # fmt: skip
+                    f"{r['median_s'] / reference:.2f}x{peak}")  # fmt: skip
 
-        kept = ", ".join(f"{k:.3f}" for k in cell.get("kept_per_head", [])) or ("tokens equal dense: "
-                                                                              f"{cell.get('same_tokens')}")  # fmt: skip
+        def kept(name):
+            return ", ".join(f"{k:.3f}" for k in cell[name].get("kept_per_head", [])) or "dense"
+
+        extra = (f"{kept('alibi-skip')}; {kept('alibi-auto')}" if cell["suite"] == "forward"
+                 else f"tokens equal dense: {cell['same_tokens']}" if cell["suite"] == "decode" else "")  # fmt: skip
         name = f"{cell['suite']} L={cell['length']} ({unit[cell['suite']]})"
-        ratio = cell["alibi-skip"]["median_s"] / cell["alibi-dense"]["median_s"]
+        dense = cell["alibi-dense"]["median_s"]
         lines.append(f"| {name} | {show('gpt2-sdpa')} | {show('alibi-dense')} | {show('alibi-skip')} | "
-                     f"{ratio:.2f}x | {kept} |")  # fmt: skip
+                     f"{show('alibi-auto')} | {cell['alibi-skip']['median_s'] / dense:.2f}x | "
+                     f"{cell['alibi-auto']['median_s'] / dense:.2f}x | {extra} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -171,6 +198,7 @@ def main(argv=None):
     parser.add_argument("--checkpoint", default="runs/cpu_demo/alibi/final", help="a trained ALiBi checkpoint folder")
     parser.add_argument("--forward", default="2048,8192,32768,65536", help="forward lengths (comma-separated)")
     parser.add_argument("--decode", default="8192,16384,32768", help="decoding context lengths; 0: none")
+    parser.add_argument("--train", default="0", help="training step lengths (forward + backward); 0: none")
     parser.add_argument("--eps", type=float, default=1e-7)
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
@@ -188,8 +216,8 @@ def main(argv=None):
         return
     from hf_alibi.atomic_files import write_text_atomically  # the parent only: children load just their model
 
-    cells = [(suite, int(n)) for suite, lengths in (("forward", args.forward), ("decode", args.decode))
-             for n in lengths.split(",") if n and int(n)]  # fmt: skip
+    cells = [(suite, int(n)) for suite, lengths in (("forward", args.forward), ("decode", args.decode),
+                                                     ("train", args.train)) for n in lengths.split(",") if n and int(n)]  # fmt: skip
     results = []
     for suite, length in cells:
         results.append(run_cell(args, suite, length))

@@ -44,8 +44,9 @@ class ServeOptions:
     attn_implementation: str | None = field(
         default=None, metadata={"help": f"one of {', '.join(ATTN_IMPLEMENTATIONS)} (default: the model's own)"}
     )
-    alibi_skip_eps: float | None = field(
-        default=None, metadata={"help": "ALiBi models only: skip keys of softmax mass <= this (in [0, 1))"}
+    alibi_skip_eps: str | None = field(
+        default=None, metadata={"help": "ALiBi models only: 'auto' (the default) or skip keys of softmax mass <= this "
+                                        "(in [0, 1); 0: dense)"}  # fmt: skip
     )
     device: str = field(default="auto", metadata={"help": "device_map for loading: auto, cpu, cuda:0, ..."})
     dtype: str = field(default="auto", metadata={"help": f"one of {', '.join(DTYPES)} (auto: the weights' own)"})
@@ -64,8 +65,13 @@ class ServeOptions:
         if attention is not None and attention not in ATTN_IMPLEMENTATIONS:
             raise ValueError(f"attn_implementation must be one of {ATTN_IMPLEMENTATIONS}, got {attention!r}")
         eps = self.alibi_skip_eps
-        if eps is not None and (isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < 1):
-            raise ValueError(f"alibi_skip_eps must be a number in [0, 1), got {eps!r}")
+        if isinstance(eps, str) and eps != "auto":  # the command line's text
+            try:
+                eps = self.alibi_skip_eps = float(eps)
+            except ValueError:
+                raise ValueError(f"alibi_skip_eps must be 'auto' or a number in [0, 1), got {eps!r}") from None
+        if eps not in (None, "auto") and (isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < 1):
+            raise ValueError(f"alibi_skip_eps must be 'auto' or a number in [0, 1), got {eps!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if not _is_int(self.max_tokens_limit) or self.max_tokens_limit < 1:

@@ -44,8 +44,10 @@ from .attention_skip_ranges import (
     certified_flex_ranges,
     certified_split,
     prepare_flex_attention_certified,
+    AUTO_EPS,
     prepare_sdpa_decode_certified,
     prepare_sdpa_split_certified,
+    skipping_pays,
 )
 
 
@@ -64,7 +66,7 @@ def plan_alibi_attention(
     sdpa_split: bool = True,
     query_chunk: int = SDPA_QUERY_CHUNK,
     key_ranges: KeyRanges | None = None,
-    skip_eps: float = 0.0,
+    skip_eps: float | str = 0.0,
     key_norms=None,
 ) -> AlibiAttentionPlan:
     """Validate one forward's inputs and build its plan for `implementation` (one of `SUPPORTED_ATTENTION`).
@@ -75,21 +77,29 @@ def plan_alibi_attention(
     style `cu_seq_lens` of one flattened row. `dtype` is the layers' compute dtype (autocast's, else the weights'):
     SDPA masks are built in it once. `sdpa_split=False` sends the calls the split would serve to the bias bank,
     whose chunks have `query_chunk` rows (the config's `alibi_sdpa_split` and `alibi_sdpa_query_chunk`).
-    `skip_eps` (the config's `alibi_skip_eps`) asks for certified key skipping (`choose_path` says where it
-    applies); a decoding step that skips reads the running key-norm summary of its cache
+    `skip_eps` (the config's `alibi_skip_eps`: `"auto"` or a number) asks for certified key skipping
+    (`choose_path` says where it applies); a decoding step that skips reads the running key-norm summary of its cache
     (`attention_skip_ranges.RunningKeyNorms`) from `key_norms`, a function called only then.
     """
     tracing = torch.compiler.is_compiling()  # the one place that asks: compiled graphs never branch on data
     facts = plan_facts(
         slopes, batch, query_length, key_length, query_offset, attention_mask, position_ids, cu_seq_lens, dropout,
-        key_ranges, host_offset=skip_eps > 0 or implementation == "flash_attention_2", tracing=tracing,
+        key_ranges, host_offset=_host_offset(implementation, skip_eps, slopes.device.type), tracing=tracing,
     )  # fmt: skip
     path = choose_path(
         implementation, facts, device=slopes.device.type, tracing=tracing, sdpa_split=sdpa_split,
         skip_eps=skip_eps, grad=torch.is_grad_enabled(), kernels_work=split_kernels_work,
+        skip_pays=lambda: skipping_pays(facts.slopes, facts.query_length, facts.key_length),
     )  # fmt: skip
-    preparation = Preparation(dtype, query_chunk, float(skip_eps), key_norms)  # what the prepares may read
+    eps = AUTO_EPS if skip_eps == "auto" else float(skip_eps)
+    preparation = Preparation(dtype, query_chunk, eps, key_norms)  # what the prepares may read
     return replace(facts, path=path, payload=PREPARE_PATHS[path](facts, preparation))
+
+
+def _host_offset(implementation: str, skip_eps, device: str) -> bool:
+    """Whether a one-row step reads a static cache's 0-d count on the host: flash-attn needs an int, a skipping step
+    its position (on a GPU a read is a sync, so `"auto"`, which skips on CPU only, reads it there alone)."""
+    return implementation == "flash_attention_2" or skip_eps not in (0, "auto") or (skip_eps == "auto" and device == "cpu")
 
 
 def alibi_attention(

@@ -108,7 +108,7 @@ def plan_paged_attention(
     dtype: torch.dtype = torch.float32,
     sdpa_split: bool = True,
     query_chunk: int = SDPA_QUERY_CHUNK,
-    skip_eps: float = 0.0,
+    skip_eps: float | str = 0.0,
 ) -> AlibiAttentionPlan:
     """The plan of one continuous-batching forward over `query_length` flattened tokens (module docstring).
 
@@ -150,7 +150,7 @@ def plan_paged_attention(
         q_len, k_len = rows[1] - rows[0], keys[1] - keys[0]
         if q_len == 0:  # a padding entry (static shapes): no rows
             continue
-        if q_len == 1 and skip_eps == 0:
+        if q_len == 1 and (skip_eps == "auto" or skip_eps == 0):  # "auto": one batched call (one row per request)
             decoding.append((rows[0], keys))
             continue
         plan = plan_alibi_attention(

@@ -196,13 +196,15 @@ def plan_facts(
 
 
 def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, tracing: bool, sdpa_split: bool = True,
-                skip_eps: float = 0.0, grad: bool = False, kernels_work=lambda: False, paged: bool = False,
-                block_table: bool = False) -> str:  # fmt: skip
+                skip_eps: float | str = 0.0, grad: bool = False, kernels_work=lambda: False, paged: bool = False,
+                block_table: bool = False, skip_pays=lambda: False) -> str:  # fmt: skip
     """The path for a backend and a plan's facts (module docstring): the only function that chooses one.
 
     `skip_eps > 0` (the config's `alibi_skip_eps`) asks for certified key skipping; it applies outside tracing,
     without caller-given key ranges, on the split (training too: its gradient is that of the attention computed),
-    on FlexAttention and on one-row steps over plain-int positions. `grad` says whether autograd records. `kernels_work` (the split's probe) is called only when it matters. `paged`: continuous
+    on FlexAttention and on one-row steps over plain-int positions. `"auto"` skips only at inference (`grad`:
+    whether autograd records) on the `sdpa` backend on CPU, where `skip_pays()` (the measured rule of
+    `attention_skip_ranges.skipping_pays`) says so for this shape. `kernels_work` (the split's probe) is called only when it matters. `paged`: continuous
     batching's flattened row of requests; `block_table`: transformers hands the paged kernel its block tables (the
     FlashAttention-2 decode fast path).
     """
@@ -215,6 +217,9 @@ def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, trac
             f"attn_implementation={implementation!r} is not supported by ALiBi GPT-2; choose one of "
             f"{SUPPORTED_ATTENTION}"
         )
+    if skip_eps == "auto":
+        skip_eps = 1.0 if implementation == "sdpa" and device == "cpu" and not grad and not tracing and (
+            plan.key_ranges is None and skip_pays()) else 0.0  # fmt: skip
     skip = skip_eps > 0 and plan.key_ranges is None and not tracing
     if implementation == "eager":
         return "eager"

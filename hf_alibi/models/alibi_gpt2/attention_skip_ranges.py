@@ -47,6 +47,36 @@ NEAR = 1
 # (0.3803 / 0.3818 with 4 / 16 rows; 0.3923 with 16 rows unsorted).
 ROW_GROUP = 16
 
+# `alibi_skip_eps="auto"`: eps, and where skipping pays on CPU (the split's prefill, the segmented decoding step).
+# Each head's kept keys per row reach about `ROWS + AUTO_REACH / slope` back (the block, then the distance at which
+# ALiBi's decay outweighs the logits: on the demo checkpoint at 8k and 32k, slopes 1/4 .. 1/256 kept 0.062, 0.125,
+# 0.386, 0.955 and 0.016, 0.032, 0.106, 0.359 of causal work, which this predicts to within 0.03). Skipping pays where
+# the predicted kept work, averaged over heads, is at most `AUTO_PREFILL_KEPT` of a prefill's causal work or
+# `AUTO_DECODE_KEPT` of a decoding step's keys (measured on that checkpoint, `benchmarks/bench_skip.py`: a prefill
+# keeping 0.67 at 2k is 1.09x of dense, 0.38 at 8k 0.70x; a decoding step keeping 0.24 at 8k is 1.16x, 0.12 at 16k
+# 0.84x, each call costing a few fixed operations per run of heads).
+AUTO_EPS = 1e-7
+AUTO_REACH = 24.0
+AUTO_PREFILL_KEPT = 0.5
+AUTO_DECODE_KEPT = 0.15
+
+
+def predicted_kept(slopes: torch.Tensor, query_length: int, key_length: int) -> float:
+    """The fraction of causal key work certified skipping is predicted to keep, averaged over heads (the reach of
+    `AUTO_REACH`): of a decoding row's `key_length` keys, or of a prefill's causal (query, key) pairs."""
+    reach = ROWS + AUTO_REACH / slopes.double().clamp(min=1e-12)  # (H,) keys kept back from each row
+    if query_length == 1:
+        return float((reach / key_length).clamp(max=1.0).mean())
+    length = float(key_length)  # rows at the end of `key_length` keys; a prefill's causal work ~ length^2 / 2
+    reach = reach.clamp(max=length)
+    return float((reach * (2 * length - reach) / length**2).mean())
+
+
+def skipping_pays(slopes: torch.Tensor, query_length: int, key_length: int) -> bool:
+    """Whether `alibi_skip_eps="auto"` skips for this call's shape and the heads' slopes (CPU, measured above)."""
+    kept = predicted_kept(slopes, query_length, key_length)
+    return kept <= (AUTO_DECODE_KEPT if query_length == 1 else AUTO_PREFILL_KEPT)
+
 
 @dataclass(frozen=True, eq=False)
 class CertifiedSplit:

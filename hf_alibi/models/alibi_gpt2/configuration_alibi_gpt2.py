@@ -112,13 +112,15 @@ class AlibiGPT2Config(PretrainedConfig):
         alibi_sdpa_query_chunk (`int`, *optional*, defaults to 256):
             Query rows per chunk of the bias-bank path: its mask is `(B|1, H, chunk, kv)` floats, built once per
             forward. A positive integer; a runtime choice (small values make tests cross chunk boundaries).
-        alibi_skip_eps (`float`, *optional*, defaults to 0.0):
-            Certified key skipping at inference (no gradients, outside torch.compile): per head and block of 256
-            query rows, keys whose softmax mass is provably <= `alibi_skip_eps` are not computed, which changes each
-            output by at most `2 * alibi_skip_eps * max|v|` (`hf_alibi/models/alibi_gpt2/attention_skip.py` proves the bound). `0.0`
-            is dense attention. `1e-7` is exact to fp32 rounding. It applies to the `sdpa` backend on CPU (prefill
-            and decoding with a dynamic cache) and to `flex_attention`. Must lie in `[0, 1)`; a runtime choice, e.g.
-            `from_pretrained(..., alibi_skip_eps=1e-7)`.
+        alibi_skip_eps (`float` or `"auto"`, *optional*, defaults to `"auto"`):
+            Certified key skipping (outside torch.compile): per head and block of 256 query rows, keys whose softmax
+            mass is provably <= eps are not computed, which changes each output by at most `2 * eps * max|v|`
+            (`attention_skip.py` proves the bound). `"auto"` skips with eps `1e-7` (exact to fp32 rounding) at
+            inference exactly where it was measured to pay: the `sdpa` backend on CPU, for prefills and decoding
+            steps long enough for the heads' slopes (`attention_skip_ranges.skipping_pays`), dense elsewhere. A
+            number in `(0, 1)` skips with that eps wherever skipping applies (the `sdpa` backend on CPU, prefill in
+            training too, and decoding; `flex_attention`), `0.0` is dense attention. A runtime choice, e.g.
+            `from_pretrained(..., alibi_skip_eps=0.0)`.
 
     Example:
 
@@ -183,7 +185,7 @@ class AlibiGPT2Config(PretrainedConfig):
     alibi_scaling_factor: float = 1.0
     alibi_sdpa_split: bool = True
     alibi_sdpa_query_chunk: int = 256
-    alibi_skip_eps: float = 0.0
+    alibi_skip_eps: float | str = "auto"
 
     def __post_init__(self, **kwargs):
         if "max_position_embeddings" in kwargs:  # GPT-2-style name for the training length: not an attribute here
@@ -229,9 +231,9 @@ class AlibiGPT2Config(PretrainedConfig):
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
             raise ValueError(f"alibi_sdpa_query_chunk must be a positive integer, got {chunk!r}")
         eps = self.alibi_skip_eps
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= eps < 1.0:
-            raise ValueError(f"alibi_skip_eps must be a number in [0, 1), got {eps!r}")
-        self.alibi_skip_eps = float(eps)
+        if eps != "auto" and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= eps < 1.0):
+            raise ValueError(f"alibi_skip_eps must be 'auto' or a number in [0, 1), got {eps!r}")
+        self.alibi_skip_eps = eps if eps == "auto" else float(eps)
         for name in ("embedding_layernorm", "bias", "alibi_sdpa_split", "gated_mlp"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -1,0 +1,82 @@
+"""`alibi_skip_eps="auto"`, the default: certified skipping with eps 1e-7 exactly where it was measured to pay (the
+`sdpa` backend on CPU, long enough prefills and decoding steps for the heads' slopes), dense elsewhere; an explicit
+eps stays as asked, and a saved config keeps what it names."""
+
+import json
+
+import pytest
+import torch
+from test_attention_skip_ranges import assert_close_to_dense, steep_model
+
+from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
+from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_skip_ranges import AUTO_EPS, predicted_kept, skipping_pays
+
+DEMO_SLOPES = get_alibi_slopes(4)  # the demo checkpoint's: 1/4, 1/16, 1/64, 1/256
+
+
+@pytest.mark.parametrize(
+    "length, measured",
+    [(8192, (0.062, 0.125, 0.386, 0.955)), (32768, (0.016, 0.032, 0.106, 0.359))],
+)
+def test_the_predicted_kept_work_follows_what_the_demo_checkpoint_certified(length, measured):
+    """results/skip/bench_demo*.md: the kept fraction of causal work per head on real held-out text."""
+    for slope, kept in zip(DEMO_SLOPES, measured):
+        predicted = predicted_kept(slope[None], length, length)
+        assert abs(predicted - kept) <= 0.03, f"slope {slope:.4g} at {length}: predicted {predicted:.3f}, kept {kept}"
+
+
+@pytest.mark.parametrize(
+    "query_length, key_length, pays",
+    [(512, 512, False), (1024, 1024, False), (2048, 2048, False), (8192, 8192, True), (32768, 32768, True),
+     (1, 1024, False), (1, 8192, False), (1, 16384, True), (1, 32768, True)],
+)  # fmt: skip
+def test_auto_skips_the_demo_shape_where_the_benchmark_measured_a_gain(query_length, key_length, pays):
+    """Measured on the demo checkpoint: prefill 2k 1.09x and 8k 0.70x of dense; decoding 8k 1.16x, 16k 0.84x."""
+    assert skipping_pays(DEMO_SLOPES, query_length, key_length) == pays
+
+
+def test_flat_slopes_never_pay_where_steep_ones_do():
+    assert skipping_pays(torch.tensor([0.5, 0.25]), 8192, 8192)
+    assert not skipping_pays(torch.tensor([2.0**-12, 2.0**-14]), 8192, 8192)
+
+
+def test_auto_takes_the_certified_path_only_at_inference_on_cpu_sdpa_for_long_enough_inputs():
+    with torch.no_grad():
+        assert plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 8192, 8192, skip_eps="auto").path == "sdpa_split_certified"
+        plan = plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 8192, 8192, skip_eps="auto")
+        assert plan.payload.eps == AUTO_EPS
+        assert plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 512, 512, skip_eps="auto").path == "sdpa_split"
+        step = plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 1, 16384, skip_eps="auto")
+        assert step.path == "sdpa_decode_certified_segmented"
+        assert plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 1, 4096, skip_eps="auto").path == "sdpa_bank"
+        assert plan_alibi_attention("flex_attention", DEMO_SLOPES, 1, 8192, 8192, skip_eps="auto").path == (
+            "flex_attention"
+        )  # not measured: dense
+    assert plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 8192, 8192, skip_eps="auto").path == "sdpa_split"  # training
+
+
+def test_the_default_skips_a_long_prefill_and_equals_dense(record_plans):
+    model = steep_model()  # no alibi_skip_eps: the default
+    assert model.config.alibi_skip_eps == "auto"
+    ids = torch.randint(0, 64, (1, 4096), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), record_plans(model) as plans:
+        skipping = model(ids).logits
+    assert {plan.path for plan in plans} == {"sdpa_split_certified"}
+    model.config.alibi_skip_eps = 0.0
+    with torch.no_grad(), record_plans(model) as plans:
+        dense = model(ids).logits
+    assert {plan.path for plan in plans} == {"sdpa_split"}
+    assert_close_to_dense(skipping, dense)
+
+
+def test_a_saved_eps_is_kept_and_a_config_naming_none_gets_auto(tmp_path):
+    with pytest.raises(ValueError, match="alibi_skip_eps.*'sometimes'"):
+        AlibiGPT2Config(alibi_skip_eps="sometimes")
+    config = AlibiGPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64)
+    AlibiGPT2LMHeadModel(config).save_pretrained(tmp_path / "default")
+    saved = json.loads((tmp_path / "default" / "config.json").read_text())
+    assert "alibi_skip_eps" not in saved  # the default is not written: a later default applies on load
+    assert AlibiGPT2Config.from_pretrained(tmp_path / "default").alibi_skip_eps == "auto"
+    AlibiGPT2LMHeadModel(AlibiGPT2Config(**{**config.to_dict(), "alibi_skip_eps": 0.0})).save_pretrained(tmp_path / "dense")
+    assert AlibiGPT2Config.from_pretrained(tmp_path / "dense").alibi_skip_eps == 0.0
