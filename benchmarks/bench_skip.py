@@ -55,7 +55,8 @@ def build(name: str, checkpoint: str, eps: float, length: int):
         c = model.config
         torch.manual_seed(0)
         config = GPT2Config(n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head, vocab_size=c.vocab_size,
-                            n_positions=length, attn_implementation="sdpa")  # fmt: skip
+                            n_positions=length, attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0,
+                            attn_pdrop=0.0)  # the checkpoint's dropouts (0): training keeps SDPA's fused path  # fmt: skip
         return GPT2LMHeadModel(config).eval()
     model.config.alibi_skip_eps = eps if name == "alibi-skip" else 0.0
     return model
@@ -92,6 +93,8 @@ def kept_fractions(model, ids, eps: float) -> list[float]:
             model(ids, logits_to_keep=1)
     finally:
         attention.certified_split = certified_split
+    if not used:  # the forward did not skip ("auto" where it does not pay)
+        return []
     return torch.stack([kept_fraction(r.first_key, ids.shape[1], r.rows) for r in used]).mean(0).tolist()  # (H,)
 
 
