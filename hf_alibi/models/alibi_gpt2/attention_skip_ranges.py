@@ -52,24 +52,27 @@ ROW_GROUP = 16
 # ALiBi's decay outweighs the logits: on the demo checkpoint at 8k and 32k, slopes 1/4 .. 1/256 kept 0.062, 0.125,
 # 0.386, 0.955 and 0.016, 0.032, 0.106, 0.359 of causal work, which this predicts to within 0.03). Skipping pays where
 # the predicted kept work, averaged over heads, is at most `AUTO_PREFILL_KEPT` of a prefill's causal work or
-# `AUTO_DECODE_KEPT` of a decoding step's keys (measured on that checkpoint, `benchmarks/bench_skip.py`: a prefill
-# keeping 0.67 at 2k is 1.09x of dense, 0.38 at 8k 0.70x; a decoding step keeping 0.24 at 8k is 1.16x, 0.12 at 16k
-# 0.84x, each call costing a few fixed operations per run of heads).
+# `AUTO_DECODE_KEPT` of a decoding step's keys. Measured on that checkpoint (`benchmarks/bench_skip.py`), skip / dense:
+# - prefill: kept 0.67 at 2k: 1.09x on an AMD EPYC, 0.86x on an Intel Xeon (AMX); 0.51 at 4k: 0.67x (Xeon); 0.38 at
+#   8k: 0.70x (EPYC), 0.43x (Xeon). The threshold skips from 4k: the EPYC's loss at 2k is not taken;
+# - decoding (each step a few fixed operations per run of heads): kept 0.24 at 8k: 1.16x (EPYC), 1.52x (Xeon); 0.12
+#   at 16k: 0.84x (EPYC), 0.65x (Xeon). Both skip from ~12k-16k of context.
 AUTO_EPS = 1e-7
 AUTO_REACH = 24.0
-AUTO_PREFILL_KEPT = 0.5
+AUTO_PREFILL_KEPT = 0.55
 AUTO_DECODE_KEPT = 0.15
 
 
 def predicted_kept(slopes: torch.Tensor, query_length: int, key_length: int) -> float:
     """The fraction of causal key work certified skipping is predicted to keep, averaged over heads (the reach of
-    `AUTO_REACH`): of a decoding row's `key_length` keys, or of a prefill's causal (query, key) pairs."""
-    reach = ROWS + AUTO_REACH / slopes.double().clamp(min=1e-12)  # (H,) keys kept back from each row
-    if query_length == 1:
-        return float((reach / key_length).clamp(max=1.0).mean())
-    length = float(key_length)  # rows at the end of `key_length` keys; a prefill's causal work ~ length^2 / 2
-    reach = reach.clamp(max=length)
-    return float((reach * (2 * length - reach) / length**2).mean())
+    `AUTO_REACH`): of a decoding row's `key_length` keys, or of a prefill's causal (query, key) pairs. Plain floats:
+    a decoding step asks once per forward, and tensor ops would cost more than the answer saves."""
+    length = float(key_length)  # a prefill's rows end at the last of `key_length` keys: causal work ~ length^2 / 2
+    kept = 0.0
+    for slope in slopes.tolist():
+        reach = min(ROWS + AUTO_REACH / max(slope, 1e-12), length)  # keys kept back from each row
+        kept += reach / length if query_length == 1 else reach * (2 * length - reach) / length**2
+    return kept / len(slopes)
 
 
 def skipping_pays(slopes: torch.Tensor, query_length: int, key_length: int) -> bool:
