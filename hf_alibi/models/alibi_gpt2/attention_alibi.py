@@ -82,10 +82,12 @@ def plan_alibi_attention(
     (`attention_skip_ranges.RunningKeyNorms`) from `key_norms`, a function called only then.
     """
     tracing = torch.compiler.is_compiling()  # the one place that asks: compiled graphs never branch on data
-    facts = plan_facts(
-        slopes, batch, query_length, key_length, query_offset, attention_mask, position_ids, cu_seq_lens, dropout,
-        key_ranges, host_offset=_host_offset(implementation, skip_eps, slopes.device.type), tracing=tracing,
-    )  # fmt: skip
+    inputs = (slopes, batch, query_length, key_length, query_offset, attention_mask, position_ids, cu_seq_lens,
+              dropout, key_ranges)  # fmt: skip
+    facts = plan_facts(*inputs, host_offset=implementation == "flash_attention_2" or skip_eps not in (0, "auto"),
+                       tracing=tracing)  # fmt: skip
+    if _auto_decodes_long(facts, skip_eps, tracing):  # a static cache's step that "auto" skips reads its position
+        facts = plan_facts(*inputs, host_offset=True, tracing=tracing)
     path = choose_path(
         implementation, facts, device=slopes.device.type, tracing=tracing, sdpa_split=sdpa_split,
         skip_eps=skip_eps, grad=torch.is_grad_enabled(), kernels_work=split_kernels_work,
@@ -96,10 +98,14 @@ def plan_alibi_attention(
     return replace(facts, path=path, payload=PREPARE_PATHS[path](facts, preparation))
 
 
-def _host_offset(implementation: str, skip_eps, device: str) -> bool:
-    """Whether a one-row step reads a static cache's 0-d count on the host: flash-attn needs an int, a skipping step
-    its position (on a GPU a read is a sync, so `"auto"`, which skips on CPU only, reads it there alone)."""
-    return implementation == "flash_attention_2" or skip_eps not in (0, "auto") or (skip_eps == "auto" and device == "cpu")
+def _auto_decodes_long(facts: AlibiAttentionPlan, skip_eps, tracing: bool) -> bool:
+    """A static cache's one-row step (its count a 0-d tensor) that `"auto"` skips: long enough for the slopes, on
+    CPU. Only then is the count read on the host; a step that stays dense keeps the tensor and its one mask."""
+    if skip_eps != "auto" or tracing or not isinstance(facts.query_offset, torch.Tensor):
+        return False
+    if facts.slopes.device.type != "cpu":
+        return False
+    return skipping_pays(facts.slopes, facts.query_length, int(facts.query_offset) + facts.query_length)
 
 
 def alibi_attention(
