@@ -42,7 +42,8 @@ def measure(cache: str, prompt: int, args) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     config = AlibiGPT2Config(n_embd=args.n_embd, n_head=args.n_head, n_layer=args.n_layer, vocab_size=args.vocab,
-                             n_positions=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+                             n_positions=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                             alibi_skip_eps=0.0)  # dense: the caches' memory, not skipping on random weights  # fmt: skip
     model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation="sdpa").eval()
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(3, args.vocab, (args.batch, prompt), generator=generator)

@@ -181,7 +181,9 @@ def build_model(name: str, shape: Shape, max_length: int):
         if name == "alibi-from-jais":
             model = imported_jais(model)
     else:
-        skip = {"alibi_skip_eps": 1e-7} if name.endswith("-skip") else {}  # random weights: say so with its figures
+        # Dense unless the name says skip: "auto"'s gain depends on the weights, and these are random (bench_skip
+        # measures skipping on trained checkpoints); `-skip` contestants say so with their figures
+        skip = {"alibi_skip_eps": 1e-7 if name.endswith("-skip") else 0.0}
         config = AlibiGPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, classifier_dropout=0.0, **ids,
                                  **skip)  # fmt: skip
         model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation=ALIBI_BACKENDS[name])
@@ -209,6 +211,7 @@ def imported_bloom(bloom, check_length: int = 64):
 
     model = convert(bloom.eval())
     model.set_attn_implementation("sdpa")
+    model.config.alibi_skip_eps = 0.0  # dense, as the source: skipping's gain depends on the (random) weights
     ids = torch.randint(3, bloom.config.vocab_size, (1, check_length), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         error = (model(ids).logits - bloom(ids).logits).abs().max().item()  # (1, L, V) each
@@ -226,6 +229,7 @@ def imported_jais(jais, check_length: int = 64):
 
     model = convert_cerebras(Checkpoint(jais.config, jais.state_dict()))
     model.set_attn_implementation("sdpa")
+    model.config.alibi_skip_eps = 0.0  # dense, as the source: skipping's gain depends on the (random) weights
     length = min(check_length, jais.config["n_positions"])  # their code refuses longer inputs
     ids = torch.randint(3, jais.config["vocab_size"], (1, length), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
