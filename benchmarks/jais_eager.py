@@ -17,28 +17,15 @@ contestant). No KV cache: it runs the forward and train suites. `tests/benchmark
 float64 reference of their code.
 """
 
-import math
-
 import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutput
 from transformers.pytorch_utils import Conv1D
 
+from hf_alibi import get_alibi_slopes
+
 # jais-13b's settings: its n_positions (the cap), embeddings_scale, width_scale
 N_POSITIONS, EMBEDDINGS_SCALE, WIDTH_SCALE = 2048, 14.6, 0.111
-
-
-def jais_slopes(n: int) -> list[float]:
-    """The ALiBi paper's slopes, as their `_get_alibi_slopes` computes them (interleaved past a power of two)."""
-
-    def power_of_two(n):
-        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        return [start * start**i for i in range(n)]
-
-    if math.log2(n).is_integer():
-        return power_of_two(n)
-    closest = 2 ** math.floor(math.log2(n))
-    return power_of_two(closest) + jais_slopes(2 * closest)[0::2][: n - closest]
 
 
 class _Attention(nn.Module):
@@ -86,7 +73,9 @@ class _Block(nn.Module):
 class _Slopes(nn.Module):
     def __init__(self, n_head: int):
         super().__init__()
-        self.slopes = nn.Parameter(torch.tensor(jais_slopes(n_head))[:, None], requires_grad=False)  # (H, 1)
+        # the paper's slopes, interleaved past a power of two, as their `_get_alibi_slopes` computes them (the same
+        # rule as `get_alibi_slopes`; tests/conversion/jais_checkpoints.py writes it out independently, as an oracle)
+        self.slopes = nn.Parameter(get_alibi_slopes(n_head)[:, None], requires_grad=False)  # (H, 1)
 
     def forward(self, length: int):
         positions = torch.arange(length, device=self.slopes.device)

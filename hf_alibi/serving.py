@@ -67,7 +67,8 @@ class ServeOptions:
         eps = self.alibi_skip_eps
         if isinstance(eps, str) and eps != "auto":  # the command line's text
             try:
-                eps = self.alibi_skip_eps = float(eps)
+                eps = float(eps)
+                object.__setattr__(self, "alibi_skip_eps", eps)  # frozen: the number the text names
             except ValueError:
                 raise ValueError(f"alibi_skip_eps must be 'auto' or a number in [0, 1), got {eps!r}") from None
         if eps not in (None, "auto") and (isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < 1):

@@ -157,20 +157,9 @@ class BiasBank(FullBias):
     folded: bool = False
 
 
-def plan_facts(
-    slopes: torch.Tensor,
-    batch: int,
-    query_length: int,
-    key_length: int,
-    query_offset: int | torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
-    cu_seq_lens: torch.Tensor | None = None,
-    dropout: float = 0.0,
-    key_ranges: KeyRanges | None = None,
-    host_offset: bool = False,
-    tracing: bool = False,
-) -> AlibiAttentionPlan:
+def plan_facts(slopes: torch.Tensor, batch: int, query_length: int, key_length: int, query_offset=None,
+               attention_mask=None, position_ids=None, cu_seq_lens=None, dropout: float = 0.0, key_ranges=None,
+               host_offset: bool = False, tracing: bool = False) -> AlibiAttentionPlan:  # fmt: skip
     """One forward's inputs validated once and turned into facts (`plan_alibi_attention` documents the arguments);
     `host_offset` reads a static cache's 0-d count even for one row (a skipping decoding step needs it)."""
     slopes = slopes.float()
