@@ -228,3 +228,32 @@ def test_rows_without_keys_keep_gradients_finite_even_when_the_loss_reads_them()
     output = sdpa_alibi_split(query, key, value, SLOPES, offset, key_padding, SCALE, chunks=(8, 3))
     for name, grad in zip("qkv", torch.autograd.grad(output.sum(), (query, key, value))):
         assert torch.isfinite(grad).all(), f"NaN or inf in the gradient of {name}"
+
+
+@pytest.mark.parametrize("callers_mode", [False, True])
+def test_backward_flushes_denormals_only_while_it_runs_and_gives_the_same_gradients(callers_mode):
+    """Far calls' probabilities exp(S - l) underflow to denormals in the backward (x86 runs them ~100x slower): it
+    flushes them, then leaves the caller's mode as it found it; what it drops is below fp32's resolution."""
+    def flushing():
+        return float(torch.tensor([1e-39]) * 2.0) == 0.0
+
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU cannot flush denormals")
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(1, 2, 600, 8, generator=generator).requires_grad_() for _ in range(3))
+    slopes, grad = torch.tensor([0.5, 2.0**-6]), torch.randn(1, 2, 600, 8, generator=generator)
+    try:
+        torch.set_flush_denormal(callers_mode)
+        output = sdpa_alibi_split(query, key, value, slopes, 0, None, 8**-0.5, chunks=(256, 64))
+        flushed = torch.autograd.grad(output, (query, key, value), grad)
+        assert flushing() == callers_mode, "the backward changed the caller's denormal mode"
+    finally:
+        torch.set_flush_denormal(False)
+    exact = [t.detach().double().requires_grad_() for t in (query, key, value)]
+    positions = torch.arange(600)
+    distance = (positions[:, None] - positions[None, :]).double()  # (q, kv)
+    scores = exact[0] @ exact[1].transpose(-1, -2) * 8**-0.5 - slopes.double()[:, None, None] * distance
+    scores = scores.masked_fill(distance < 0, -torch.inf)
+    expected = torch.autograd.grad(torch.softmax(scores, -1) @ exact[2], exact, grad.double())
+    for got, want in zip(flushed, expected):
+        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
