@@ -150,26 +150,32 @@ def test_decode_start_drops_at_most_eps(p):
     assert float(mass.max()) <= p["eps"], f"largest dropped mass {float(mass.max()):.3e} > eps {p['eps']:.0e}"
 
 
+def split_problem(p):
+    """`p` cut to the split's keys (a static cache's filled part) and its `sdpa` plan with `p["eps"]`, or (p, None)
+    where the certified split does not serve it (packed documents, one row, eps 0, a failed probe)."""
+    batch, _, q_len, _ = p["query"].shape
+    if p["documents"] is not None or q_len < 2:  # the split serves no document masks and no one-row steps
+        return p, None
+    kv = p["offset"] + q_len
+    p = {**p, "key": p["key"][:, :, :kv], "value": p["value"][:, :, :kv]}
+    p["key_padding"] = None if p["key_padding"] is None else p["key_padding"][:, :kv]
+    mask = None if p["key_padding"] is None else p["key_padding"].long()
+    plan = plan_alibi_attention("sdpa", p["slopes"], batch, q_len, kv, query_offset=p["offset"], attention_mask=mask,
+                                skip_eps=p["eps"])  # fmt: skip
+    return p, (plan if plan.path == "sdpa_split_certified" else None)
+
+
 @CHECKS
 @given(problems(), st.integers(2, 16))
 def test_the_splits_certificate_from_its_kernels_diagonal_log_sum_exps_drops_at_most_eps(p, rows):
     """`certified_split`: Theorem 4's lower bound from the fp32 kernel's own diagonal blocks, then Theorem 3."""
-    batch, heads, q_len, _ = p["query"].shape
-    if p["documents"] is not None or q_len < 2:  # the split serves no document masks and no one-row steps
-        return
-    kv = p["offset"] + q_len
-    p = {**p, "key": p["key"][:, :, :kv], "value": p["value"][:, :, :kv]}
-    padding = None if p["key_padding"] is None else p["key_padding"][:, :kv]
-    p["key_padding"] = padding
-    mask = None if padding is None else padding.long()
     with torch.no_grad():
-        plan = plan_alibi_attention("sdpa", p["slopes"], batch, q_len, kv, query_offset=p["offset"],
-                                    attention_mask=mask, skip_eps=p["eps"])  # fmt: skip
-        if plan.path != "sdpa_split_certified" or plan.payload.eps != p["eps"]:
+        p, plan = split_problem(p)
+        if plan is None or plan.payload.eps != p["eps"]:
             return  # eps 0 or a plan without the split
         output, ranges = certified_split(p["query"], p["key"], p["value"], plan, p["scaling"], rows=rows,
                                          key_block=p["key_block"])  # fmt: skip
-    row_starts = ranges.first_key.repeat_interleave(rows, dim=1)[:, :q_len]  # (H, q)
+    row_starts = ranges.first_key.repeat_interleave(rows, dim=1)[:, : p["query"].shape[2]]  # (H, q)
     weights = exact_weights(p)  # (B, H, q, kv)
     mass = dropped_mass(weights, row_starts).masked_fill(~real_rows(p), 0.0)  # (B, H, q)
     assert float(mass.max()) <= p["eps"], f"largest dropped mass {float(mass.max()):.3e} > eps {p['eps']:.0e}"

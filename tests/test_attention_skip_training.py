@@ -6,7 +6,7 @@ import torch
 from alibi_reference import reference_attention
 from hypothesis import given
 from hypothesis import strategies as st
-from test_attention_skip import CHECKS, dropped_mass, exact_weights, problems, real_rows
+from test_attention_skip import CHECKS, dropped_mass, exact_weights, problems, real_rows, split_problem
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
 from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
@@ -25,17 +25,10 @@ def truncated_gradients(p, row_starts, grad_output):
 @CHECKS
 @given(problems(), st.integers(2, 16))
 def test_training_forward_certifies_its_own_step_and_backward_is_the_truncated_attentions_gradient(p, rows):
-    batch, heads, q_len, _ = p["query"].shape
-    if p["documents"] is not None or q_len < 2:  # the split serves no document masks and no one-row steps
-        return
-    kv = p["offset"] + q_len
-    p = {**p, "key": p["key"][:, :, :kv], "value": p["value"][:, :, :kv]}
-    p["key_padding"] = None if p["key_padding"] is None else p["key_padding"][:, :kv]
-    mask = None if p["key_padding"] is None else p["key_padding"].long()
-    plan = plan_alibi_attention("sdpa", p["slopes"], batch, q_len, kv, query_offset=p["offset"], attention_mask=mask,
-                                skip_eps=p["eps"])  # gradients on: the training path  # fmt: skip
-    if plan.path != "sdpa_split_certified":
-        return  # eps 0 or no split (a failed probe)
+    p, plan = split_problem(p)  # gradients on: the training path
+    if plan is None:
+        return  # no certified split for this problem
+    q_len = p["query"].shape[2]
     leaves = [p[name].clone().requires_grad_() for name in ("query", "key", "value")]
     output, ranges = certified_split(*leaves, plan, p["scaling"], rows=rows, key_block=p["key_block"])
     row_starts = ranges.first_key.repeat_interleave(rows, dim=1)[:, :q_len]  # (H, q)

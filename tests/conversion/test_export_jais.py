@@ -4,13 +4,12 @@ gated model exactly (llama.cpp's own logits where `llama_cpp` is importable)."""
 
 import json
 
-import gguf
 import numpy as np
 import pytest
 import torch
 from family_checks import left_padded_batch
 from jais_checkpoints import GENERATIONS, byte_level_tokenizer, save_source, their_logits, tiny_checkpoint
-from test_gguf_export import llama_cpp_model, read_fields
+from test_gguf_export import both_logits, llama_cpp_model, read_fields
 
 from hf_alibi import convert, export
 from hf_alibi.cli import run
@@ -159,10 +158,7 @@ def test_llama_cpp_jais_gives_our_logits_and_greedy_tokens(tmp_path, generation)
     path = export(model, "gguf", tmp_path / "m.gguf", tokenizer=tokenizer)
     ids = torch.randint(3, len(tokenizer), (300,), generator=torch.Generator().manual_seed(4)).tolist()
     llm = llama_cpp_model(llama_cpp, path)
-    llm.eval(ids)
-    theirs = torch.tensor(np.array(llm.scores[: len(ids)]))  # (L, V)
-    with torch.no_grad():
-        ours = model(torch.tensor([ids])).logits[0]  # (L, V)
+    theirs, ours = both_logits(llm, model, ids)  # (L, V) each
     error = (theirs - ours).abs().max().item()
     assert error < 2e-5, f"llama.cpp's jais logits differ by {error:.2e}"  # logits of order 10; measured up to 6e-6
     llm.reset()

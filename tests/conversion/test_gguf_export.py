@@ -156,6 +156,15 @@ def llama_cpp_model(llama_cpp, path):
                            n_threads=1, flash_attn=False, type_k=f32, type_v=f32)  # fmt: skip
 
 
+def both_logits(llm, model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's and our logits (L, V) for `ids`, one pass each."""
+    llm.eval(ids)
+    theirs = torch.tensor(np.array(llm.scores[: len(ids)]))  # (L, V)
+    with torch.no_grad():
+        ours = model(torch.tensor([ids])).logits[0]  # (L, V)
+    return theirs, ours
+
+
 def test_llama_cpp_runs_attention_norms_and_head_exactly(make_model, tokenizer, tmp_path):
     """With the MLP's output zeroed (ggml's GELU is the one approximate op), llama.cpp equals ours to fp32 rounding:
     the slopes of 12 interleaved heads, the qkv layout, the biases and the tied head are all written right."""
@@ -168,10 +177,7 @@ def test_llama_cpp_runs_attention_norms_and_head_exactly(make_model, tokenizer, 
     path = export(model, "gguf", tmp_path / "model.gguf", tokenizer=tokenizer)
     ids = tokenizer("".join(TEXT) * 30)["input_ids"][:500]
     llm = llama_cpp_model(llama_cpp, path)
-    llm.eval(ids)
-    theirs = torch.tensor(np.array(llm.scores[: len(ids)]))  # (L, V)
-    with torch.no_grad():
-        ours = model(torch.tensor([ids])).logits[0]  # (L, V)
+    theirs, ours = both_logits(llm, model, ids)  # (L, V) each
     error = (theirs - ours).abs().max().item()
     assert error < 1e-5, f"llama.cpp logits differ by {error:.2e}"
 
@@ -185,10 +191,7 @@ def test_llama_cpp_tokens_logits_and_greedy_decoding_match_ours(make_model, toke
     text = "".join(TEXT) + "unseen words 12345!"
     assert llm.tokenize(text.encode(), add_bos=False) == tokenizer(text)["input_ids"]  # text in ...
     assert llm.detokenize(tokenizer(text)["input_ids"]).decode() == text  # ... and text out
-    llm.eval(ids)
-    theirs = torch.tensor(np.array(llm.scores[: len(ids)]))  # (L, V)
-    with torch.no_grad():
-        ours = model(torch.tensor([ids])).logits[0]  # (L, V)
+    theirs, ours = both_logits(llm, model, ids)  # (L, V) each
     scale = ours.abs().max().item()
     error = (theirs - ours).abs().max().item()
     assert error < 1e-3 * scale, f"llama.cpp logits differ by {error:.2e} (logit scale {scale:.2f})"

@@ -211,7 +211,6 @@ class SplitPlan:
     def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1, first_keys=None):
         self.offset, self.key_padding, self.heads, self.calls = offset, key_padding, slopes.shape[0], []
         self.q_len, self.batch, self.dtype, self.chunks = q_len, batch, slopes.dtype, chunks
-        self.first_keys = first_keys
         self._cover(0, q_len, 0, chunks, 0)
         self._set_calls(self.calls if first_keys is None else self._ranged_calls(first_keys))
         self.visible = offset + q_len
@@ -441,23 +440,20 @@ class _SplitAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, plan, scaling, diagonals=None):
         ctx.plan, ctx.scaling = plan, scaling
-        if diagonals is not None:
-            output, lse = diagonals  # (B, H, q, D), (B, H, q) in the plan's dtype, merged into in place
-            attend(plan, [group for group in plan.groups if not group.diagonal], query, key, value, scaling, output,
-                   lse)  # fmt: skip
-            output = output.to(query.dtype)
-            ctx.save_for_backward(query, key, value, output, lse)
-            return output
-        if plan.one_call:  # one diagonal call (short rows, nothing cached): the kernel's result is the answer
+        if plan.one_call and diagonals is None:  # one diagonal call (short rows, nothing cached): the kernel's answer
             mask, _, rows, keys = plan.views(plan.groups[0])
             output, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (B, H, q, D)
             ctx.save_for_backward(query, key, value, output, lse)
             return output
         # Running (output, log-sum-exp) of each row over the calls so far, in fp32 (fp64 for fp64 inputs); the
         # diagonal groups come first and cover every row once, so they write these, and the others merge into them
-        output = _like_kernel_output(query, plan.dtype)  # (B, H, q, D)
-        lse = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
-        attend(plan, plan.groups, query, key, value, scaling, output, lse)
+        groups = plan.groups
+        if diagonals is None:
+            output = _like_kernel_output(query, plan.dtype)  # (B, H, q, D)
+            lse = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
+        else:  # the diagonal groups' results, already computed: merged into in place
+            (output, lse), groups = diagonals, [group for group in groups if not group.diagonal]
+        attend(plan, groups, query, key, value, scaling, output, lse)
         output = output.to(query.dtype)
         ctx.save_for_backward(query, key, value, output, lse)
         return output

@@ -96,32 +96,25 @@ class AlibiGPT2Attention(nn.Module):
 
 
 class AlibiGPT2MLP(nn.Module):
+    """GPT-2's MLP, `c_proj(act(c_fc(x)))`; with `gated_mlp`, `c_proj(c_fc(x) * act(c_fc2(x)))`, the gate `c_fc2` as
+    wide as `c_fc` (SwiGLU with `silu`: Jais's and BTLM's MLP, whose module names these are)."""
+
     def __init__(self, intermediate_size: int, config: AlibiGPT2Config):
         super().__init__()
         self.c_fc = AlibiGPT2Conv1D(intermediate_size, config.n_embd, bias=config.bias)
+        if config.gated_mlp:
+            self.c_fc2 = AlibiGPT2Conv1D(intermediate_size, config.n_embd, bias=config.bias)
         self.c_proj = AlibiGPT2Conv1D(config.n_embd, intermediate_size, bias=config.bias)
         self.act = mlp_activation(config.activation_function)  # the tanh GELU fused (activations.py)
         self.dropout = nn.Dropout(config.resid_pdrop)
+        self.gated = config.gated_mlp
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.act(self.c_fc(hidden_states))))
-
-
-class AlibiGPT2GatedMLP(nn.Module):
-    """`gated_mlp=True`: `c_proj(c_fc(x) * act(c_fc2(x)))`, the gate `c_fc2` as wide as `c_fc` (SwiGLU with `silu`:
-    Jais's and BTLM's MLP, whose module names these are)."""
-
-    def __init__(self, intermediate_size: int, config: AlibiGPT2Config):
-        super().__init__()
-        self.c_fc = AlibiGPT2Conv1D(intermediate_size, config.n_embd, bias=config.bias)
-        self.c_fc2 = AlibiGPT2Conv1D(intermediate_size, config.n_embd, bias=config.bias)
-        self.c_proj = AlibiGPT2Conv1D(config.n_embd, intermediate_size, bias=config.bias)
-        self.act = mlp_activation(config.activation_function)
-        self.dropout = nn.Dropout(config.resid_pdrop)
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        gated = self.c_fc(hidden_states) * self.act(self.c_fc2(hidden_states))  # (B, q, n_inner')
-        return self.dropout(self.c_proj(gated))
+        if self.gated:
+            hidden = self.c_fc(hidden_states) * self.act(self.c_fc2(hidden_states))  # (B, q, n_inner')
+        else:
+            hidden = self.act(self.c_fc(hidden_states))  # (B, q, n_inner')
+        return self.dropout(self.c_proj(hidden))
 
 
 class AlibiGPT2Block(GradientCheckpointingLayer):
@@ -131,7 +124,7 @@ class AlibiGPT2Block(GradientCheckpointingLayer):
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         self.attn = AlibiGPT2Attention(config, layer_idx)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
-        self.mlp = (AlibiGPT2GatedMLP if config.gated_mlp else AlibiGPT2MLP)(inner_dim, config)
+        self.mlp = AlibiGPT2MLP(inner_dim, config)
 
     def forward(self, hidden_states, alibi, cache=None, output_attentions=False):
         attn_output, weights = self.attn(self.ln_1(hidden_states), alibi, cache, output_attentions)
@@ -167,7 +160,7 @@ class AlibiGPT2PreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        if isinstance(module, (AlibiGPT2Attention, AlibiGPT2MLP, AlibiGPT2GatedMLP)):
+        if isinstance(module, (AlibiGPT2Attention, AlibiGPT2MLP)):
             # GPT-2: residual projections scaled by 1 / sqrt(2 * n_layer) (two residual paths per block)
             init.normal_(module.c_proj.weight, mean=0.0, std=std / math.sqrt(2 * self.config.n_layer))
         if isinstance(module, AlibiGPT2Model):
