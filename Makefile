@@ -6,6 +6,9 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
+# The recipe's configs live in the package (hf_alibi/experiments/configs/; `--config NAME` finds them by name too).
+CONFIG ?= hf_alibi/experiments/configs/cpu_demo.yaml
+SMOKE_CONFIG ?= hf_alibi/experiments/configs/smoke.yaml
 
 .PHONY: install demo smoke test test-fast bench
 install: $(VENV)/.installed
@@ -18,10 +21,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: install
-	HF_HUB_OFFLINE=1 $(PY) -m recipes.train_short_test_long --config recipes/configs/cpu_demo.yaml
+	HF_HUB_OFFLINE=1 $(PY) -m recipes.train_short_test_long --config $(CONFIG)
 
 smoke: install  # a new output folder each time: finished runs are never overwritten
-	HF_HUB_OFFLINE=1 $(PY) -m recipes.train_short_test_long --config recipes/configs/smoke.yaml \
+	HF_HUB_OFFLINE=1 $(PY) -m recipes.train_short_test_long --config $(SMOKE_CONFIG) \
 		--output_dir runs/smoke/$$(date +%Y%m%d-%H%M%S)
 
 test: install  # the whole suite: what .ci/run runs

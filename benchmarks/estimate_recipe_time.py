@@ -1,7 +1,7 @@
 """Estimate the wall time of a train-short/test-long config from a few timed steps of every shape it runs.
 
-    HF_HUB_OFFLINE=1 python -m benchmarks.estimate_recipe_time --config recipes/configs/headline.yaml
-    HF_HUB_OFFLINE=1 python -m benchmarks.estimate_recipe_time --config recipes/configs/cpu_demo.yaml --steps 2
+    HF_HUB_OFFLINE=1 python -m benchmarks.estimate_recipe_time --config hf_alibi/experiments/configs/headline.yaml
+    HF_HUB_OFFLINE=1 python -m benchmarks.estimate_recipe_time --config cpu_demo --steps 2
 
 For every model of the config: `--steps` timed training steps (after one warm-up) at its own batch shape (forward,
 loss, backward, AdamW step, on random tokens: the time does not depend on the values), times `max_steps`; one timed
@@ -61,7 +61,7 @@ def evaluation_batches(docs, length: int, batch: int, stride: int | None, slidin
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="a recipes/configs/*.yaml file")
+    parser.add_argument("--config", required=True, help="a shipped config's name or a YAML file")
     parser.add_argument("--steps", type=int, default=3, help="timed training steps per model (after a warm-up)")
     parser.add_argument("--anchor", type=float, default=1690.4, help="quiet-machine ALiBi training tokens/s, 16 x 256")
     parser.add_argument("--eval_anchor", type=float, default=1.66, help="quiet seconds of its 32 x 256 eval batch")

@@ -1,10 +1,10 @@
 """Train short, test long: the clone's name for `hf-alibi train` (`hf_alibi.experiments.train_short_test_long`).
 
-    HF_HUB_OFFLINE=1 python -m recipes.train_short_test_long --config recipes/configs/cpu_demo.yaml   # or: cpu_demo
+    HF_HUB_OFFLINE=1 python -m recipes.train_short_test_long --config hf_alibi/experiments/configs/cpu_demo.yaml   # or: cpu_demo
     HF_HUB_OFFLINE=1 python -m recipes.train_short_test_long --config smoke --output_dir runs/smoke   # < 1 minute
     torchrun --nproc_per_node 2 -m recipes.train_short_test_long --config smoke --use_cpu true       # 2 CPU processes
 
-`recipes/configs/NAME.yaml` names the config shipped as `hf_alibi/experiments/configs/NAME.yaml`.
+`--config NAME` (a bare name) is the config shipped as `hf_alibi/experiments/configs/NAME.yaml`.
 """
 
 import sys

@@ -12,7 +12,6 @@ import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"  # package data: shipped in the wheel
-CLONE_CONFIGS = ("recipes", "configs")  # where a clone's commands (README, Makefile) used to find them
 
 
 def shipped_configs() -> list[str]:
@@ -21,16 +20,21 @@ def shipped_configs() -> list[str]:
 
 
 def resolve_config(value: str) -> Path:
-    """The YAML file `--config value` means: an existing file, else a shipped config named `value` (`cpu_demo`,
-    `cpu_demo.yaml`, or `recipes/configs/cpu_demo.yaml` as a clone's commands write it)."""
+    """The YAML file `--config value` means: an existing file, else a shipped config named `value` (`cpu_demo` or
+    `cpu_demo.yaml`: a bare name, no folder). A path with a folder names that file only: a missing one is an error,
+    never a shipped config of the same name (in a clone they are `hf_alibi/experiments/configs/NAME.yaml`)."""
     path = Path(value)
     if path.is_file():
         return path
-    if path.suffix in ("", ".yaml") and (len(path.parts) == 1 or path.parent.parts[-2:] == CLONE_CONFIGS):
+    names = ", ".join(shipped_configs())
+    if len(path.parts) > 1:
+        folder = "" if path.parent.is_dir() else f" (folder {str(path.parent)!r} does not exist)"
+        raise ValueError(f"config {value!r}: no such file{folder}. Shipped configs, by name (--config cpu_demo) "
+                         f"or in a clone as hf_alibi/experiments/configs/NAME.yaml: {names}")
+    if path.suffix in ("", ".yaml"):
         shipped = CONFIGS_DIR / f"{path.stem}.yaml"
         if shipped.is_file():
             return shipped
-    names = ", ".join(shipped_configs())
     raise ValueError(f"config {value!r}: no such file, and not a shipped config (shipped: {names})")
 
 

@@ -15,6 +15,7 @@ from hf_alibi.experiments.arguments import (
     ModelArguments,
     RunArguments,
     parse_args,
+    resolve_config,
     shipped_configs,
 )
 from hf_alibi.experiments.budget_sweep import SweepArguments
@@ -41,6 +42,20 @@ def test_every_shipped_config_parses_into_the_split_arguments(config, tmp_path):
     experiment, *_, training = parse_args(argv, *types)
     assert isinstance(experiment, ExperimentArguments) and training.output_dir == str(tmp_path)
     assert all(isinstance(experiment, part) for part in ExperimentArguments.parts)
+
+
+def test_a_config_is_a_file_or_a_bare_shipped_name_never_a_missing_folder_mapped_to_package_data(tmp_path):
+    shipped = resolve_config("cpu_demo")
+    assert resolve_config("cpu_demo.yaml") == shipped
+    assert shipped.parent.parts[-3:] == ("hf_alibi", "experiments", "configs")
+    assert resolve_config(str(shipped)) == shipped  # an existing file: taken as given
+    with pytest.raises(ValueError, match=r"'recipes/configs/cpu_demo.yaml': no such file \(folder 'recipes/configs' "
+                                         r"does not exist\).*cpu_demo, cpu_demo_bpe8k"):  # fmt: skip
+        resolve_config("recipes/configs/cpu_demo.yaml")
+    with pytest.raises(ValueError, match=r"no such file\. Shipped configs.*smoke"):  # the folder exists, the file not
+        resolve_config(str(tmp_path / "cpu_demo.yaml"))
+    with pytest.raises(ValueError, match="'no_such_config': no such file, and not a shipped config"):
+        resolve_config("no_such_config")
 
 
 def test_snake_and_kebab_spellings_of_an_option_parse_the_same(tmp_path):

@@ -224,7 +224,7 @@ def test_two_process_ddp_training_runs_two_ranks(tmp_path):
 def test_headline_config_under_smoke_keeps_each_model_s_length_ratio_and_token_budget():
     from hf_alibi.experiments.arguments import batch_size_at
 
-    experiment, training = parse_args(["--config", str(REPO / "recipes/configs/headline.yaml")], ExperimentArguments)
+    experiment, training = parse_args(["--config", str(REPO / "hf_alibi/experiments/configs/headline.yaml")], ExperimentArguments)
     assert experiment.model_specs()["learned@512"] == ("learned", 4 * experiment.train_length)
     tokens = {batch_size_at(experiment, training, length) * length for length in experiment.train_lengths()}
     assert tokens == {training.per_device_train_batch_size * experiment.train_length}  # same tokens at every length
