@@ -1,4 +1,4 @@
-"""One attention call, ALiBi paths against plain causal SDPA: guides the split's chunk size (issue 10).
+"""One attention call, ALiBi paths against plain causal SDPA: guides the split's chunk size.
 
     python -m benchmarks.bench_attention_call --lengths 4096,16384 --chunks 256,1024/256,1024/256/64 --repeats 5
     python -m benchmarks.bench_attention_call --lengths 256 --chunks 64 --repeats 1 --threads 1      # smoke

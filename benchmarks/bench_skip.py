@@ -1,10 +1,10 @@
 """Certified key skipping (`alibi_skip_eps`) on a trained checkpoint: forward and decoding against GPT-2 SDPA and
 our dense path, in fresh interleaved processes, with the certified kept fraction per head beside every figure.
 
-    python -m benchmarks.bench_skip --checkpoint runs/cpu_demo/alibi/final --out results/skip/bench_demo
+    python -m benchmarks.bench_skip --checkpoint runs/cpu_demo/alibi/final             # writes results/skip/bench.{json,md}
     python -m benchmarks.bench_skip --checkpoint runs/cpu_demo/alibi/final --forward 2048 --decode 0 \
         --processes 1 --repeats 1 --out /tmp/skip_smoke                                      # smoke, ~20 s
-    python -m benchmarks.bench_skip --forward 0 --decode 0 --train 4096,8192 --out results/skip/bench_train
+    python -m benchmarks.bench_skip --forward 0 --decode 0 --train 4096,8192 --out results/skip/training_step_4k_8k
 
 Contestants: `gpt2-sdpa` (transformers' GPT-2, learned positions, the checkpoint's width, depth, heads and
 vocabulary, random weights: dense cost does not depend on them), `alibi-dense` (the checkpoint,

@@ -20,7 +20,7 @@ DEMO_SLOPES = get_alibi_slopes(4)  # the demo checkpoint's: 1/4, 1/16, 1/64, 1/2
     [(8192, (0.062, 0.125, 0.386, 0.955)), (32768, (0.016, 0.032, 0.106, 0.359))],
 )
 def test_the_predicted_kept_work_follows_what_the_demo_checkpoint_certified(length, measured):
-    """results/skip/bench_demo*.md: the kept fraction of causal work per head on real held-out text."""
+    """results/skip/auto_prefill_decode*.md: the kept fraction of causal work per head on real held-out text."""
     for slope, kept in zip(DEMO_SLOPES, measured):
         predicted = predicted_kept(slope[None], length, length)
         assert abs(predicted - kept) <= 0.03, f"slope {slope:.4g} at {length}: predicted {predicted:.3f}, kept {kept}"
