@@ -111,6 +111,8 @@ class AlibiAttentionPlan:
     # mask_mod reads it, since torch 2.13's inductor cannot lower a mask_mod that reads a tensor computed inside the
     # compiled graph (`.bool()` of it included)
     attention_mask: torch.Tensor | None = None
+    # on CPU outside tracing: the layers' kernels run with denormal floats flushed to zero (`denormals.py`)
+    flush_denormals: bool = False
     payload: object | None = None  # the path's data; `payload.for_heads(heads, plan)` slices it
 
     def for_heads(self, heads: slice) -> "AlibiAttentionPlan":

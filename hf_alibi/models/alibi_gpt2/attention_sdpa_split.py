@@ -28,13 +28,14 @@ block's call over the keys left of it is made per run of heads that share a firs
 Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/test_attention_sdpa_split.py`
 """
 
-import contextlib
 import copy
 import functools
 import itertools
 from typing import NamedTuple
 
 import torch
+
+from .denormals import flushing_denormals
 
 # Rows per query chunk on the split path, coarse to fine (see `SplitPlan`). Measured on one call (B=1, H=8, D=64,
 # fp32, `python -m benchmarks.bench_attention_call --threads 1 --clock cpu`, 2026-11-30): against SDPA is_causal,
@@ -409,26 +410,6 @@ def attend(plan: SplitPlan, groups, query, key, value, scaling, output, lse) -> 
         running_lse.copy_(torch.logaddexp(running_lse, lse_call))
 
 
-@contextlib.contextmanager
-def _flushing_denormals():
-    """Denormal floats flushed to zero while the split's backward runs, as they were before afterwards.
-
-    Each call's backward recomputes its probabilities as exp(S - l) with the row's merged log-sum-exp l, which lies
-    far above a distant call's logits: exp(-87) and below are denormal floats, on which x86 arithmetic is ~100x
-    slower (a training step at 4k spent 0.27 s in the split's backward with them, 0.077 s flushed, on an Intel Xeon).
-    Such a probability is < 1.2e-38 of the row's mass, below fp32's resolution of any gradient it adds to: the
-    gradients came out bit-identical. torch has no getter for the mode, so the calling thread is probed.
-    """
-    was_flushing = float(torch.tensor([1e-39], device="cpu") * 2.0) == 0.0  # a denormal input read as zero
-    if was_flushing or not torch.set_flush_denormal(True):
-        yield
-        return
-    try:
-        yield
-    finally:
-        torch.set_flush_denormal(False)
-
-
 class _SplitAttention(torch.autograd.Function):
     """The split on the CPU flash kernels, forward and backward; see the module docstring for the math.
 
@@ -439,6 +420,11 @@ class _SplitAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, plan, scaling, diagonals=None):
+        with flushing_denormals():  # far keys' probabilities: denormal floats, ~100x slower unflushed (denormals.py)
+            return _SplitAttention._forward(ctx, query, key, value, plan, scaling, diagonals)
+
+    @staticmethod
+    def _forward(ctx, query, key, value, plan, scaling, diagonals):
         ctx.plan, ctx.scaling = plan, scaling
         if plan.one_call and diagonals is None:  # one diagonal call (short rows, nothing cached): the kernel's answer
             mask, _, rows, keys = plan.views(plan.groups[0])
@@ -460,7 +446,7 @@ class _SplitAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        with _flushing_denormals():
+        with flushing_denormals():
             return _SplitAttention._backward(ctx, grad_output)
 
     @staticmethod
