@@ -61,9 +61,12 @@ class AlibiGPT2Config(PretrainedConfig):
             never scaled.
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether the model returns a key/value cache for incremental decoding.
-        bos_token_id (`int`, *optional*, defaults to 50256), eos_token_id (`int`, *optional*, defaults to 50256),
+        bos_token_id (`int`, *optional*, defaults to 50256):
+            The beginning-of-sequence token id, as in GPT-2.
+        eos_token_id (`int`, *optional*, defaults to 50256):
+            The end-of-sequence token id, as in GPT-2.
         pad_token_id (`int`, *optional*):
-            Special token ids, as in GPT-2.
+            The padding token id, as in GPT-2.
         tie_word_embeddings (`bool`, *optional*, defaults to `True`):
             Tie the LM head to `wte`.
         classifier_dropout (`float`, *optional*, defaults to 0.1):
