@@ -257,3 +257,30 @@ def test_backward_flushes_denormals_only_while_it_runs_and_gives_the_same_gradie
     expected = torch.autograd.grad(torch.softmax(scores, -1) @ exact[2], exact, grad.double())
     for got, want in zip(flushed, expected):
         torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_one_head_calls_backward_cut_into_row_parts_for_the_threads_is_the_kernels_own(threads):
+    """`_flash_backward` cuts a one-head call's rows into parts stacked on the batch dimension (the kernel spreads
+    its backward over batch x heads only); the gradients are the uncut kernel's, to fp32 rounding."""
+    from hf_alibi.models.alibi_gpt2.attention_sdpa_split import _flash, _flash_backward
+
+    if not split_kernels_work():
+        pytest.skip("the CPU flash kernels are not usable here")
+    torch.manual_seed(0)
+    query, key, value = torch.randn(1, 1, 384, 16), torch.randn(1, 1, 700, 16), torch.randn(1, 1, 700, 16)
+    mask = -(torch.arange(700).flip(0).float() / 64)[None, None, None, :]  # (1, 1, 1, keys): a per-key ALiBi ramp
+    output, lse = _flash(query, key, value, mask, 0.25)
+    grad = torch.randn_like(output)
+    whole = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, query, key, value, output, lse, 0.0, False, attn_mask=mask, scale=0.25
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        parts = _flash_backward(grad, query, key, value, output, lse, mask, 0.25)
+    finally:
+        torch.set_num_threads(before)
+    for name, got, want in zip(("dq", "dk", "dv"), parts, whole):
+        assert got.shape == want.shape, f"{name}: {tuple(got.shape)} != {tuple(want.shape)}"
+        assert torch.allclose(got, want, atol=1e-5), f"{name}: largest difference {(got - want).abs().max():.3g}"
