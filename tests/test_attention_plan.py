@@ -54,9 +54,8 @@ def facts(query_length=20, key_length=20, offset=None, documents=None, dropout=0
         ("flex_attention", facts(), dict(device="cuda", tracing=True), "flex_attention"),  # compiled with the model
         ("flash_attention_2", facts(), {}, "flash_attention_2"),
         ("flash_attention_2", facts(documents=torch.zeros(1, 20, dtype=torch.long)), {}, "flash_attention_2_varlen"),
-        # certified skipping: inference only, outside tracing, on the split, FlexAttention and decoding rows
+        # certified skipping: outside tracing, on the split (training too), FlexAttention and decoding rows
         ("sdpa", facts(), dict(skip_eps=1e-7), "sdpa_split_certified"),
-        ("sdpa", facts(), dict(skip_eps=1e-7, grad=True), "sdpa_split_certified"),  # training skips too
         ("sdpa", facts(), dict(skip_eps=1e-7, tracing=True), "sdpa_bank"),
         ("sdpa", facts(), dict(skip_eps=1e-7, sdpa_split=False), "sdpa_bank"),
         ("sdpa", facts(query_length=1), dict(skip_eps=1e-7), "sdpa_decode_certified_segmented"),

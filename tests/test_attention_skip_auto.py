@@ -43,7 +43,7 @@ def test_flat_slopes_never_pay_where_steep_ones_do():
     assert not skipping_pays(torch.tensor([2.0**-12, 2.0**-14]), 8192, 8192)
 
 
-def test_auto_takes_the_certified_path_only_at_inference_on_cpu_sdpa_for_long_enough_inputs():
+def test_auto_takes_the_certified_path_on_cpu_sdpa_for_long_enough_inputs():
     with torch.no_grad():
         assert plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 8192, 8192, skip_eps="auto").path == "sdpa_split_certified"
         plan = plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 8192, 8192, skip_eps="auto")
@@ -55,7 +55,9 @@ def test_auto_takes_the_certified_path_only_at_inference_on_cpu_sdpa_for_long_en
         assert plan_alibi_attention("flex_attention", DEMO_SLOPES, 1, 8192, 8192, skip_eps="auto").path == (
             "flex_attention"
         )  # not measured: dense
-    assert plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 8192, 8192, skip_eps="auto").path == "sdpa_split"  # training
+    # a training step (autograd recording) by the same rule as a prefill
+    assert plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 8192, 8192, skip_eps="auto").path == "sdpa_split_certified"
+    assert plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 2048, 2048, skip_eps="auto").path == "sdpa_split"
 
 
 def test_the_default_skips_a_long_prefill_and_equals_dense(record_plans):

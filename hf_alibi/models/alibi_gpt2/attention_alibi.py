@@ -92,7 +92,7 @@ def plan_alibi_attention(
         facts = plan_facts(*inputs, host_offset=True, tracing=tracing)
     path = choose_path(
         implementation, facts, device=slopes.device.type, tracing=tracing, sdpa_split=sdpa_split,
-        skip_eps=skip_eps, grad=torch.is_grad_enabled(), kernels_work=split_kernels_work,
+        skip_eps=skip_eps, kernels_work=split_kernels_work,
         skip_pays=lambda: skipping_pays(facts.slopes, facts.query_length, facts.key_length),
     )  # fmt: skip
     eps = AUTO_EPS if skip_eps == "auto" else float(skip_eps)

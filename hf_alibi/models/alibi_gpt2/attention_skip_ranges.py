@@ -47,7 +47,8 @@ NEAR = 1
 # (0.3803 / 0.3818 with 4 / 16 rows; 0.3923 with 16 rows unsorted).
 ROW_GROUP = 16
 
-# `alibi_skip_eps="auto"`: eps, and where skipping pays on CPU (the split's prefill, the segmented decoding step).
+# `alibi_skip_eps="auto"`: eps, and where skipping pays on CPU (the split's prefill and training step, the segmented
+# decoding step).
 # Each head's kept keys per row reach about `ROWS + AUTO_REACH / slope` back (the block, then the distance at which
 # ALiBi's decay outweighs the logits: on the demo checkpoint at 8k and 32k, slopes 1/4 .. 1/256 kept 0.062, 0.125,
 # 0.386, 0.955 and 0.016, 0.032, 0.106, 0.359 of causal work, which this predicts to within 0.03). Skipping pays where
@@ -57,6 +58,9 @@ ROW_GROUP = 16
 #   8k: 0.70x (EPYC), 0.43x (Xeon). The threshold skips from 4k: the EPYC's loss at 2k is not taken;
 # - decoding (each step a few fixed operations per run of heads): kept 0.24 at 8k: 1.16x (EPYC), 1.52x (Xeon); 0.12
 #   at 16k: 0.84x (EPYC), 0.65x (Xeon). Both skip from ~12k-16k of context.
+# After attention flushed denormals on every thread (`denormals.py`: the dense path got faster), on the Intel Xeon:
+# prefill 1.11x at 2k, 0.88x at 4k, 0.58-0.65x at 8k; decoding 1.05x at 8k, 0.55x at 16k; a training step (forward
+# and backward: the prefill's rule) 0.73x at 4k, 0.55-0.59x at 8k. The thresholds still fall where it stops paying.
 AUTO_EPS = 1e-7
 AUTO_REACH = 24.0
 AUTO_PREFILL_KEPT = 0.55

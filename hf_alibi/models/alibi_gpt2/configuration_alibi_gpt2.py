@@ -118,8 +118,8 @@ class AlibiGPT2Config(PretrainedConfig):
         alibi_skip_eps (`float` or `"auto"`, *optional*, defaults to `"auto"`):
             Certified key skipping (outside torch.compile): per head and block of 256 query rows, keys whose softmax
             mass is provably <= eps are not computed, which changes each output by at most `2 * eps * max|v|`
-            (`attention_skip.py` proves the bound). `"auto"` skips with eps `1e-7` (exact to fp32 rounding) at
-            inference exactly where it was measured to pay: the `sdpa` backend on CPU, for prefills and decoding
+            (`attention_skip.py` proves the bound). `"auto"` skips with eps `1e-7` (exact to fp32 rounding) exactly
+            where it was measured to pay: the `sdpa` backend on CPU, for prefills, training steps and decoding
             steps long enough for the heads' slopes (`attention_skip_ranges.skipping_pays`), dense elsewhere. A
             number in `(0, 1)` skips with that eps wherever skipping applies (the `sdpa` backend on CPU, prefill in
             training too, and decoding; `flex_attention`), `0.0` is dense attention. A runtime choice, e.g.
