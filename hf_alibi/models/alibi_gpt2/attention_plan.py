@@ -195,8 +195,9 @@ def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, trac
     without caller-given key ranges, on the split (training too: its gradient is that of the attention computed),
     on FlexAttention and on one-row steps over plain-int positions. `"auto"` skips on the `sdpa` backend on CPU
     where `skip_pays()` (the measured rule of `attention_skip_ranges.skipping_pays`) says so for this shape, in
-    training as at inference (the same rule measured 0.73x / 0.55-0.59x of a dense training step at 4k / 8k). `kernels_work` (the split's probe) is called only when it matters. `paged`: continuous
-    batching's flattened row of requests; `block_table`: transformers hands the paged kernel its block tables (the
+    training as at inference (the same rule measured 0.73-0.83x / 0.55-0.59x of a dense training step at 4k /
+    8k). `kernels_work` (the split's probe) is called only when it matters. `paged`: continuous batching's
+    flattened row of requests; `block_table`: transformers hands the paged kernel its block tables (the
     FlashAttention-2 decode fast path).
     """
     if paged:

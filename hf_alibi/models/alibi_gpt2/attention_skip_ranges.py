@@ -60,7 +60,7 @@ ROW_GROUP = 16
 #   at 16k: 0.84x (EPYC), 0.65x (Xeon). Both skip from ~12k-16k of context.
 # After attention flushed denormals on every thread (`denormals.py`: the dense path got faster), on the Intel Xeon:
 # prefill 1.11x at 2k, 0.88x at 4k, 0.58-0.65x at 8k; decoding 1.05x at 8k, 0.55x at 16k; a training step (forward
-# and backward: the prefill's rule) 0.73x at 4k, 0.55-0.59x at 8k. The thresholds still fall where it stops paying.
+# and backward: the prefill's rule) 0.73-0.83x at 4k, 0.55-0.59x at 8k. The thresholds still fall where it stops paying.
 AUTO_EPS = 1e-7
 AUTO_REACH = 24.0
 AUTO_PREFILL_KEPT = 0.55
