@@ -39,13 +39,13 @@ def test_a_caller_that_flushed_keeps_flushing_after_the_block(two_threads):
     try:
         with denormals.flushing_denormals():
             pass
-        assert denormals._calling_thread_flushes()
+        assert denormals._CallingThread.environment()
     finally:
         torch.set_flush_denormal(False)
         if denormals._openmp_team() is not None:
             with denormals.flushing_denormals():  # the team back to the caller's (now unflushed) mode
                 pass
-    assert not denormals._calling_thread_flushes()
+    assert not denormals._CallingThread.environment()
 
 
 def test_flushed_split_attention_equals_the_unflushed_kernels_to_fp32_rounding(two_threads):

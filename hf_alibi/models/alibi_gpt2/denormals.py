@@ -31,7 +31,8 @@ _ENV_BYTES = 512  # >= sizeof(fenv_t) on every libc (32 bytes on x86-64 glibc, 8
 
 
 class _Team:
-    """`GOMP_parallel(fesetenv, env, threads)` of the OpenMP runtime torch runs on."""
+    """`GOMP_parallel(fesetenv, env, threads)` of the OpenMP runtime torch runs on: a mode set on the calling thread
+    and every worker of its OpenMP team (the team torch's next op runs on)."""
 
     def __init__(self, parallel, fesetenv, fegetenv):
         self.parallel, self.fesetenv, self.fegetenv = parallel, fesetenv, fegetenv
@@ -44,8 +45,20 @@ class _Team:
         return env
 
     def set_everywhere(self, env: ctypes.Array) -> None:
-        """`env` on the calling thread and every worker of its OpenMP team (the team torch's next op runs on)."""
         self.parallel(self.fesetenv, env, torch.get_num_threads(), 0)
+
+
+class _CallingThread:
+    """Where no OpenMP team can be reached: the calling thread's mode alone, as `torch.set_flush_denormal` sets it."""
+
+    @staticmethod
+    def environment() -> bool:
+        """Whether the calling thread flushes denormals now (torch has no getter: a denormal input reads as zero)."""
+        return float(torch.tensor([1e-39]) * 2.0) == 0.0
+
+    @staticmethod
+    def set_everywhere(flushing: bool) -> None:
+        torch.set_flush_denormal(flushing)
 
 
 @functools.cache
@@ -58,13 +71,13 @@ def _openmp_team() -> _Team | None:
             loaded = {line.split()[-1] for line in maps if "/lib" in line and "omp" in line.rsplit("/", 1)[-1]}
     except OSError:
         return None
+    runtimes = [path for path in loaded if os.path.basename(path).startswith(("libgomp", "libomp", "libiomp"))]
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    runtimes = [p for p in loaded if os.path.basename(p).startswith(("libgomp", "libomp", "libiomp"))]
-    runtimes = sorted(runtimes, key=lambda path: not path.startswith(torch_lib))  # torch's own first
-    if len(runtimes) != 1 and not (runtimes and runtimes[0].startswith(torch_lib)):
+    candidates = [path for path in runtimes if path.startswith(torch_lib)] or runtimes  # torch's own first
+    if len(candidates) != 1:
         return None  # no OpenMP runtime, or several and none is torch's: which pool torch uses is unknown
     try:
-        runtime, libc = ctypes.CDLL(runtimes[0]), ctypes.CDLL(None)
+        runtime, libc = ctypes.CDLL(candidates[0]), ctypes.CDLL(None)
         parallel, fesetenv, fegetenv = runtime.GOMP_parallel, libc.fesetenv, libc.fegetenv
     except (OSError, AttributeError):
         return None
@@ -73,32 +86,17 @@ def _openmp_team() -> _Team | None:
     return _Team(parallel, ctypes.cast(fesetenv, ctypes.c_void_p), fegetenv)
 
 
-def _calling_thread_flushes() -> bool:
-    """Whether the calling thread flushes denormals now (torch has no getter: a denormal input reads as zero)."""
-    return float(torch.tensor([1e-39]) * 2.0) == 0.0
-
-
 @contextlib.contextmanager
 def flushing_denormals():
     """Denormals flushed to zero on the calling thread and its OpenMP workers inside the block; the caller's mode
     (on every thread of the team) afterwards."""
-    team = _openmp_team()
-    if team is None:  # the calling thread only
-        was_flushing = _calling_thread_flushes()
-        if was_flushing or not torch.set_flush_denormal(True):
-            yield
-            return
-        try:
-            yield
-        finally:
-            torch.set_flush_denormal(False)
-        return
-    before = team.environment()
+    threads = _openmp_team() or _CallingThread
+    before = threads.environment()
     if not torch.set_flush_denormal(True):  # a CPU without the mode
         yield
         return
-    team.set_everywhere(team.environment())
+    threads.set_everywhere(threads.environment())  # the calling thread's new mode, copied to its workers
     try:
         yield
     finally:
-        team.set_everywhere(before)
+        threads.set_everywhere(before)
