@@ -16,7 +16,7 @@ copy nothing: a dynamic cache's concatenation costs more than attention at these
 then calls of `--steps` greedy steps each, timed per step; tokens are checked equal to the dense path's. Training
 (`--train`): one step is a forward with `labels` and its backward (gradients zeroed, no optimizer), the model in
 train mode (the checkpoint's dropouts are 0, so the split and its skipping serve it); the process's peak resident
-memory is reported beside it (`alibi-auto` trains dense: "auto" skips at inference only). Each
+memory is reported beside it (`alibi-auto` skips in training where its rule says it pays, as at inference). Each
 process builds one contestant, warms up once and times `--repeats` calls (median); processes rotate over
 contestants, `--processes` rounds; a cell reports the median over processes and [min, max]. The skipping process
 also reports the kept fraction of causal key work per head: the key ranges its layers certified and used, recorded

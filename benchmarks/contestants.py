@@ -129,7 +129,7 @@ def unsupported_reason(name: str, suite: str, device: str) -> str | None:
     if name == "alibi-flex" and suite == "train" and device == "cpu":
         return "FlexAttention has no CPU backward in this torch version"
     if name == "alibi-flex-skip" and (suite == "train" or device != "cuda"):
-        return "certified skipping is inference only; on CPU FlexAttention is unfused (measure the split: bench_skip)"
+        return "skipping is measured in training on the split (bench_skip --train); on CPU FlexAttention is unfused"
     if name == "jais-eager" and suite == "generate":
         return "the re-implementation of their eager code has no KV cache (forward and train only)"
     if name == "alibi-flex-compiled" and suite != "forward":

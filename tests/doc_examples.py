@@ -18,12 +18,13 @@ import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from serving.server_process import free_port  # tests/serving: the serving tests' own
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 RUNNABLE = ("python", "bash")
@@ -133,12 +134,6 @@ def pages() -> list[str]:
 
 def page_examples(page: str) -> list[Example]:
     return parse_examples((REPOSITORY / page).read_text(encoding="utf-8"), page)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def example_environment() -> dict[str, str]:

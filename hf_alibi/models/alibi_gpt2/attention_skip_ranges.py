@@ -1,6 +1,6 @@
 """Certified key ranges for one layer's attention call (`alibi_skip_eps`), from the bounds of `attention_skip.py`.
 
-A plan on a certified path (`choose_path` picks one for `skip_eps > 0`: inference only) has every layer turn its
+A plan on a certified path (`choose_path` picks one for `skip_eps > 0`, in training too) has every layer turn its
 own queries and keys into `KeyRanges`: per head and block of `ROWS` query rows, the first key whose predecessors'
 softmax mass is certified <= eps (`certified_key_starts`):
 - prefill on the split (`sdpa_split_certified`, `certified_split`): each block's own diagonal first, on the kernel;
