@@ -105,3 +105,16 @@ def test_save_and_load_config_round_trip(tmp_path):
     assert {k: v for k, v in loaded.to_dict().items() if k not in ignored} == {
         k: v for k, v in config.to_dict().items() if k not in ignored
     }
+
+
+@pytest.mark.parametrize("gated_mlp", [False, True])
+def test_every_tensor_parallel_rule_names_a_module_of_the_model(gated_mlp):
+    """`base_model_tp_plan` (what `tp_plan="auto"` applies): every rule matches a module, so transformers' "rules ...
+    match nothing" warning never fires; the gate's rule is there exactly when the MLP has a gate."""
+    from hf_alibi import AlibiGPT2Model
+
+    model = AlibiGPT2Model(AlibiGPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, gated_mlp=gated_mlp))
+    names = {re.sub(r"\.\d+(?=\.|$)", ".*", name) for name, _ in model.named_modules()}  # h.0.attn -> h.*.attn
+    plan = model.config.base_model_tp_plan
+    assert set(plan) <= names, f"rules that match nothing: {sorted(set(plan) - names)}"
+    assert ("h.*.mlp.c_fc2" in plan) == gated_mlp

@@ -140,7 +140,7 @@ class AlibiGPT2Config(PretrainedConfig):
     # transformers' engine (`DistributedConfig`, `tp_plan="auto"`): Llama's plan in GPT-2's names. The conv1d_* and
     # alibi_heads styles (`tensor_parallel_alibi_gpt2.py`) split GPT-2's (in, out) Conv1D weights, c_attn's packed
     # q|k|v per block, and tell each rank's attention which global heads (hence slopes) it holds.
-    base_model_tp_plan = {
+    _TP_PLAN = {
         "wte": "embedding_rowwise",
         "h.*.attn": "alibi_heads",
         "h.*.attn.c_attn": "conv1d_qkv_colwise",
@@ -149,6 +149,13 @@ class AlibiGPT2Config(PretrainedConfig):
         "h.*.mlp.c_fc2": "conv1d_colwise",  # the gate of a gated MLP: split like c_fc, so each rank gates its columns
         "h.*.mlp.c_proj": "conv1d_rowwise",
     }
+
+    @property
+    def base_model_tp_plan(self) -> dict[str, str]:
+        """The plan for this config's modules: the gate's rule only where the MLP has a gate (`gated_mlp`);
+        transformers warns about a rule that matches nothing in the model."""
+        return {name: style for name, style in self._TP_PLAN.items() if self.gated_mlp or not name.endswith(".c_fc2")}
+
     # FSDP2 (`DistributedConfig(fsdp_size=N)`): Llama's default plan in GPT-2's names (one unit per block).
     base_model_fsdp_plan = {"wte": "free_full_weight", "h.*": "free_full_weight", "ln_f": "keep_full_weight"}
     attribute_map = {
