@@ -13,13 +13,15 @@ def reference_attention(query, key, value, slopes, *, scale, offset=None, key_pa
 
     `key_padding`: (B, kv) bool, True = a real key. `first_key`: (H, q), the first key each head's row may see. Rows with no visible key have no defined output (their weights
     are 0): compare only where `has_keys`. Keys from offset + q on (a static cache's unwritten tail) are never seen.
+    `slopes`: (H,), or (H, q) for slopes that differ by query row (`interpolated_slopes` of each row's own forward).
     """
     query, key, value = query.double(), key.double(), value.double()
     q_len, kv_len = query.shape[2], key.shape[2]
     offset = kv_len - q_len if offset is None else offset
     i = torch.arange(offset, offset + q_len)[:, None]  # (q, 1) absolute query positions
     j = torch.arange(kv_len)[None, :]  # (1, kv)
-    scores = query @ key.transpose(-1, -2) * scale - slopes.double()[:, None, None] * (i - j)  # (B, H, q, kv)
+    slopes = slopes.double()[:, None, None] if slopes.dim() == 1 else slopes.double()[:, :, None]  # (H, 1|q, 1)
+    scores = query @ key.transpose(-1, -2) * scale - slopes * (i - j)  # (B, H, q, kv)
     allowed = (j <= i)[None, None]  # (1, 1, q, kv)
     if key_padding is not None:
         allowed = allowed & key_padding[:, None, None, :]  # (B, 1, q, kv)
@@ -55,7 +57,8 @@ def reference_logits(weights, input_ids, *, n_layer, n_head, slopes, attn_scale,
     `transformer.ln_f`, `lm_head` or the tied `wte`): ALiBi GPT-2's names and Jais's/BTLM's alike.
 
     embeddings * embedding_scale -> blocks (x + attn(ln_1 x), then x + mlp(ln_2 x)) -> ln_f -> head * logit_scale.
-    Attention: softmax(q . k * attn_scale - slopes_h * (i - j)) over earlier real keys. MLP: c_proj(act(c_fc x)), or
+    Attention: softmax(q . k * attn_scale - slopes_h * (i - j)) over earlier real keys; `slopes` (H,), or (H, L) when
+    each row has its own (`cached_row_slopes`: the rows of cached decoding). MLP: c_proj(act(c_fc x)), or
     gated: c_proj(c_fc x * act(c_fc2 x)). Biases are used where the state dict has them. Padded query rows (where
     `attention_mask` is 0) are not defined.
     """
@@ -77,3 +80,25 @@ def reference_logits(weights, input_ids, *, n_layer, n_head, slopes, attn_scale,
     hidden = _layer_norm(hidden, weights, "transformer.ln_f", eps)
     head = weights.get("lm_head.weight", weights["transformer.wte.weight"])  # (V, C)
     return hidden @ head.T * logit_scale  # (B, L, V)
+
+
+def interpolated_slopes(slopes, key_length: int, *, factor: float = 1.0, train_seq_len: int | None = None):
+    """Float64 slopes of Jais's and BTLM's `alibi_scaling` for a forward that attends `key_length` keys (cached + new,
+    padding included): `m / factor` for `{"type": "linear", "factor": factor}`; `m / max(1, key_length / n)` for
+    `{"type": "linear", "train_seq_len": n}` (slope interpolation, Al-Khateeb et al. 2023)."""
+    slopes = slopes.double() / factor
+    if train_seq_len is None or key_length <= train_seq_len:
+        return slopes
+    return slopes * train_seq_len / key_length
+
+
+def cached_row_slopes(slopes, forward_lengths: list[int], **scaling):
+    """(H, L) float64: the slopes each row of a cached run used, `forward_lengths` the new tokens of each forward in
+    order (a prefill of P then decoding steps of 1: [P, 1, 1, ...]). A row's forward attends K = every token up to
+    that forward's last, and its slopes are `interpolated_slopes` at that K. A causal row depends only on earlier
+    rows, each computed in its own forward and cached, so this is what cached decoding computes in every layer."""
+    columns, seen = [], 0
+    for length in forward_lengths:
+        seen += length
+        columns += [interpolated_slopes(slopes, seen, **scaling)] * length
+    return torch.stack(columns, dim=1)  # (H, L)

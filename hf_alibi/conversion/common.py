@@ -56,13 +56,19 @@ def slopes_requirement(slopes: Callable[[int], torch.Tensor], rule: str) -> Requ
                        read=lambda config: slopes_from_config(config).tolist())  # fmt: skip
 
 
+# A slope scale that changes with the key length (`alibi_scaling.train_seq_len`): only Jais's and BTLM's code has one
+LENGTH_DEPENDENT_SCALING = Requirement(
+    "alibi_scaling.train_seq_len", None, "{family} has no slope scale that changes with the key length; {field}="
+    "{value!r} (the length-dependent alibi_scaling) divides the slopes by K / {value} past {value} keys")  # fmt: skip
 # The Jais/BTLM switches at their defaults: what a layout without a gated MLP, a 1/d attention scale or muP
-# multipliers (BLOOM, MPT, llama.cpp's mpt graph) needs. A slope scale shows in the slopes those layouts compare.
+# multipliers (BLOOM, MPT, llama.cpp's mpt graph) needs. A static slope scale shows in the slopes those layouts
+# compare; the length-dependent one is refused by name.
 NO_MUP_SWITCHES = (
     Requirement("gated_mlp", False),
     Requirement("attn_scale_power", 0.5),
     Requirement("embedding_scale", 1.0),
     Requirement("logit_scale", 1.0),
+    LENGTH_DEPENDENT_SCALING,
 )
 
 

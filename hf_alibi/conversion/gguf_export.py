@@ -22,7 +22,15 @@ from ..import_utils import require_extra
 from ..models.alibi_gpt2.alibi import get_alibi_slopes, slopes_from_config
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel, scaled
-from .common import NO_MUP_SWITCHES, TANH_GELUS, Requirement, checkpoint_name, require, source_card_metadata
+from .common import (
+    LENGTH_DEPENDENT_SCALING,
+    NO_MUP_SWITCHES,
+    TANH_GELUS,
+    Requirement,
+    checkpoint_name,
+    require,
+    source_card_metadata,
+)
 
 # The pre-tokenizers llama.cpp implements that byte-level BPE tokenizers of these families use (llama-vocab.cpp).
 _BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"
@@ -47,7 +55,8 @@ _NEEDS = {
         Requirement("clip_qkv", None),
         Requirement("scale_attn_weights", True),
         Requirement("attn_scale_power", 1.0, "{family} divides q.k by head_dim (a fixed 1/d); {field}={value!r}"),
-        Requirement("alibi_scaling_factor", 1.0, "{family} computes its slopes from max_alibi_bias alone (no slope "
+        LENGTH_DEPENDENT_SCALING,
+        Requirement("alibi_scaling.factor", None, "{family} computes its slopes from max_alibi_bias alone (no slope "
                     "scale); {field}={value!r}"),
     ),
 }  # fmt: skip

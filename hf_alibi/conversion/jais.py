@@ -12,10 +12,11 @@ weight copies over as it is (one identity table, `cerebras_weights`). What diffe
   `width_scale` (jais-13b's code) or `mup_output_alpha * mup_width_scale` (the Jais-family and BTLM code:
   BTLM-3B-8K's 2.22 * 0.1 = 0.222, never its `mup_width_scale` 0.1 alone) (`logit_scale`);
 - slopes: their code loads `transformer.relative_pe.slopes` from the checkpoint over what its init computed, so
-  those values are copied (`alibi_slopes`); a static `alibi_scaling = {"type": "linear", "factor": f}` divides them by
-  f (`alibi_scaling_factor`). The length-dependent form (`train_seq_len`: slopes divided by `key_len / train_seq_len`
-  past it, a different bias at every decoding step) is refused by name. Their bias is the symmetric `-m |i - j|`,
-  ours `-m (i - j)`: the same on every key a causal row sees.
+  those values are copied (`alibi_slopes`); their `alibi_scaling` is ours, copied as it is: a static
+  `{"type": "linear", "factor": f}` divides the slopes by f, the length-dependent `{"type": "linear",
+  "train_seq_len": n}` by max(1, K / n) in each forward over K keys (cached + new, padding included), as their
+  `AlibiPositionEmbeddingLayer` computes it. Their bias is the symmetric `-m |i - j|`, ours `-m (i - j)`: the same on
+  every key a causal row sees.
 
 Their code caps inputs at `n_positions` (a `tril(ones(n_positions, n_positions))` mask buffer); ALiBi GPT-2 has no
 cap. In bf16 their code rounds the bias `m |i - j|` to bf16; ours is fp32: compare the two in fp32. Their
@@ -28,7 +29,12 @@ import torch
 from transformers.activations import ACT2FN
 
 from ..models.alibi_gpt2.alibi import get_alibi_slopes
-from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi_gpt2.configuration_alibi_gpt2 import (
+    AlibiGPT2Config,
+    checked_alibi_scaling,
+    static_scaling_factor,
+    train_seq_len,
+)
 from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, Requirement, load_exactly, require
 from .remote_code import Checkpoint
@@ -108,26 +114,18 @@ def mup_settings(config: dict) -> dict:
     return settings
 
 
-def alibi_scaling_factor(config: dict) -> float:
-    """The static slope divisor of `alibi_scaling` (1 when null); `ValueError` naming the field otherwise."""
+def their_alibi_scaling(config: dict) -> dict | None:
+    """Their `alibi_scaling`, which is ours (`AlibiGPT2Config.alibi_scaling` validates it, naming the field);
+    refused with jais-13b's keys, whose code ignores it."""
     scaling, family = config["alibi_scaling"], NAMES[config["model_type"]]
     if scaling is None:
-        return 1.0
+        return None
     if "old" in _mup_readings(config) and "new" not in _mup_readings(config):
         raise ValueError(f"{family} config has alibi_scaling={scaling!r} with jais-13b's keys: that code ignores it")
-    if not isinstance(scaling, dict) or scaling.get("type") != "linear" or len(scaling) != 2:
-        raise ValueError(f"{family} config has alibi_scaling={scaling!r}; their code accepts only "
-                         "{'type': 'linear', 'factor': f} or {'type': 'linear', 'train_seq_len': n}")  # fmt: skip
-    if "train_seq_len" in scaling:
-        raise ValueError(
-            f"{family} config has alibi_scaling.train_seq_len={scaling['train_seq_len']!r}: the slopes are divided "
-            "by key_length / train_seq_len past it, a bias that changes with every token; ALiBi GPT-2 holds only a "
-            "static alibi_scaling.factor, so this checkpoint cannot be imported exactly"
-        )
-    factor = scaling.get("factor")
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
-        raise ValueError(f"{family} config has alibi_scaling.factor={factor!r}: not a positive number")
-    return float(factor)
+    try:
+        return checked_alibi_scaling(scaling)
+    except ValueError as error:
+        raise ValueError(f"{family} config: {error}") from None
 
 
 def cerebras_weights(gated: bool, tied: bool) -> WeightMap:
@@ -169,7 +167,7 @@ def convert_cerebras(checkpoint: Checkpoint) -> AlibiGPT2LMHeadModel:
     config = _with_defaults(checkpoint.config)
     family = NAMES[config["model_type"]]
     require(config, _REFUSED, family, IMPORT_REFUSAL)
-    mup, factor = mup_settings(config), alibi_scaling_factor(config)
+    mup, scaling = mup_settings(config), their_alibi_scaling(config)
     n_head, n_layer, swiglu = config["n_head"], config["n_layer"], config["activation_function"] == "swiglu"
     state, slopes = _their_tensors(checkpoint, config, family)
     if slopes is not None and slopes.numel() != n_head:
@@ -186,7 +184,7 @@ def convert_cerebras(checkpoint: Checkpoint) -> AlibiGPT2LMHeadModel:
         bos_token_id=config["bos_token_id"], eos_token_id=config["eos_token_id"],
         pad_token_id=config["pad_token_id"], tie_word_embeddings=config["tie_word_embeddings"],
         alibi_slopes=slopes.tolist(), gated_mlp=swiglu, attn_scale_power=1.0 if mup["scale_by_d"] else 0.5,
-        embedding_scale=mup["embedding_scale"], logit_scale=mup["logit_scale"], alibi_scaling_factor=factor,
+        embedding_scale=mup["embedding_scale"], logit_scale=mup["logit_scale"], alibi_scaling=scaling,
     )  # fmt: skip
     what = f"{config['model_type']} -> alibi_gpt2"
     ours = map_weights(cerebras_weights(swiglu, config["tie_word_embeddings"]), state, n_layer, to="ours", what=what)
@@ -205,8 +203,12 @@ _NEEDS = (
                 read=lambda config: config.activation_function if config.gated_mlp else "silu"),
     Requirement("attn_scale_power", frozenset({0.5, 1.0}),
                 "their attention divides q.k by head_dim or its square root; {field}={value!r}"),
-    Requirement("alibi_scaling_factor", True, "their alibi_scaling.factor must be > 1 (or absent: 1); "
-                "{field}={config.alibi_scaling_factor!r}", read=lambda config: config.alibi_scaling_factor >= 1.0),
+    Requirement("alibi_scaling.factor", True, "their config accepts an alibi_scaling.factor > 1 only (1: none); "
+                "{field}={config.alibi_scaling[factor]!r}",
+                read=lambda config: static_scaling_factor(config.alibi_scaling) >= 1.0),
+    Requirement("alibi_scaling.train_seq_len", True, "their config accepts an alibi_scaling.train_seq_len > 1 only; "
+                "{field}={config.alibi_scaling[train_seq_len]!r}",
+                read=lambda config: (train_seq_len(config.alibi_scaling) or 2) > 1),
 )  # fmt: skip
 
 
@@ -235,7 +237,9 @@ def export_cerebras(model: AlibiGPT2LMHeadModel, model_type: str, max_seq_len: i
     n_positions = check_cerebras_exportable(config, max_seq_len)
     slopes = (torch.tensor(config.alibi_slopes) if config.alibi_slopes is not None
               else get_alibi_slopes(config.n_head, config.alibi_max_bias))  # fmt: skip
-    factor, by_d = config.alibi_scaling_factor, config.attn_scale_power == 1.0
+    scaling, by_d = config.alibi_scaling, config.attn_scale_power == 1.0
+    if scaling is not None and scaling.get("factor") == 1.0:
+        scaling = None  # their config refuses a factor of 1 (no scale at all)
     module = "jais" if model_type == "jais" else "btlm"
     prefix = "JAIS" if model_type == "jais" else "BTLM"
     theirs = {
@@ -254,7 +258,7 @@ def export_cerebras(model: AlibiGPT2LMHeadModel, model_type: str, max_seq_len: i
         "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
         "mup_width_scale": 1.0, "mup_output_alpha": config.logit_scale, "mup_embeddings_scale": config.embedding_scale,
         "mup_scale_qk_dot_by_d": by_d,
-        "alibi_scaling": None if factor == 1.0 else {"type": "linear", "factor": factor},
+        "alibi_scaling": None if scaling is None else dict(scaling),
         "torch_dtype": str(model.dtype).removeprefix("torch."),
     }  # fmt: skip
     if model_type == "jais":

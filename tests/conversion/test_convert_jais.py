@@ -78,7 +78,7 @@ def test_their_slopes_parameter_is_what_is_used_and_equals_the_papers_rule():
 def test_static_alibi_scaling_divides_the_slopes():
     checkpoint = tiny_checkpoint("jais_family", alibi_scaling={"type": "linear", "factor": 4.0})
     model = convert_cerebras(checkpoint)
-    assert model.config.alibi_scaling_factor == 4.0
+    assert model.config.alibi_scaling == {"type": "linear", "factor": 4.0}
     torch.testing.assert_close(model.transformer.alibi_slopes, get_alibi_slopes(6) / 4, atol=0, rtol=0)
     assert_matches_their_code(model, checkpoint, "sdpa")
 
@@ -111,8 +111,8 @@ def refusal(name, generation="jais_family", **overrides):
     refusal("activation_function", activation_function="geglu"),
     refusal("scale_attn_by_inverse_layer_idx", scale_attn_by_inverse_layer_idx=True),
     refusal("add_cross_attention", add_cross_attention=True),
-    refusal("alibi_scaling.train_seq_len", alibi_scaling={"type": "linear", "train_seq_len": 16}),
-    refusal("alibi_scaling", alibi_scaling={"type": "dynamic", "factor": 2.0}),
+    refusal("alibi_scaling.type", alibi_scaling={"type": "dynamic", "factor": 2.0}),
+    refusal("alibi_scaling.train_seq_len", alibi_scaling={"type": "linear", "train_seq_len": 0}),
     refusal("alibi_scaling", "jais_13b", alibi_scaling={"type": "linear", "factor": 2.0}),  # jais-13b's code ignores it
     refusal("width_scale", "jais_13b", mup_output_alpha=1.0, mup_width_scale=0.5),  # the generations disagree
     refusal("output_logits_scale", "btlm", output_logits_scale=0.1),  # not what BTLM's code multiplies by

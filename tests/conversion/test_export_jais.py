@@ -40,9 +40,9 @@ def test_their_checkpoint_to_ours_and_back_gives_every_tensor_back_bit_for_bit(g
 def test_ours_to_their_layout_and_back_gives_the_same_model(make_model, random_ids, model_type):
     model = make_model(n_head=6, n_embd=48, gated_mlp=True, activation_function="silu", n_inner=100,
                        attn_scale_power=1.0, embedding_scale=7.5, logit_scale=0.3,
-                       alibi_scaling_factor=2.0)  # fmt: skip
+                       alibi_scaling={"type": "linear", "factor": 2.0})  # fmt: skip
     back = convert_cerebras(export_cerebras(model, model_type))
-    for name in ("gated_mlp", "attn_scale_power", "embedding_scale", "logit_scale", "alibi_scaling_factor"):
+    for name in ("gated_mlp", "attn_scale_power", "embedding_scale", "logit_scale", "alibi_scaling"):
         assert getattr(back.config, name) == getattr(model.config, name), name
     assert all(torch.equal(back.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
     ids = random_ids(2, 9)
@@ -87,22 +87,28 @@ def test_export_folder_reimports_exactly_with_n_positions_from_max_seq_len(tmp_p
 @pytest.mark.parametrize("field, overrides", [
     ("activation_function", dict(gated_mlp=True, activation_function="gelu_new")),
     ("attn_scale_power", dict(gated_mlp=True, activation_function="silu", attn_scale_power=0.75)),
-    ("alibi_scaling_factor", dict(gated_mlp=True, activation_function="silu", alibi_scaling_factor=0.5)),
+    ("alibi_scaling.factor", dict(gated_mlp=True, activation_function="silu",
+                                  alibi_scaling={"type": "linear", "factor": 0.5})),
+    ("alibi_scaling.train_seq_len", dict(gated_mlp=True, activation_function="silu",
+                                         alibi_scaling={"type": "linear", "train_seq_len": 1})),
     ("bias", dict(bias=False)),
     ("embedding_layernorm", dict(embedding_layernorm=True)),
     ("clip_qkv", dict(clip_qkv=2.0)),
 ])  # fmt: skip
 def test_export_to_their_layout_refuses_what_their_code_cannot_run(make_model, tmp_path, field, overrides):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         export(make_model(**overrides), "jais", tmp_path / "jais")
     assert not (tmp_path / "jais").exists()
 
 
-@pytest.mark.parametrize("field", ["gated_mlp", "attn_scale_power", "embedding_scale", "logit_scale", "alibi_slopes"])
+@pytest.mark.parametrize("field", ["gated_mlp", "attn_scale_power", "embedding_scale", "logit_scale", "alibi_slopes",
+                                   "alibi_scaling.train_seq_len"])  # fmt: skip
 def test_bloom_and_mpt_exports_refuse_the_jais_switches(make_model, field):
     switch = {"gated_mlp": dict(gated_mlp=True), "attn_scale_power": dict(attn_scale_power=1.0),
               "embedding_scale": dict(embedding_scale=2.0), "logit_scale": dict(logit_scale=0.5),
-              "alibi_slopes": dict(alibi_scaling_factor=2.0)}[field]  # fmt: skip
+              "alibi_slopes": dict(alibi_scaling={"type": "linear", "factor": 2.0}),
+              "alibi_scaling.train_seq_len": dict(alibi_scaling={"type": "linear", "train_seq_len": 8})}[field]
+    field = field.replace(".", r"\.")
     with pytest.raises(ValueError, match=field):
         export_bloom(make_model(embedding_layernorm=True, **switch))
     with pytest.raises(ValueError, match=field):
@@ -134,12 +140,13 @@ def test_gguf_of_a_gated_model_is_llama_cpps_jais_with_the_multipliers_folded(tm
 
 
 @pytest.mark.parametrize("field, overrides", [
-    ("attn_scale_power", dict(attn_scale_power=0.5)), ("alibi_scaling_factor", dict(alibi_scaling_factor=2.0)),
+    ("attn_scale_power", dict(attn_scale_power=0.5)), ("alibi_scaling.factor", dict(alibi_scaling={"type": "linear", "factor": 2.0})),
+    ("alibi_scaling.train_seq_len", dict(alibi_scaling={"type": "linear", "train_seq_len": 8})),
     ("activation_function", dict(activation_function="gelu_new")), ("bias", dict(bias=False)),
 ])  # fmt: skip
 def test_gguf_refuses_gated_models_llama_cpps_jais_cannot_hold(make_model, tmp_path, field, overrides):
     settings = dict(gated_mlp=True, activation_function="silu", attn_scale_power=1.0) | overrides
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         export(make_model(**settings), "gguf", tmp_path / "m.gguf", tokenizer=byte_level_tokenizer())
     assert not (tmp_path / "m.gguf").exists()
 

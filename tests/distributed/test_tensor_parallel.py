@@ -146,7 +146,7 @@ def test_gated_mlp_and_mup_switches_shard_c_fc2_like_c_fc_and_match_one_process(
     torch.manual_seed(0)
     config = AlibiGPT2Config(**tiny_config_kwargs(n_head=6, n_embd=48, gated_mlp=True, activation_function="silu",
                                                   n_inner=100, attn_scale_power=1.0, embedding_scale=3.0,
-                                                  logit_scale=0.4, alibi_scaling_factor=2.0))  # fmt: skip
+                                                  logit_scale=0.4, alibi_scaling={"type": "linear", "factor": 2.0}))  # fmt: skip
     folder, inputs, ranks = sharded_run(tmp_path, perturbed(AlibiGPT2LMHeadModel(config)), nproc=2,
                                         backends=("sdpa", "eager"))  # fmt: skip
     assert_matches_one_process(folder, inputs, ranks, backends=("sdpa", "eager"))

@@ -77,7 +77,7 @@ def test_falcon_import_decodes_under_continuous_batching_as_alone():
 def test_jais_switches_decode_under_continuous_batching_as_alone(make_model):
     """The gated MLP, the 1/d attention scale, the muP multipliers and a slope scale, all on: the paged path too."""
     model = make_model(gated_mlp=True, activation_function="silu", n_inner=100, attn_scale_power=1.0,
-                       embedding_scale=3.0, logit_scale=0.4, alibi_scaling_factor=2.0)  # fmt: skip
+                       embedding_scale=3.0, logit_scale=0.4, alibi_scaling={"type": "linear", "factor": 2.0})  # fmt: skip
     assert_each_request_as_alone(model, prompts((9, 26, 3)))
 
 

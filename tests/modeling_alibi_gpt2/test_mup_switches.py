@@ -12,7 +12,7 @@ from hf_alibi.models.alibi_gpt2.modeling_alibi_gpt2 import scaled
 ATOL = 2e-5  # fp32 against float64; measured ~2e-6
 # Every switch away from its default, at values that move the logits well beyond ATOL (6 heads: interleaved slopes)
 SWITCHES = dict(gated_mlp=True, activation_function="silu", n_inner=100, attn_scale_power=1.0, embedding_scale=3.0,
-                logit_scale=0.4, alibi_scaling_factor=2.0)  # fmt: skip
+                logit_scale=0.4, alibi_scaling={"type": "linear", "factor": 2.0})  # fmt: skip
 # backend -> config overrides that select it (sdpa: the split path and the bias bank)
 BACKENDS = {
     "eager": {},
@@ -37,7 +37,8 @@ def expected_logits(model, ids, mask=None) -> torch.Tensor:
     """The float64 reference with the model's weights and its config's switches read as the docs describe them."""
     config = model.config
     head_dim = config.n_embd // config.n_head
-    slopes = get_alibi_slopes(config.n_head).double() / config.alibi_scaling_factor
+    factor = (config.alibi_scaling or {}).get("factor", 1.0)
+    slopes = get_alibi_slopes(config.n_head).double() / factor
     return reference_logits(
         model.state_dict(), ids, n_layer=config.n_layer, n_head=config.n_head, slopes=slopes,
         attn_scale=head_dim**-config.attn_scale_power, activation=config.activation_function,
@@ -96,12 +97,13 @@ def test_gated_mlp_has_its_gate_as_c_fc2_of_the_same_width(make_model):
 
 
 def test_slopes_buffer_holds_the_slopes_divided_by_the_scaling_factor(make_model, tmp_path):
-    model = make_model(alibi_scaling_factor=4.0, alibi_slopes=[0.5, 0.25, 0.125, 0.0625] + [0.03] * 8)
+    model = make_model(alibi_scaling={"type": "linear", "factor": 4.0},
+                       alibi_slopes=[0.5, 0.25, 0.125, 0.0625] + [0.03] * 8)  # fmt: skip
     model.save_pretrained(tmp_path)
     loaded = AlibiGPT2LMHeadModel.from_pretrained(tmp_path)
     expected = torch.tensor([0.5, 0.25, 0.125, 0.0625] + [0.03] * 8) / 4.0
     torch.testing.assert_close(loaded.transformer.alibi_slopes, expected, atol=0, rtol=0)
-    assert loaded.config.alibi_scaling_factor == 4.0
+    assert loaded.config.alibi_scaling == {"type": "linear", "factor": 4.0}
 
 
 def test_multipliers_round_the_scale_to_the_activations_dtype_as_jais_does():
@@ -113,7 +115,7 @@ def test_multipliers_round_the_scale_to_the_activations_dtype_as_jais_does():
 def test_switches_survive_save_and_load_and_defaults_change_nothing(make_model, make_config, tmp_path, random_ids):
     defaults = make_config()
     assert (defaults.gated_mlp, defaults.attn_scale_power, defaults.embedding_scale, defaults.logit_scale,
-            defaults.alibi_scaling_factor) == (False, 0.5, 1.0, 1.0, 1.0)  # fmt: skip
+            defaults.alibi_scaling) == (False, 0.5, 1.0, 1.0, None)  # fmt: skip
     model = switched_model(make_model, **SWITCHES)
     model.save_pretrained(tmp_path)
     loaded = AlibiGPT2LMHeadModel.from_pretrained(tmp_path).eval()

@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from .configuration_alibi_gpt2 import static_scaling_factor
+
 
 def _power_of_two_slopes(n: int, max_bias: float) -> list[float]:
     # m_h = 2 ** (-max_bias * h / n), h = 1..n: start = ratio = 2 ** (-max_bias / n)
@@ -35,13 +37,30 @@ def get_alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:
 
 def slopes_from_config(config) -> torch.Tensor:
     """The slopes a config asks for, fp32 `(H,)`: its explicit `alibi_slopes`, else the paper's rule at
-    `alibi_max_bias`; divided by `alibi_scaling_factor` (Jais's static `alibi_scaling`, in fp32 as Jais divides)."""
+    `alibi_max_bias`; divided by a static `alibi_scaling.factor` (in fp32, as Jais divides). The length-dependent
+    form is applied per forward (`length_scaled_slopes`)."""
     if config.alibi_slopes is not None:
         slopes = torch.tensor(config.alibi_slopes, dtype=torch.float32)
     else:
         slopes = get_alibi_slopes(config.n_head, config.alibi_max_bias)
-    factor = getattr(config, "alibi_scaling_factor", 1.0)  # configs saved before the switch existed lack it
+    factor = static_scaling_factor(getattr(config, "alibi_scaling", None))  # older configs lack the field
     return slopes if factor == 1.0 else slopes / factor  # (H,)
+
+
+def length_scaled_slopes(slopes: torch.Tensor, key_length, train_seq_len: int | None) -> torch.Tensor:
+    """`slopes / max(1, K / train_seq_len)` for a forward attending `key_length` = K keys (Jais's and BTLM's
+    `alibi_scaling = {"type": "linear", "train_seq_len": n}`); `slopes` itself when `train_seq_len` is None.
+
+    K is a plain int, or a 0-d tensor (a static cache's filled length inside a compiled step: the scale is then a
+    tensor op, no host sync) or a symbolic length. Like their `slopes / scale` with a Python float, the scale is
+    rounded to fp32 once (`K / n` divided in fp32 is that same correctly rounded value)."""
+    if train_seq_len is None:
+        return slopes
+    if isinstance(key_length, int) and not isinstance(key_length, torch.SymInt):
+        scale = max(1.0, key_length / train_seq_len)
+        return slopes if scale == 1.0 else slopes / scale  # (H,)
+    keys = torch.as_tensor(key_length, device=slopes.device)
+    return slopes / (keys.float() / train_seq_len).clamp(min=1.0)  # (H,)
 
 
 def relative_distances(query_length: int, key_length: int, device=None, query_offset=None) -> torch.Tensor:

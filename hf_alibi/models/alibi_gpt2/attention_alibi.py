@@ -70,6 +70,7 @@ def plan_alibi_attention(
     key_ranges: KeyRanges | None = None,
     skip_eps: float | str = 0.0,
     key_norms=None,
+    train_seq_len: int | None = None,
 ) -> AlibiAttentionPlan:
     """Validate one forward's inputs and build its plan for `implementation` (one of `SUPPORTED_ATTENTION`).
 
@@ -81,15 +82,16 @@ def plan_alibi_attention(
     whose chunks have `query_chunk` rows (the config's `alibi_sdpa_split` and `alibi_sdpa_query_chunk`).
     `skip_eps` (the config's `alibi_skip_eps`: `"auto"` or a number) asks for certified key skipping
     (`choose_path` says where it applies); a decoding step that skips reads the running key-norm summary of its cache
-    (`attention_skip_ranges.RunningKeyNorms`) from `key_norms`, a function called only then.
+    (`attention_skip_ranges.RunningKeyNorms`) from `key_norms`, a function called only then. `train_seq_len` (the
+    config's length-dependent `alibi_scaling`) scales the plan's slopes by this forward's key count (`plan_facts`).
     """
     tracing = torch.compiler.is_compiling()  # the one place that asks: compiled graphs never branch on data
     inputs = (slopes, batch, query_length, key_length, query_offset, attention_mask, position_ids, cu_seq_lens,
               dropout, key_ranges)  # fmt: skip
     facts = plan_facts(*inputs, host_offset=implementation == "flash_attention_2" or skip_eps not in (0, "auto"),
-                       tracing=tracing)  # fmt: skip
+                       tracing=tracing, train_seq_len=train_seq_len)  # fmt: skip
     if _auto_decodes_long(facts, skip_eps, tracing):  # a static cache's step that "auto" skips reads its position
-        facts = plan_facts(*inputs, host_offset=True, tracing=tracing)
+        facts = plan_facts(*inputs, host_offset=True, tracing=tracing, train_seq_len=train_seq_len)
     path = choose_path(
         implementation, facts, device=slopes.device.type, tracing=tracing, sdpa_split=sdpa_split,
         skip_eps=skip_eps, kernels_work=split_kernels_work,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .alibi import length_scaled_slopes
 from .attention_plan import AlibiAttentionPlan, Preparation
 
 
@@ -95,10 +96,10 @@ def paged_flash_alibi_attention(query, key, value, plan, scaling, layer=None):
     within each request)."""
     flash_attn = _flash_attn()
     paged = plan.payload
-    slopes = plan.slopes.to(device=query.device, dtype=torch.float32)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D), (K, H, D)
     cu_k = paged.cache_kwargs["cu_seq_lens_k"]
     cu_k = cu_k["full_attention"] if isinstance(cu_k, dict) else cu_k
+    slopes = _paged_slopes(plan, cu_k, query.device)  # (H,) or (R, H)
     max_k = paged.cache_kwargs["max_length_k"]
     max_k = max_k["full_attention"] if isinstance(max_k, dict) else max_k
     out = flash_attn.flash_attn_varlen_func(
@@ -113,13 +114,23 @@ def paged_flash_kvcache_alibi_attention(query, key, value, plan, scaling, layer=
     reads and writes the cache's blocks (`PagedPlan.update_cache` gives the layer's blocks)."""
     flash_attn = _flash_attn()
     paged = plan.payload
-    slopes = plan.slopes.to(device=query.device, dtype=torch.float32)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D)
     k_cache, v_cache, block_table, cu_k = paged.kernel_cache
     requests = q.shape[0]
+    slopes = _paged_slopes(plan, cu_k[: requests + 1], query.device)  # (H,) or (T, H)
     cache_seqlens = (cu_k[1 : requests + 1] - cu_k[:requests] - 1).to(torch.int32)  # cached tokens per request
     out = flash_attn.flash_attn_with_kvcache(
         q[:, None], k_cache, v_cache, k[:, None], v[:, None], cache_seqlens=cache_seqlens,
         block_table=block_table, softmax_scale=scaling, causal=True, alibi_slopes=slopes,
     )  # (T, 1, H, D)  # fmt: skip
     return out.reshape(1, -1, *out.shape[-2:]), None  # (1, T, H, D)
+
+
+def _paged_slopes(plan: AlibiAttentionPlan, cu_k: torch.Tensor, device) -> torch.Tensor:
+    """The kernel's `alibi_slopes`: the heads' (H,), or per request (R, H) under the length-dependent
+    `alibi_scaling`, each request's scaled by its own key count (its slice of `cu_k`), without a host read."""
+    slopes = plan.slopes.to(device=device, dtype=torch.float32)  # (H,)
+    if plan.payload.train_seq_len is None:
+        return slopes
+    lengths = (cu_k[1:] - cu_k[:-1])[:, None]  # (R, 1) keys per request: cached + new
+    return length_scaled_slopes(slopes, lengths, plan.payload.train_seq_len).contiguous()  # (R, H)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 from transformers.generation.continuous_batching import PagedAttentionCache  # loaded with GenerationMixin anyway
 
+from .alibi import length_scaled_slopes
 from .attention_alibi import plan_alibi_attention
 from .attention_plan import (
     PAGED_PREFIX,
@@ -78,6 +79,7 @@ class PagedPlan:
     cu_seq_lens_q: torch.Tensor | None = None
     max_length_q: int = 0
     kernel_cache: tuple | None = None  # (k_cache, v_cache, block_table, cu_seq_lens_k) of the decode fast path
+    train_seq_len: int | None = None  # the length-dependent `alibi_scaling`: FlashAttention-2's slopes per request
 
     def update_cache(self, cache, key, value, layer_idx: int, plan: AlibiAttentionPlan):
         """Write this layer's new keys and values; return every request's keys (1, H', K, D) and the layer's plan.
@@ -109,11 +111,14 @@ def plan_paged_attention(
     sdpa_split: bool = True,
     query_chunk: int = SDPA_QUERY_CHUNK,
     skip_eps: float | str = 0.0,
+    train_seq_len: int | None = None,
 ) -> AlibiAttentionPlan:
     """The plan of one continuous-batching forward over `query_length` flattened tokens (module docstring).
 
     `paged_kwargs` are the keyword arguments transformers passed with the paged cache (`PAGED_KWARGS`);
     `position_ids` (1, T), each request's positions, are checked against the boundaries they must agree with.
+    `train_seq_len` (the length-dependent `alibi_scaling`): each request's slopes are scaled by its own key count,
+    as if it ran alone; the flattened plan keeps the unscaled `slopes`.
     """
     implementation = implementation.removeprefix(PAGED_PREFIX)
     if implementation not in PAGED_IMPLEMENTATIONS:
@@ -137,7 +142,8 @@ def plan_paged_attention(
                        block_table=paged_kwargs.get("block_table") is not None)  # fmt: skip
     if path != "paged":  # FlashAttention-2 takes the boundaries as they are
         paged = PagedPlan(cache_kwargs, query_length, cu_seq_lens_q=cache_kwargs["cu_seq_lens_q"],
-                          max_length_q=int(paged_kwargs.get("max_length_q") or query_length))  # fmt: skip
+                          max_length_q=int(paged_kwargs.get("max_length_q") or query_length),
+                          train_seq_len=train_seq_len)  # fmt: skip
         return replace(facts, path=path, payload=paged)
 
     cu_q_list, cu_k_list = cache_kwargs["cu_seq_lens_q"].tolist(), cu_k.tolist()  # one host read per forward
@@ -155,12 +161,20 @@ def plan_paged_attention(
             continue
         plan = plan_alibi_attention(
             base, slopes, 1, q_len, k_len, k_len - q_len, dtype=dtype, sdpa_split=sdpa_split,
-            query_chunk=query_chunk, skip_eps=skip_eps,
+            query_chunk=query_chunk, skip_eps=skip_eps, train_seq_len=train_seq_len,
         )  # fmt: skip
         segments.append(PagedSegment(*rows, *keys, plan))
-    decode = _decode_group(base, slopes, decoding, dtype) if decoding else None
+    decode = _decode_group(base, slopes, decoding, dtype, train_seq_len) if decoding else None
     paged = PagedPlan(cache_kwargs, query_length, tuple(segments), decode)
     return replace(facts, path=path, key_length=cu_k_list[-1], payload=paged)
+
+
+def request_slopes(slopes: torch.Tensor, key_lengths: torch.Tensor, train_seq_len: int | None) -> torch.Tensor:
+    """(R, H) fp32: each request's slopes for its own key count `key_lengths` (R,), `length_scaled_slopes` row by row
+    (a tensor op: FlashAttention-2 takes these as its per-sequence `alibi_slopes` without a host read)."""
+    if train_seq_len is None:
+        return slopes.float()[None].expand(key_lengths.shape[0], -1)  # (R, H)
+    return length_scaled_slopes(slopes.float(), key_lengths.to(slopes.device)[:, None], train_seq_len)  # (R, H)
 
 
 def _check_boundaries(cu_q: list[int], cu_k: list[int], query_length: int, position_ids) -> None:
@@ -187,8 +201,9 @@ def _check_boundaries(cu_q: list[int], cu_k: list[int], query_length: int, posit
         )
 
 
-def _decode_group(implementation: str, slopes, decoding: list, dtype) -> PagedDecode:
-    """One batched call for n decoding rows: keys gathered and padded to the longest, per-key bias, padding masked."""
+def _decode_group(implementation: str, slopes, decoding: list, dtype, train_seq_len=None) -> PagedDecode:
+    """One batched call for n decoding rows: keys gathered and padded to the longest, per-key bias, padding masked;
+    each request's slopes scaled by its own key count (`train_seq_len`)."""
     device = slopes.device
     rows = torch.tensor([row for row, _ in decoding], device=device)  # (n,)
     starts = torch.tensor([keys[0] for _, keys in decoding], device=device)  # (n,)
@@ -197,7 +212,8 @@ def _decode_group(implementation: str, slopes, decoding: list, dtype) -> PagedDe
     offset = torch.arange(longest, device=device)  # (K_max,)
     key_index = starts[:, None] + torch.minimum(offset[None, :], lengths[:, None] - 1)  # (n, K_max)
     distance = (lengths - 1)[:, None] - offset[None, :]  # (n, K_max): i - j, negative past the request's keys
-    bias = -slopes[None, :, None, None] * distance[:, None, None, :].float()  # (n, H, 1, K_max)
+    per_request = request_slopes(slopes, lengths, train_seq_len)  # (n, H)
+    bias = -per_request[:, :, None, None] * distance[:, None, None, :].float()  # (n, H, 1, K_max)
     bias = bias.masked_fill((distance < 0)[:, None, None, :], torch.finfo(torch.float32).min)
     # n rows of batch n, each at the end of its (padded) keys: a decoding row's path. Its payload is each request's
     # own bias rather than one over the padded length, which would differ from it by a per-row constant (softmax

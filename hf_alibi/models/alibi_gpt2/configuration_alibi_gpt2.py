@@ -4,6 +4,9 @@ import math
 
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 # Written into every saved config, so a Hub user without hf_alibi loads any head with `trust_remote_code=True`.
 AUTO_MAP = {
@@ -104,10 +107,23 @@ class AlibiGPT2Config(PretrainedConfig):
             The LM head's logits are multiplied by this (muP's output multiplier: Jais's `width_scale`, or
             `mup_output_alpha * mup_width_scale`, 0.222 in BTLM-3B-8K), in the logits' dtype. The loss is taken on the
             scaled logits. The other heads are not scaled. Positive and finite.
-        alibi_scaling_factor (`float`, *optional*, defaults to 1.0):
-            Every slope is divided by this (so every distance is, linearly interpolated positions): Jais's static
-            `alibi_scaling = {"type": "linear", "factor": f}`. It applies to `alibi_slopes` as to the paper's rule, and
-            the slopes buffer holds the divided slopes. Positive and finite.
+        alibi_scaling (`dict`, *optional*):
+            Slope interpolation, in Jais's and BTLM's own format (imports copy it, exports write it back). `None`: the
+            slopes as they are. `{"type": "linear", "factor": f}`: every slope divided by `f` (every distance is,
+            linearly interpolated positions; the slopes buffer holds the divided slopes). `{"type": "linear",
+            "train_seq_len": n}` (BTLM's "position interpolation", Al-Khateeb et al. 2023): in every forward the
+            slopes are divided by `max(1, K / n)`, where `K` is the number of keys that forward attends (cached plus
+            new tokens, padding included), exactly as Jais's and BTLM's code compute it. So a decoding step at `K`
+            keys uses the scale of `K`, and every token is computed at the scale of the forward it was new in (the
+            source's semantics): given the same keys and values, a cached step's row equals the last row of a full
+            forward over those `K` keys, and only that row (the full forward's earlier rows use the scale of `K`
+            too, the cached steps that made them their own). In a model of several layers the deeper layers' cached
+            keys come from those earlier rows, so cached decoding past `n` is not a full forward's last row either:
+            it is what the source's cached decoding computes. Under continuous batching each request uses its own
+            `K`; a static cache its filled length, not its buffer; packed rows the row's length. Certified skipping
+            certifies from the scaled slopes (smaller slopes: fewer keys skipped). `f` is a positive finite number,
+            `n` a positive integer. `alibi_scaling_factor=f` (the former static switch) is a
+            deprecated alias of `{"type": "linear", "factor": f}`, still read from older config files.
         alibi_sdpa_split (`bool`, *optional*, defaults to `True`):
             Which SDPA path serves multi-row, unpacked, dropout-free calls on CPU outside compilation: `True` the
             split (no bias tensor; `hf_alibi/models/alibi_gpt2/attention_sdpa_split.py`), `False` the bias bank that every other SDPA
@@ -192,7 +208,7 @@ class AlibiGPT2Config(PretrainedConfig):
     attn_scale_power: float = 0.5
     embedding_scale: float = 1.0
     logit_scale: float = 1.0
-    alibi_scaling_factor: float = 1.0
+    alibi_scaling: dict | None = None
     alibi_sdpa_split: bool = True
     alibi_sdpa_query_chunk: int = 256
     alibi_skip_eps: float | str = "auto"
@@ -200,6 +216,8 @@ class AlibiGPT2Config(PretrainedConfig):
     def __post_init__(self, **kwargs):
         if "max_position_embeddings" in kwargs:  # GPT-2-style name for the training length: not an attribute here
             self.n_positions = kwargs.pop("max_position_embeddings")
+        if "alibi_scaling_factor" in kwargs:  # the former static switch (configs saved before `alibi_scaling`)
+            self.alibi_scaling = _folded_factor(kwargs.pop("alibi_scaling_factor"), self.alibi_scaling)
         super().__post_init__(**kwargs)
         self._check_arguments()
         if getattr(self, "auto_map", None) is None:
@@ -256,11 +274,75 @@ class AlibiGPT2Config(PretrainedConfig):
         if isinstance(power, bool) or not isinstance(power, (int, float)) or not math.isfinite(power) or power < 0:
             raise ValueError(f"attn_scale_power must be a finite number >= 0, got {power!r}")
         self.attn_scale_power = float(power)
-        for name in ("embedding_scale", "logit_scale", "alibi_scaling_factor"):
+        self.alibi_scaling = checked_alibi_scaling(self.alibi_scaling)
+        for name in ("embedding_scale", "logit_scale"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
             setattr(self, name, float(value))
+
+    @property
+    def alibi_scaling_factor(self) -> float:
+        """Deprecated: the static divisor of `alibi_scaling` (1.0 without one, or with the length-dependent form)."""
+        logger.warning_once("`alibi_scaling_factor` is deprecated: read `alibi_scaling` instead")
+        return static_scaling_factor(self.alibi_scaling)
+
+    @alibi_scaling_factor.setter
+    def alibi_scaling_factor(self, value) -> None:
+        logger.warning_once('`alibi_scaling_factor` is deprecated: set `alibi_scaling={"type": "linear", "factor": f}`')
+        self.alibi_scaling = checked_alibi_scaling(_folded_factor(value, None))
+
+
+SCALING_KEYS = ("factor", "train_seq_len")  # the two forms of `alibi_scaling`, besides its "type": "linear"
+
+
+def checked_alibi_scaling(scaling) -> dict | None:
+    """`alibi_scaling` validated (a `ValueError` naming the field and the bad value) and normalised: `factor` a
+    float, `train_seq_len` an int."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise ValueError(f"alibi_scaling must be None or a dict such as {{'type': 'linear', 'factor': 2.0}}, got "
+                         f"{scaling!r}")  # fmt: skip
+    if scaling.get("type") != "linear":
+        raise ValueError(f"alibi_scaling.type must be 'linear' (the only type Jais and BTLM define), got "
+                         f"{scaling.get('type')!r} in {scaling!r}")  # fmt: skip
+    unknown = sorted(set(scaling) - {"type", *SCALING_KEYS})
+    given = [key for key in SCALING_KEYS if key in scaling]
+    if unknown or len(given) != 1:
+        raise ValueError(f"alibi_scaling takes 'type' and exactly one of {list(SCALING_KEYS)}, got {scaling!r}")
+    value = scaling[given[0]]
+    if given[0] == "factor":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"alibi_scaling.factor must be a positive finite number, got {value!r}")
+        return {"type": "linear", "factor": float(value)}
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"alibi_scaling.train_seq_len must be a positive integer, got {value!r}")
+    return {"type": "linear", "train_seq_len": value}
+
+
+def static_scaling_factor(scaling: dict | None) -> float:
+    """What every slope is divided by whatever the length: `alibi_scaling.factor`, else 1."""
+    return float(scaling["factor"]) if scaling is not None and "factor" in scaling else 1.0
+
+
+def train_seq_len(scaling: dict | None) -> int | None:
+    """`alibi_scaling.train_seq_len` (slopes divided by `max(1, K / n)` in each forward), else None."""
+    return scaling.get("train_seq_len") if scaling is not None else None
+
+
+def _folded_factor(factor, scaling: dict | None) -> dict | None:
+    """The deprecated `alibi_scaling_factor` as the `alibi_scaling` it means; 1.0 (what older configs all carry)
+    means none."""
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor == 1.0:
+        return scaling
+    if scaling is not None:
+        raise ValueError(f"alibi_scaling_factor={factor!r} and alibi_scaling={scaling!r} both given: set "
+                         "alibi_scaling alone (alibi_scaling_factor is its deprecated alias)")  # fmt: skip
+    logger.warning_once('`alibi_scaling_factor` is deprecated: use `alibi_scaling={"type": "linear", "factor": f}`')
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
+        raise ValueError(f"alibi_scaling_factor must be a positive finite number, got {factor!r}")
+    return {"type": "linear", "factor": factor}
 
 
 __all__ = ["AUTO_MAP", "AlibiGPT2Config"]

@@ -31,7 +31,7 @@ from .attention_alibi import alibi_attention, plan_alibi_attention
 from .attention_paged import PAGED_KWARGS, is_paged_cache, plan_paged_attention
 from .attention_plan import SUPPORTED_ATTENTION, AlibiAttentionPlan
 from .attention_skip_ranges import RunningKeyNorms
-from .configuration_alibi_gpt2 import AlibiGPT2Config
+from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
 from .tensor_parallel_alibi_gpt2 import ALIBI_HEADS  # noqa: F401  (registers the styles of the config's TP plan)
 
 logger = logging.get_logger(__name__)
@@ -242,6 +242,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
                 self.config._attn_implementation or "sdpa", self.alibi_slopes, query_length, position_ids, kwargs,
                 dtype=_compute_dtype(inputs_embeds), sdpa_split=self.config.alibi_sdpa_split,
                 query_chunk=self.config.alibi_sdpa_query_chunk, skip_eps=self.config.alibi_skip_eps,
+                train_seq_len=train_seq_len(self.config.alibi_scaling),
             )  # fmt: skip
         else:
             cache, alibi = self._plan(cache, batch, query_length, inputs_embeds, attention_mask, position_ids,
@@ -292,7 +293,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             attention_mask=attention_mask, position_ids=position_ids, cu_seq_lens=kwargs.get("cu_seq_lens_q"),
             dtype=_compute_dtype(inputs_embeds), dropout=self.config.attn_pdrop if self.training else 0.0,
             sdpa_split=self.config.alibi_sdpa_split, query_chunk=self.config.alibi_sdpa_query_chunk,
-            skip_eps=self.config.alibi_skip_eps,
+            skip_eps=self.config.alibi_skip_eps, train_seq_len=train_seq_len(self.config.alibi_scaling),
             key_norms=RunningKeyNorms.for_forward(cache, past_length, query_length),  # before the layers write
         )  # fmt: skip
         return cache, alibi
