@@ -56,11 +56,12 @@ def length_scaled_slopes(slopes: torch.Tensor, key_length, train_seq_len: int | 
     rounded to fp32 once (`K / n` divided in fp32 is that same correctly rounded value)."""
     if train_seq_len is None:
         return slopes
-    if isinstance(key_length, int) and not isinstance(key_length, torch.SymInt):
+    if isinstance(key_length, torch.SymInt):  # torch.export's dynamic length: a symbolic scale, no specialisation
+        return slopes / torch.sym_max(key_length / train_seq_len, 1.0)  # (H,)
+    if isinstance(key_length, int):
         scale = max(1.0, key_length / train_seq_len)
         return slopes if scale == 1.0 else slopes / scale  # (H,)
-    keys = torch.as_tensor(key_length, device=slopes.device)
-    return slopes / (keys.float() / train_seq_len).clamp(min=1.0)  # (H,)
+    return slopes / (key_length.float() / train_seq_len).clamp(min=1.0)  # (H,) or (R, H) for (R, 1) counts
 
 
 def relative_distances(query_length: int, key_length: int, device=None, query_offset=None) -> torch.Tensor:
