@@ -7,7 +7,8 @@ re-implements what their forward computes, the way they compute it, so that timi
   longer than `n_positions` raise, their cap (2048 for jais-13b, 8192 for BTLM-3B-8K);
 - scores `q @ k^T / head_dim` (`scale_qk_dot_by_d`), `torch.where(causal, scores, finfo.min)`, the padding mask added
   as `(1 - mask) * finfo.min`, then the ALiBi bias `-m |i - j|` as one `(H, q, kv)` tensor built per forward and added
-  in every layer, eager softmax, `@ v`;
+  in every layer, eager softmax, `@ v`; the slopes divided by their `alibi_scaling`'s scale (`slopes / -scale`: a
+  static factor, or `K / train_seq_len` for a forward over K > train_seq_len keys);
 - SwiGLU MLP `c_proj(c_fc(x) * silu(c_fc2(x)))` (width `4 * n_embd` here), pre-LN GPT-2 blocks, embeddings times
   `embeddings_scale`, logits times `width_scale`, a tied head; GPT-2's module names (`transformer.h.N.attn.c_attn`,
   ..., `transformer.relative_pe.slopes`), so its state dict is a Jais checkpoint's.
@@ -71,34 +72,47 @@ class _Block(nn.Module):
 
 
 class _Slopes(nn.Module):
-    def __init__(self, n_head: int):
+    def __init__(self, n_head: int, alibi_scaling: dict | None = None):
         super().__init__()
         # the paper's slopes, interleaved past a power of two, as their `_get_alibi_slopes` computes them (the same
         # rule as `get_alibi_slopes`; tests/conversion/jais_checkpoints.py writes it out independently, as an oracle)
         self.slopes = nn.Parameter(get_alibi_slopes(n_head)[:, None], requires_grad=False)  # (H, 1)
+        self.alibi_scaling = alibi_scaling
 
     def forward(self, length: int):
         positions = torch.arange(length, device=self.slopes.device)
         context, memory = positions[:, None], positions[None, :]
         distance = (memory - context).abs().unsqueeze(0).expand(self.slopes.shape[0], -1, -1)  # (H, q, kv)
-        return (self.slopes * -1.0).unsqueeze(1) * distance  # (H, q, kv)
+        # their `alibi_scaling`: a static factor, else slopes / (K / train_seq_len) past it, K = distance's keys
+        if self.alibi_scaling is None:
+            scale = 1.0
+        elif self.alibi_scaling.get("factor") is not None:
+            scale = self.alibi_scaling["factor"]
+        elif distance.shape[-1] > self.alibi_scaling["train_seq_len"]:
+            scale = distance.shape[-1] / self.alibi_scaling["train_seq_len"]
+        else:
+            scale = 1.0
+        return (self.slopes / -scale).unsqueeze(1) * distance  # (H, q, kv)
 
 
 class _Transformer(nn.Module):
-    def __init__(self, vocab_size, n_embd, n_layer, n_head, n_inner, n_positions):
+    def __init__(self, vocab_size, n_embd, n_layer, n_head, n_inner, n_positions, alibi_scaling=None):
         super().__init__()
         self.wte = nn.Embedding(vocab_size, n_embd)
         self.h = nn.ModuleList([_Block(n_embd, n_head, n_inner, n_positions) for _ in range(n_layer)])
-        self.ln_f, self.relative_pe = nn.LayerNorm(n_embd), _Slopes(n_head)
+        self.ln_f, self.relative_pe = nn.LayerNorm(n_embd), _Slopes(n_head, alibi_scaling)
 
 
 class JaisEager(nn.Module):
-    """Their forward (see the module docstring); `config` is the Jais config dict this model is a checkpoint of."""
+    """Their forward (see the module docstring); `config` is the Jais config dict this model is a checkpoint of.
+    `alibi_scaling` (the Jais-family's and BTLM's, read as their position-embedding layer reads it) adds the Jais-family
+    code's muP keys to the config, equal to jais-13b's (whose code ignores `alibi_scaling`)."""
 
-    def __init__(self, vocab_size: int, n_embd: int, n_layer: int, n_head: int, n_positions: int = N_POSITIONS):
+    def __init__(self, vocab_size: int, n_embd: int, n_layer: int, n_head: int, n_positions: int = N_POSITIONS,
+                 alibi_scaling: dict | None = None):  # fmt: skip
         super().__init__()
         n_inner = 4 * n_embd
-        self.transformer = _Transformer(vocab_size, n_embd, n_layer, n_head, n_inner, n_positions)
+        self.transformer = _Transformer(vocab_size, n_embd, n_layer, n_head, n_inner, n_positions, alibi_scaling)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied
         self.config = {
@@ -108,6 +122,9 @@ class JaisEager(nn.Module):
             "scale_qk_dot_by_d": True, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
             "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
         }  # fmt: skip
+        if alibi_scaling is not None:
+            self.config |= {"mup_embeddings_scale": EMBEDDINGS_SCALE, "mup_output_alpha": WIDTH_SCALE,
+                            "mup_width_scale": 1.0, "mup_scale_qk_dot_by_d": True, "alibi_scaling": alibi_scaling}
 
     def forward(self, input_ids, attention_mask=None, labels=None, logits_to_keep: int = 0, **_unused):
         hidden = self.transformer.wte(input_ids)  # (B, L, C)

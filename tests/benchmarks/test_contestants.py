@@ -121,3 +121,27 @@ def test_imported_jais_refuses_to_benchmark_a_different_function():
     jais.transformer.h[0].mlp.register_forward_hook(lambda module, args, out: out * 2)
     with pytest.raises(RuntimeError, match="differ"):
         imported_jais(jais)
+
+
+@pytest.mark.parametrize("n_layer", [1, 2])
+def test_slope_interpolation_imports_as_jais_eager_computes_it_past_train_seq_len(n_layer):
+    """jais-eager with `alibi_scaling = {"type": "linear", "train_seq_len": 16}` (their rule, in fp32): the import
+    gives its logits at K = 40 keys; with one layer (the same keys and values either way) a cached step at K keys
+    gives the last row of jais-eager's forward over those K."""
+    jais = JaisEager(512, 48, n_layer, 6, n_positions=128, alibi_scaling={"type": "linear", "train_seq_len": 16})
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in jais.parameters():  # off the init: every weight's place matters
+            if parameter.requires_grad:
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    model = imported_jais(jais.eval())
+    assert model.config.alibi_scaling == {"type": "linear", "train_seq_len": 16}
+    ids = torch.randint(3, 512, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, jais(ids).logits, atol=2e-5, rtol=0)
+        if n_layer == 1:
+            out = model(ids[:, :30], use_cache=True)
+            for step in range(30, 40):
+                out = model(ids[:, step : step + 1], cache=out.cache, use_cache=True)
+                expected = jais(ids[:, : step + 1]).logits[:, -1]
+                torch.testing.assert_close(out.logits[:, -1], expected, atol=2e-5, rtol=0)

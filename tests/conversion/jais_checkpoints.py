@@ -5,7 +5,7 @@ import json
 import math
 
 import torch
-from alibi_reference import reference_logits
+from alibi_reference import cached_row_slopes, reference_logits
 from safetensors.torch import save_file
 from tokenizers import ByteLevelBPETokenizer
 from transformers import PreTrainedTokenizerFast
@@ -100,21 +100,25 @@ def save_source(checkpoint: Checkpoint, folder, shards: int = 1) -> None:
     (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
-def their_logits(checkpoint: Checkpoint, input_ids, attention_mask=None) -> torch.Tensor:
+def their_logits(checkpoint: Checkpoint, input_ids, attention_mask=None, forward_lengths=None) -> torch.Tensor:
     """Float64 logits of what their code computes: their config keys read as their code reads them (jais-13b's code:
     `width_scale`, `embeddings_scale`, `scale_qk_dot_by_d`; the Jais-family and BTLM code: `mup_output_alpha *
-    mup_width_scale`, `mup_embeddings_scale`, `mup_scale_qk_dot_by_d`, a static `alibi_scaling.factor` dividing the
-    slopes parameter), the rest of the architecture as written in `alibi_reference.reference_logits`."""
+    mup_width_scale`, `mup_embeddings_scale`, `mup_scale_qk_dot_by_d`, and `alibi_scaling`: a static `factor` dividing
+    the slopes parameter, else `train_seq_len` dividing it by K / train_seq_len in a forward over K > train_seq_len
+    keys), the rest of the architecture as written in `alibi_reference.reference_logits`. `forward_lengths`: the new
+    tokens of each forward of a cached run (their code's K is the cached plus new tokens); None: one forward."""
     config, state = checkpoint.config, checkpoint.state_dict
+    scaling = {}
     if "width_scale" in config:
         embedding_scale, logit_scale = config["embeddings_scale"], config["width_scale"]
-        by_d, factor = config["scale_qk_dot_by_d"], 1.0
+        by_d = config["scale_qk_dot_by_d"]
     else:
         embedding_scale, by_d = config.get("mup_embeddings_scale", 1.0), config.get("mup_scale_qk_dot_by_d", False)
         logit_scale = config.get("mup_output_alpha", 1.0) * config.get("mup_width_scale", 1.0)
-        factor = (config.get("alibi_scaling") or {}).get("factor", 1.0)
+        scaling = {key: value for key, value in (config.get("alibi_scaling") or {}).items() if key != "type"}
     head_dim = config["n_embd"] // config["n_head"]
-    slopes = state["transformer.relative_pe.slopes"].double().flatten() / factor
+    forward_lengths = [input_ids.shape[1]] if forward_lengths is None else forward_lengths
+    slopes = cached_row_slopes(state["transformer.relative_pe.slopes"].flatten(), forward_lengths, **scaling)
     gated = config["activation_function"] == "swiglu"
     return reference_logits(
         state, input_ids, n_layer=config["n_layer"], n_head=config["n_head"], slopes=slopes,

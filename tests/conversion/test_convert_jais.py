@@ -24,6 +24,7 @@ def assert_matches_their_code(model, checkpoint, backend: str, length: int = 14)
     model.set_attn_implementation(backend)
     ids, mask = left_padded_batch(length)
     expected = their_logits(checkpoint, ids, mask)  # (B, L, V), float64
+    cached = their_logits(checkpoint, ids, mask, forward_lengths=[8] + [1] * (length - 8))  # their cached run
     with torch.no_grad():
         got = model(ids, attention_mask=mask).logits
         out = model(ids[:, :8], attention_mask=mask[:, :8], use_cache=True)
@@ -33,7 +34,7 @@ def assert_matches_their_code(model, checkpoint, backend: str, length: int = 14)
             steps.append(out.logits[:, -1])
     error = (got.double() - expected)[mask.bool()].abs().max().item()
     assert error < ATOL, f"{backend}: full forward differs from their code's by {error:.2e}"
-    error = (torch.stack(steps, 1).double() - expected[:, 8:]).abs().max().item()
+    error = (torch.stack(steps, 1).double() - cached[:, 8:]).abs().max().item()
     assert error < ATOL, f"{backend}: cached decoding differs from their code's by {error:.2e}"
 
 
@@ -81,6 +82,21 @@ def test_static_alibi_scaling_divides_the_slopes():
     assert model.config.alibi_scaling == {"type": "linear", "factor": 4.0}
     torch.testing.assert_close(model.transformer.alibi_slopes, get_alibi_slopes(6) / 4, atol=0, rtol=0)
     assert_matches_their_code(model, checkpoint, "sdpa")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("generation", ["jais_family", "btlm"])
+def test_length_dependent_alibi_scaling_imports_and_matches_their_code_past_train_seq_len(generation, backend):
+    """`{"type": "linear", "train_seq_len": 6}`: prefill at K = 14 and every cached step at its own K, as theirs."""
+    scaling = {"type": "linear", "train_seq_len": 6}
+    checkpoint = tiny_checkpoint(generation, alibi_scaling=scaling)
+    model = convert_cerebras(checkpoint)
+    assert model.config.alibi_scaling == scaling
+    torch.testing.assert_close(model.transformer.alibi_slopes, get_alibi_slopes(6), atol=0, rtol=0)
+    assert_matches_their_code(model, checkpoint, backend)
+    ids, mask = left_padded_batch(14)
+    unscaled = their_logits(tiny_checkpoint(generation), ids, mask)
+    assert (unscaled - their_logits(checkpoint, ids, mask))[mask.bool()].abs().max() > 100 * ATOL, "cannot tell"
 
 
 def test_plain_gelu_jais_imports_without_a_gate():

@@ -204,3 +204,21 @@ def test_a_compiled_flex_model_scales_as_the_reference_on_cpu(make_model, random
     with torch.no_grad():
         compiled = torch.compile(model)(ids, attention_mask=mask).logits
     assert_close_on_real_rows(compiled, expected_logits(model, ids, mask, [13]), mask, "compiled flex")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_flash_attention_2_scales_prefill_and_cached_decoding_as_eager_in_bf16(make_model, random_ids):
+    """The kernel's `alibi_slopes` are the plan's scaled ones: dense (no padding) and varlen (left padding)."""
+    pytest.importorskip("flash_attn")
+    ids, mask = padded_batch(random_ids, 24)
+    for batch_mask in (torch.ones_like(mask), mask):
+        logits = {}
+        for backend in ("eager", "flash_attention_2"):
+            model = scaled_model(make_model, "eager").to("cuda", torch.bfloat16)
+            model.set_attn_implementation(backend)
+            logits[backend] = cached_run(model, ids.cuda(), batch_mask.cuda(), prefill=20).float()
+        real = batch_mask.bool().cuda()
+        scale = logits["eager"][real].abs().max().item()
+        torch.testing.assert_close(logits["flash_attention_2"][real], logits["eager"][real],
+                                   atol=3e-2 * max(scale, 1.0), rtol=0)  # fmt: skip

@@ -149,9 +149,20 @@ def test_certified_skipping_under_continuous_batching_keeps_the_tokens(make_mode
     assert any(c.query_length > 1 for c in skipping), "prefill did not skip"
 
 
-def test_paged_attention_gives_each_request_its_own_distances(make_model):
-    """Against the model's ordinary attention on each request alone: prefill rows, a continued chunk, decoding rows
-    and a zero-length padding entry, in one flattened batch."""
+@pytest.mark.parametrize("backend, skip_eps", [("sdpa", "auto"), ("eager", "auto"), ("sdpa", 1e-7)])
+def test_slope_interpolation_gives_each_request_the_scale_of_its_own_keys(make_model, backend, skip_eps):
+    """`alibi_scaling.train_seq_len` 8: every request decodes past it, each at its own key count, as alone."""
+    model = make_model(backend, alibi_scaling={"type": "linear", "train_seq_len": 8}, alibi_skip_eps=skip_eps)
+    assert_each_request_as_alone(model, prompts())
+
+
+@pytest.mark.parametrize("train_seq_len", [None, 6])
+def test_paged_attention_gives_each_request_its_own_distances(make_model, train_seq_len):
+    """Against the model's ordinary attention on each request alone and the float64 reference: prefill rows, a
+    continued chunk, decoding rows and a zero-length padding entry, in one flattened batch; with slope interpolation,
+    each request at the scale of its own key count."""
+    from alibi_reference import interpolated_slopes, reference_attention
+
     from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
     from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
 
@@ -165,16 +176,19 @@ def test_paged_attention_gives_each_request_its_own_distances(make_model):
     key, value = torch.randn(2, 1, heads, int(cu_k[-1]), dim)
     kwargs = {"cu_seq_lens_q": cu_q, "cu_seq_lens_k": {"full_attention": cu_k}, "read_index": [], "write_index": []}
     for backend in ("sdpa", "eager"):
-        plan = plan_paged_attention(backend, slopes, query.shape[2], positions, kwargs)
+        plan = plan_paged_attention(backend, slopes, query.shape[2], positions, kwargs, train_seq_len=train_seq_len)
         assert plan.payload.decode is not None and plan.payload.decode.rows.numel() == 3
         got, _ = alibi_attention(query, key, value, plan, dim**-0.5)  # (1, T, H, D)
         for r, (q, k) in enumerate(requests):
             if q == 0:
                 continue
             rows, keys = slice(int(cu_q[r]), int(cu_q[r + 1])), slice(int(cu_k[r]), int(cu_k[r + 1]))
-            single = plan_alibi_attention("eager", slopes, 1, q, k, k - q)
+            single = plan_alibi_attention("eager", slopes, 1, q, k, k - q, train_seq_len=train_seq_len)
             want, _ = alibi_attention(query[:, :, rows], key[:, :, keys], value[:, :, keys], single, dim**-0.5)
             torch.testing.assert_close(got[:, rows], want, atol=2e-6, rtol=1e-5, msg=f"{backend}, request {r}")
+            exact = reference_attention(query[:, :, rows], key[:, :, keys], value[:, :, keys], scale=dim**-0.5,
+                                        slopes=interpolated_slopes(slopes, k, train_seq_len=train_seq_len))[0]
+            torch.testing.assert_close(got[:, rows].double(), exact.transpose(1, 2), atol=2e-6, rtol=1e-5)
         # a tensor-parallel rank's heads: the same rows, the slice of heads (their own slopes)
         heads_4_to_8 = alibi_attention(query[:, 4:8], key[:, 4:8], value[:, 4:8], plan, dim**-0.5, heads=slice(4, 8))
         torch.testing.assert_close(heads_4_to_8[0], got[:, :, 4:8], atol=2e-6, rtol=1e-5)
@@ -208,3 +222,16 @@ def test_flash_attention_2_continuous_batching_matches_generate(make_model):
     expected = [alone(reference, [*p]) for p in inputs]
     got = batched(model, inputs)
     assert got == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device and flash-attn")
+def test_flash_attention_2_gives_each_request_the_scale_of_its_own_keys(make_model):
+    """FlashAttention-2's per-sequence `alibi_slopes` (R, H): the varlen kernel over requests, and its paged decode."""
+    pytest.importorskip("flash_attn")
+    scaling = {"type": "linear", "train_seq_len": 8}
+    model = make_model("flash_attention_2", alibi_scaling=scaling).to("cuda", torch.bfloat16)
+    reference = make_model("sdpa", alibi_scaling=scaling).to("cuda", torch.bfloat16)
+    inputs = prompts()
+    expected = [alone(reference, [*p]) for p in inputs]
+    assert batched(model, inputs) == expected
