@@ -115,6 +115,22 @@ def test_bloom_and_mpt_exports_refuse_the_jais_switches(make_model, field):
         export_mpt(make_model(bias=False, activation_function="gelu", n_head=4, n_embd=32, **switch))
 
 
+@pytest.mark.parametrize("scaling", [{"type": "linear", "factor": 2.0}, {"type": "linear", "train_seq_len": 6}])
+@pytest.mark.parametrize("generation", ["jais_family", "btlm"])
+def test_hf_alibi_export_writes_alibi_scaling_back_and_it_reimports_to_the_same_logits(tmp_path, generation, scaling):
+    save_source(tiny_checkpoint(generation, alibi_scaling=scaling), tmp_path / "source")
+    run(["convert", str(tmp_path / "source"), str(tmp_path / "alibi")])
+    model_type = MODEL_TYPES[generation]
+    run(["export", str(tmp_path / "alibi"), str(tmp_path / "back"), "--to", model_type])
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["alibi_scaling"] == scaling
+    original, again = convert(str(tmp_path / "source")), convert(str(tmp_path / "back"))
+    assert original.config.alibi_scaling == again.config.alibi_scaling == scaling
+    ids, mask = left_padded_batch(14)  # past train_seq_len: the scale of K = 14
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids, attention_mask=mask).logits, original(ids, attention_mask=mask).logits,
+                                   atol=0, rtol=0)  # fmt: skip
+
+
 def gguf_jais(generation="btlm", vocab=None):
     overrides = {} if vocab is None else {"vocab_size": vocab}
     return convert_cerebras(tiny_checkpoint(generation, n_positions=512, **overrides))

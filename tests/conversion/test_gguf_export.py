@@ -98,7 +98,8 @@ def test_bloom_pre_tokenizer_is_named_and_unknown_ones_refused():
     "field, overrides",
     [("activation_function", {"activation_function": "gelu"}), ("embedding_layernorm", {"embedding_layernorm": True}),
      ("scale_attn_weights", {"scale_attn_weights": False}),
-     ("alibi_slopes", {"alibi_slopes": [0.5] * 12})],
+     ("alibi_slopes", {"alibi_slopes": [0.5] * 12}),
+     ("alibi_scaling.train_seq_len", {"alibi_scaling": {"type": "linear", "train_seq_len": 8}})],
 )  # fmt: skip
 def test_gguf_refuses_what_llama_cpp_cannot_run_exactly_and_writes_nothing(make_model, tokenizer, tmp_path, field,
                                                                            overrides):  # fmt: skip
