@@ -156,7 +156,8 @@ def test_gguf_of_a_gated_model_is_llama_cpps_jais_with_the_multipliers_folded(tm
 
 
 @pytest.mark.parametrize("field, overrides", [
-    ("attn_scale_power", dict(attn_scale_power=0.5)), ("alibi_scaling.factor", dict(alibi_scaling={"type": "linear", "factor": 2.0})),
+    ("attn_scale_power", dict(attn_scale_power=0.5)),
+    ("alibi_scaling.factor", dict(alibi_scaling={"type": "linear", "factor": 2.0})),
     ("alibi_scaling.train_seq_len", dict(alibi_scaling={"type": "linear", "train_seq_len": 8})),
     ("activation_function", dict(activation_function="gelu_new")), ("bias", dict(bias=False)),
 ])  # fmt: skip

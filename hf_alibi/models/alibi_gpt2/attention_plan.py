@@ -97,7 +97,7 @@ class AlibiAttentionPlan:
     """
 
     path: str  # a key of ALIBI_ATTENTION_FUNCTIONS (module docstring); "" for facts not yet given a path
-    slopes: torch.Tensor  # (H,) fp32, the heads the layers' queries hold
+    slopes: torch.Tensor  # (H,) fp32, the heads the layers' queries hold; `alibi_scaling` applied (`plan_facts`)
     query_length: int
     key_length: int  # keys the layers read: a static cache's filled part outside compilation
     query_offset: int | torch.Tensor  # absolute position of the first query = cached tokens
@@ -182,7 +182,7 @@ def plan_facts(slopes: torch.Tensor, batch: int, query_length: int, key_length: 
     if _is_static(filled) and _is_static(key_length) and filled < key_length:
         key_length = filled  # `alibi_attention` reads keys [0, filled) of the buffer: the one cut
         key_padding = None if key_padding is None else key_padding[:, :filled]
-    slopes = length_scaled_slopes(slopes, query_offset + query_length, train_seq_len)  # K: the filled keys, not a buffer
+    slopes = length_scaled_slopes(slopes, query_offset + query_length, train_seq_len)  # K: filled keys, not a buffer
     if key_ranges is not None:
         _check_key_ranges(key_ranges, slopes, query_offset, query_length, tracing)
     given = attention_mask if key_padding is not None and attention_mask.shape[-1] == key_length else None
