@@ -42,7 +42,7 @@ from .length_eval import ModelEvaluation, evaluate_model
 from .plots import plot_effective_window
 from .publish import fine_tuned_from, push_alibi_model, write_cards
 from .recipe_data import heldout_bytes_per_token, prepare_data
-from .results import format_summary, write_results
+from .results import format_summary, run_caveat, write_results
 from .token_budget import apply_smoke, batch_size_at
 from .training import StepClock, final_dir, make_model, measure_costs, model_training_args, train_one
 
@@ -221,7 +221,7 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvalua
         write_results(output_dir, evaluations, metadata=metadata)
         if windows:
             write_text_atomically(output_dir / "effective_window.json", json.dumps(windows, indent=2) + "\n")
-            plot_effective_window(windows, output_dir / "effective_window.png")
+            plot_effective_window(windows, output_dir / "effective_window.png", caveat=run_caveat(metadata))
         write_cards(experiment, training, evaluations, metadata, windows)
         print(format_summary(evaluations, output_dir))
         if training.push_to_hub:

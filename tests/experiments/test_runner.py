@@ -42,6 +42,7 @@ def test_smoke_run_writes_every_result_file_and_no_temporaries(smoke_run):
     assert not list(output_dir.rglob("*.tmp")), "a temporary file was left behind"
     payload = json.loads((output_dir / "results.json").read_text())
     assert payload["metadata"]["corpus_fingerprint"], "the corpus hash must be recorded with the results"
+    assert "(smoke run)" in (output_dir / "results.md").read_text().splitlines()[0], "a smoke run must say so"
     for name, evaluation in evaluations.items():
         lengths = [r.length for r in evaluation.lengths]
         assert lengths == experiment.eval_lengths, name
@@ -57,6 +58,7 @@ def test_smoke_run_saves_loadable_models_with_a_card_for_alibi(smoke_run):
     final = output_dir / "alibi" / "final"
     card = (final / "README.md").read_text()
     assert "model-index" in card and "perplexity_vs_length.png" in card
+    assert "SMOKE RUN: tiny models trained 8 steps" in card, "a smoke model's card must say what it is"
     assert (final / "perplexity_vs_length.png").exists()
     assert (final / "modeling_alibi_gpt2.py").exists() and (final / "tokenizer.json").exists()
     assert (final / "alibi_bias.png").exists() and "alibi_bias.png" in card
