@@ -51,8 +51,8 @@ class ServeOptions:
         default=None, metadata={"help": f"continuous batching: tokens per batch (default {DEFAULT_CB_MAX_BATCH_TOKENS})"}
     )
     cb_num_blocks: int | None = field(
-        default=None, metadata={"help": f"continuous batching: KV cache blocks (default: {DEFAULT_CB_CACHE_TOKENS} "
-                                        "tokens' worth, never sized from free memory)"}  # fmt: skip
+        default=None,
+        metadata={"help": f"continuous batching: KV cache blocks (default: {DEFAULT_CB_CACHE_TOKENS} tokens' worth)"},
     )
     cb_block_size: int | None = field(
         default=None, metadata={"help": f"continuous batching: tokens per KV block (default {DEFAULT_CB_BLOCK_SIZE})"}

@@ -33,6 +33,7 @@ def write_cards(experiment, training, evaluations, metadata, windows=None) -> No
         if name in windows:
             window_plot = plot_effective_window({name: windows[name]}, final / "effective_window.png", caveat=caveat)
         others = {other: ev for other, ev in evaluations.items() if other != name}
+        model_name = training.hub_model_id or f"alibi-gpt2-{encoding}-{length}"
         save_card(
             final,
             evaluations[name],
@@ -40,7 +41,7 @@ def write_cards(experiment, training, evaluations, metadata, windows=None) -> No
             bias_plot_path=bias_plot,
             window_plot_path=window_plot,
             window_table=window_table(windows[name]) if name in windows else "",
-            model_name=(model_name := training.hub_model_id or f"alibi-gpt2-{encoding}-{length}"),
+            model_name=model_name,
             model_summary=f"**{caveat}.** `{model_name}`: a smoke run of `hf_alibi`'s recipe." if caveat else None,
             repo_id=training.hub_model_id,
             architecture={k: getattr(config, k) for k in ("n_embd", "n_layer", "n_head", "vocab_size")},
