@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-demo: install
+demo: install  # run again after an interruption: it resumes (finished models kept, the rest from checkpoints)
 	HF_HUB_OFFLINE=1 $(PY) -m recipes.train_short_test_long --config $(CONFIG)
 
 smoke: install  # a new output folder each time: finished runs are never overwritten

@@ -12,7 +12,11 @@ loading through `AutoModelForCausalLM` instead; everything else is transformers'
 
 Requests are checked (`check_request`) before transformers' handlers see them: the fields those handlers convert with
 `int()`/`float()` would otherwise fail inside them as a 500, and a huge `max_tokens` would hold the one generation
-thread (every other request waits on it) for as long as the model does not emit end-of-text.
+thread (every other request waits on it) for as long as the model does not emit end-of-text. Chat requests to a
+model whose tokenizer has no chat template (a base model) are a 400 saying so, not transformers' bare 500.
+
+`--continuous-batching` sizes its paged cache from the --cb-* flags or their stated defaults
+(`DEFAULT_CB_CACHE_TOKENS`), never from the machine's free memory as transformers would.
 """
 
 import argparse
@@ -26,6 +30,11 @@ GRACEFUL_SHUTDOWN_S = 5  # seconds open connections get after SIGTERM before uvi
 # Request fields transformers' handlers turn into numbers with int() / float(): the token budgets and sampling knobs.
 INTEGER_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 NUMBER_FIELDS = ("temperature", "top_p", "frequency_penalty")
+# The paged cache of --continuous-batching when no --cb-* flag sizes it. transformers alone would size it from the
+# machine's free memory (tens of GiB on a server, however small the model); these hold 8 requests of 4096 tokens.
+DEFAULT_CB_CACHE_TOKENS = 32768
+DEFAULT_CB_BLOCK_SIZE = 256  # transformers' own page_size
+DEFAULT_CB_MAX_BATCH_TOKENS = 1024  # tokens of one forward; its attention masks grow with it times the cache
 
 
 @dataclass(frozen=True)
@@ -38,9 +47,16 @@ class ServeOptions:
     continuous_batching: bool = field(
         default=False, metadata={"help": "batch concurrent requests on transformers' paged attention cache"}
     )
-    cb_max_batch_tokens: int | None = field(default=None, metadata={"help": "continuous batching: tokens per batch"})
-    cb_num_blocks: int | None = field(default=None, metadata={"help": "continuous batching: KV cache blocks"})
-    cb_block_size: int | None = field(default=None, metadata={"help": "continuous batching: tokens per KV block"})
+    cb_max_batch_tokens: int | None = field(
+        default=None, metadata={"help": f"continuous batching: tokens per batch (default {DEFAULT_CB_MAX_BATCH_TOKENS})"}
+    )
+    cb_num_blocks: int | None = field(
+        default=None,
+        metadata={"help": f"continuous batching: KV cache blocks (default: {DEFAULT_CB_CACHE_TOKENS} tokens' worth)"},
+    )
+    cb_block_size: int | None = field(
+        default=None, metadata={"help": f"continuous batching: tokens per KV block (default {DEFAULT_CB_BLOCK_SIZE})"}
+    )
     attn_implementation: str | None = field(
         default=None, metadata={"help": f"one of {', '.join(ATTN_IMPLEMENTATIONS)} (default: the model's own)"}
     )
@@ -85,11 +101,13 @@ class ServeOptions:
                 raise ValueError(f"{name}={value} needs continuous_batching (--continuous-batching)")
 
     def continuous_batching_settings(self) -> dict[str, int]:
-        """The `ContinuousBatchingConfig` fields given, as `transformers serve` names its --cb-* flags (`--cb-block-size`
-        is the config's `page_size`, which replaced `block_size` in transformers 5.17)."""
-        settings = {"max_batch_tokens": self.cb_max_batch_tokens, "num_blocks": self.cb_num_blocks,
-                    "page_size": self.cb_block_size}  # fmt: skip
-        return {name: value for name, value in settings.items() if value is not None}
+        """The `ContinuousBatchingConfig` fields, as `transformers serve` names its --cb-* flags (`--cb-block-size` is
+        the config's `page_size`, which replaced `block_size` in transformers 5.17); a flag not given takes its stated
+        default, so the cache is never sized from the machine's free memory."""
+        page_size = self.cb_block_size or DEFAULT_CB_BLOCK_SIZE
+        num_blocks = self.cb_num_blocks or math.ceil(DEFAULT_CB_CACHE_TOKENS / page_size)
+        return {"max_batch_tokens": self.cb_max_batch_tokens or DEFAULT_CB_MAX_BATCH_TOKENS, "num_blocks": num_blocks,
+                "page_size": page_size}  # fmt: skip
 
 
 def _is_int(value) -> bool:
@@ -174,16 +192,38 @@ def _is_message(message) -> bool:
 
 
 class CheckedHandler:
-    """A transformers handler whose requests pass `check_request` first (`build_server` calls `handle_request`)."""
+    """A transformers handler whose requests pass `check_request` first (`build_server` calls `handle_request`), or
+    are all refused with a 400 saying `refusal` (why the endpoint cannot answer for this model), when one is given.
+    Refusals are OpenAI's error object (`{"error": {"message": ...}}`), whose message the `openai` client shows."""
 
-    def __init__(self, handler, max_tokens_limit: int, required: tuple[str, ...] = ()):
+    def __init__(self, handler, max_tokens_limit: int, required: tuple[str, ...] = (), refusal: str | None = None):
         self.handler = handler
         self.max_tokens_limit = max_tokens_limit
         self.required = required
+        self.refusal = refusal
 
     async def handle_request(self, body: dict, request_id: str):
-        check_request(body, self.max_tokens_limit, self.required)
+        from fastapi import HTTPException
+        from fastapi.responses import JSONResponse
+
+        try:
+            check_request(body, self.max_tokens_limit, self.required)
+            if self.refusal is not None:
+                raise HTTPException(400, self.refusal)
+        except HTTPException as refused:
+            error = {"message": refused.detail, "type": "invalid_request_error", "param": None, "code": None}
+            return JSONResponse({"error": error}, status_code=refused.status_code)
         return await self.handler.handle_request(body, request_id)
+
+
+def chat_refusal(tokenizer, model: str) -> str | None:
+    """Why chat requests to `model` cannot be answered, or None: a tokenizer without a chat template (a base model,
+    as every checkpoint the recipe trains), whose messages transformers' handlers would fail to format (a bare 500)."""
+    if getattr(tokenizer, "chat_template", None):
+        return None
+    return (f"{model} has no chat template, so chat messages cannot be made into a prompt: send a prompt to "
+            "/v1/completions instead, or give the checkpoint a template (tokenizer.chat_template = '...', then "
+            "tokenizer.save_pretrained(folder))")  # fmt: skip
 
 
 def _model_manager_class():
@@ -249,17 +289,19 @@ def build_app(options: ServeOptions):
         attn_implementation=options.attn_implementation, continuous_batching=options.continuous_batching,
         force_model=options.model,
     )  # fmt: skip
+    _, tokenizer = manager.load_model_and_processor(manager.process_model_name(options.model))  # the preloaded one
+    refusal = chat_refusal(tokenizer, options.model)
     cb_settings = options.continuous_batching_settings()
     state = GenerationState(
         continuous_batching=options.continuous_batching,
-        cb_config=ContinuousBatchingConfig(**cb_settings) if cb_settings else None,
+        cb_config=ContinuousBatchingConfig(**cb_settings) if options.continuous_batching else None,
     )
     handlers = dict(model_manager=manager, generation_state=state)
     app = build_server(
         manager,
-        CheckedHandler(ChatCompletionHandler(**handlers), options.max_tokens_limit, required=("messages",)),
+        CheckedHandler(ChatCompletionHandler(**handlers), options.max_tokens_limit, ("messages",), refusal),
         completion_handler=CheckedHandler(CompletionHandler(**handlers), options.max_tokens_limit),
-        response_handler=CheckedHandler(ResponseHandler(**handlers), options.max_tokens_limit, required=("input",)),
+        response_handler=CheckedHandler(ResponseHandler(**handlers), options.max_tokens_limit, ("input",), refusal),
         transcription_handler=TranscriptionHandler(manager, state),
         systemone_handler=SystemOneHandler(**handlers),
         generation_state=state,
@@ -299,10 +341,15 @@ def serve(options: ServeOptions) -> None:
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
     print(f"serving {options.model} on http://{options.host}:{options.port}/v1", flush=True)
+    if options.continuous_batching:
+        cache = options.continuous_batching_settings()
+        print(f"continuous batching: a paged cache of {cache['num_blocks']} blocks x {cache['page_size']} tokens, "
+              f"{cache['max_batch_tokens']} tokens per batch (--cb-num-blocks, --cb-block-size, --cb-max-batch-tokens)",
+              flush=True)  # fmt: skip
     try:
         uvicorn.Server(config).run()
     except KeyboardInterrupt:
         print("stopped", flush=True)
 
 
-__all__ = ["ServeOptions", "add_arguments", "build_app", "check_request", "serve"]
+__all__ = ["ServeOptions", "add_arguments", "build_app", "chat_refusal", "check_request", "serve"]

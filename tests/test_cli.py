@@ -171,3 +171,35 @@ def test_console_command_prints_one_line_and_a_traceback_only_with_debug(tmp_pat
     done = subprocess.run(command, capture_output=True, text=True, env=env | {"HF_ALIBI_DEBUG": "1"}, timeout=300)
     assert done.returncode == 1 and "Traceback (most recent call last)" in done.stderr
     assert not (tmp_path / "x").exists()
+
+
+# A mistyped checkpoint folder that is a valid Hub id ("typo"): every command that reads a checkpoint.
+TYPO_COMMANDS = {"evaluate": ["evaluate", "--model", "typo", "--output_dir", "{out}/eval"], "serve": ["serve", "typo"],
+                 "convert": ["convert", "typo", "{out}/x"], "export": ["export", "typo", "{out}/x", "--to", "mpt"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("template", TYPO_COMMANDS.values(), ids=TYPO_COMMANDS.keys())
+def test_a_typo_that_names_no_folder_fails_in_one_line_at_once_when_the_hub_cannot_be_reached(
+    tmp_path, capfd, monkeypatch, template
+):
+    """Online mode (HF_HUB_OFFLINE unset) with the Hub unreachable (a closed local port as its endpoint): the Hub
+    client's retries took 36-40 s and a dozen lines before the error; the check before them fails at once."""
+    import socket
+    import time
+
+    from huggingface_hub import constants
+
+    with socket.socket() as probe:  # a port nobody listens on: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{closed}")
+    (tmp_path / "out").mkdir()
+    start = time.monotonic()
+    status = main(_argv(template, tmp_path, tmp_path / "out"))
+    elapsed = time.monotonic() - start
+    captured = capfd.readouterr()
+    expected = (f"hf-alibi: error: 'typo': no such folder, and the Hub (http://127.0.0.1:{closed}) cannot be reached "
+                "to look for a model of that id")  # fmt: skip
+    assert status == 2 and captured.err.strip().splitlines() == [expected], captured
+    assert elapsed < 10, f"{elapsed:.1f} s before the error"

@@ -218,7 +218,8 @@ def test_paged_attention_cache_update_takes_the_batch_kwargs_and_returns_each_re
     model.transformer.forward = recording
     model.generate_batch(inputs=[[5, 6, 7], [8, 9, 10, 11, 12]], progress_bar=False,
                          generation_config=GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1),
-                         continuous_batching_config=ContinuousBatchingConfig(page_size=16, num_blocks=16))  # fmt: skip
+                         continuous_batching_config=ContinuousBatchingConfig(page_size=16, num_blocks=16,
+                                                                             max_batch_tokens=64))  # fmt: skip
     first = seen[0]
     assert isinstance(first["cache"], PagedAttentionCache), "generate_batch no longer passes its paged cache as cache="
     assert set(first["cu_seq_lens_k"]) == {"full_attention"}, first["cu_seq_lens_k"]

@@ -137,11 +137,9 @@ def source_model_type(source: str | os.PathLike) -> str | None:
 
 
 def _read_config(source: str | os.PathLike, read: Callable):
-    """`read(source)` after checking that `source` is a checkpoint folder or a valid Hub id; its failures as
-    `ValueError`s naming `source`."""
+    """`read(source)` after checking that `source` is a checkpoint folder or a Hub id worth asking for
+    (`check_hub_id`); its failures as `ValueError`s naming `source`."""
     from huggingface_hub import constants
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
 
     path = Path(source)
     if path.exists():
@@ -150,15 +148,51 @@ def _read_config(source: str | os.PathLike, read: Callable):
             return read(path)
         except (OSError, ValueError) as exc:
             raise ValueError(f"{path / 'config.json'}: not a readable transformers config ({exc})") from exc
-    try:
-        validate_repo_id(str(source))
-    except HFValidationError:
-        raise ValueError(f"{str(source)!r}: no such folder") from None
+    check_hub_id(source)
     try:
         return read(source)
     except OSError as exc:
         where = "in the local Hub cache (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE else "on the Hub"
         raise ValueError(f"{str(source)!r}: no such folder, and no model of that id {where}") from exc
+
+
+def check_hub_id(source: str | os.PathLike) -> None:
+    """`ValueError` at once, naming `source` (which is no local folder), where asking the Hub for it could only fail:
+    it is no valid Hub repo id (`huggingface_hub`'s own check: a path of three parts, `./x`, ...), or the Hub cannot be
+    reached and the id is not in the local Hub cache. Without this, a mistyped folder cost ~40 s of the Hub client's
+    retries and a dozen lines of them before the error."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(str(source))
+    except HFValidationError:
+        raise ValueError(f"{str(source)!r}: no such folder") from None
+    if constants.HF_HUB_OFFLINE or isinstance(try_to_load_from_cache(str(source), "config.json"), str):
+        return
+    if not hub_reachable():
+        raise ValueError(f"{str(source)!r}: no such folder, and the Hub ({constants.ENDPOINT}) cannot be reached to "
+                         "look for a model of that id")  # fmt: skip
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to the Hub's endpoint opens within `timeout_s` (one try). True behind a proxy, which
+    may reach what a direct connection cannot: the Hub's own client is left to try."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    endpoint = urlparse(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
 
 
 def check_checkpoint_folder(path: Path) -> None:

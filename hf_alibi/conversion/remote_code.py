@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from .common import check_checkpoint_folder
+from .common import check_checkpoint_folder, check_hub_id
 
 # What the checkpoints' tokenizers are made of; copied through byte for byte, as the checkpoints ship them
 TOKENIZER_FILES = (
@@ -40,6 +40,7 @@ def source_folder(source: str | os.PathLike) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError
 
+    check_hub_id(source)  # no valid id, or no Hub to ask and not cached: at once, not after the client's retries
     patterns = ["config.json", "generation_config.json", *TOKENIZER_FILES, *_WEIGHT_PATTERNS]
     try:
         return Path(snapshot_download(str(source), allow_patterns=patterns))

@@ -212,7 +212,10 @@ class RunArguments:
         default=None, metadata={"help": "Cap on training documents (tokenizer and blocks; smoke runs)."}
     )
     max_train_blocks: int | None = field(default=None, metadata={"help": "Cap on training blocks (smoke runs)."})
-    smoke: bool = field(default=False, metadata={"help": "Whole pipeline on a tiny model and budget (< 1 minute)."})
+    smoke: bool = field(
+        default=False, metadata={"help": "Whole pipeline on a tiny model and budget (~2 minutes on 2 cores); its "
+                                         "tables and plots say 'smoke run'."}  # fmt: skip
+    )
 
     def __post_init__(self):
         for name in ("tp_size", "fsdp_size"):

@@ -37,11 +37,21 @@ def save_figure(figure, path: str | os.PathLike) -> Path:
     return write_file_atomically(path, lambda handle: figure.savefig(handle, format="png", dpi=120))
 
 
+def _title(figure, title: str | None, caveat: str | None) -> None:
+    """The figure's title, with `caveat` (`results.run_caveat`: a smoke run says so) under it in red."""
+    if caveat:
+        figure.suptitle(f"{title}\n{caveat}" if title else caveat, color="tab:red")
+    elif title:
+        figure.suptitle(title)
+
+
 def plot_perplexity_vs_length(
-    results: Mapping[str, ModelEvaluation], path: str | os.PathLike, bytes_per_token: float | None = None
+    results: Mapping[str, ModelEvaluation], path: str | os.PathLike, bytes_per_token: float | None = None,
+    caveat: str | None = None,
 ) -> None:
     """Two panels (nonoverlapping, sliding): perplexity (log) against evaluation length (log2), one line per model;
-    the right-hand axis reads the same curves in bits per byte (bits per token without `bytes_per_token`)."""
+    the right-hand axis reads the same curves in bits per byte (bits per token without `bytes_per_token`). `caveat`
+    goes under the title (a smoke run's)."""
     from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry, Agg by default
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
     import numpy as np
@@ -53,9 +63,10 @@ def plot_perplexity_vs_length(
     train_lengths = sorted({ev.train_length for ev in results.values() if ev.train_length})
     figure = Figure(figsize=(11, 4.5), layout="constrained")
     if mixed:
-        figure.suptitle("Perplexity vs evaluation length, by position encoding and training length (circled)")
-    elif train_length:
-        figure.suptitle(f"Perplexity vs evaluation length (trained on {train_length}-token sequences)")
+        title = "Perplexity vs evaluation length, by position encoding and training length (circled)"
+    else:
+        title = f"Perplexity vs evaluation length (trained on {train_length}-token sequences)" if train_length else None
+    _title(figure, title, caveat)
     panels = [("ppl_nonoverlapping", "Nonoverlapping")]
     if any(r.ppl_sliding is not None for ev in results.values() for r in ev.lengths):  # else one panel
         panels.append(("ppl_sliding", "Sliding window"))
@@ -104,8 +115,11 @@ def plot_perplexity_vs_length(
     save_figure(figure, path)
 
 
-def plot_loss_by_position(results: Mapping[str, ModelEvaluation], path: str | os.PathLike) -> None:
-    """Mean nonoverlapping NLL against context length (log2 buckets): one panel per model, one line per length."""
+def plot_loss_by_position(
+    results: Mapping[str, ModelEvaluation], path: str | os.PathLike, caveat: str | None = None
+) -> None:
+    """Mean nonoverlapping NLL against context length (log2 buckets): one panel per model, one line per length;
+    `caveat` (a smoke run's) as the title."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, LogLocator
@@ -114,6 +128,7 @@ def plot_loss_by_position(results: Mapping[str, ModelEvaluation], path: str | os
     lengths = evaluated_lengths(results)
     train_length = reference_train_length(results)
     figure = Figure(figsize=(5.5 * len(models), 4.2), layout="constrained")
+    _title(figure, None, caveat)
     axes = figure.subplots(1, len(models), sharex=True, sharey=True, squeeze=False)[0]
     colours = colormaps["viridis"]
     for ax, (name, evaluation) in zip(axes, models):
@@ -211,9 +226,12 @@ def plot_alibi_bias(
     return save_figure(figure, path)
 
 
-def plot_effective_window(windows: Mapping[str, EffectiveWindow | Mapping], path: str | Path) -> Path:
+def plot_effective_window(
+    windows: Mapping[str, EffectiveWindow | Mapping], path: str | Path, caveat: str | None = None
+) -> Path:
     """Left: measured window per (layer, head) against slope, with the line ln(1/eps) / m. Right: mass at distance
-    `>= d` per head of the last layer of the first model, with the bias-only curve exp(-m d) dashed."""
+    `>= d` per head of the last layer of the first model, with the bias-only curve exp(-m d) dashed. `caveat` (a
+    smoke run's) as the title."""
     from matplotlib.figure import Figure
 
     windows = {name: w if isinstance(w, EffectiveWindow) else EffectiveWindow.from_dict(w)
@@ -221,6 +239,7 @@ def plot_effective_window(windows: Mapping[str, EffectiveWindow | Mapping], path
     if not windows:
         raise ValueError("windows is empty: nothing to plot")
     figure = Figure(figsize=(11, 4.5), layout="constrained")
+    _title(figure, None, caveat)
     left, right = figure.subplots(1, 2)
     markers = "osD^vP*X"
     for index, (name, w) in enumerate(windows.items()):

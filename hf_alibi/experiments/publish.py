@@ -13,6 +13,7 @@ from transformers import AutoConfig
 from .attention_window import window_table
 from .model_card import save_card
 from .plots import plot_alibi_bias, plot_effective_window
+from .results import run_caveat
 from .training import final_dir
 
 
@@ -21,6 +22,7 @@ def write_cards(experiment, training, evaluations, metadata, windows=None) -> No
     (`alibi_bias.png`) and, when measured, the effective window per head (`effective_window.png`)."""
     output_dir = Path(training.output_dir)
     windows = windows or {}
+    caveat = run_caveat(metadata)
     for name, (encoding, length) in experiment.model_specs().items():
         if encoding != "alibi" or name not in evaluations:  # the template describes ALiBi slopes; NoPE gets none
             continue
@@ -29,8 +31,9 @@ def write_cards(experiment, training, evaluations, metadata, windows=None) -> No
         bias_plot = plot_alibi_bias(config, final / "alibi_bias.png", eps=experiment.window_eps)
         window_plot = None
         if name in windows:
-            window_plot = plot_effective_window({name: windows[name]}, final / "effective_window.png")
+            window_plot = plot_effective_window({name: windows[name]}, final / "effective_window.png", caveat=caveat)
         others = {other: ev for other, ev in evaluations.items() if other != name}
+        model_name = training.hub_model_id or f"alibi-gpt2-{encoding}-{length}"
         save_card(
             final,
             evaluations[name],
@@ -38,7 +41,8 @@ def write_cards(experiment, training, evaluations, metadata, windows=None) -> No
             bias_plot_path=bias_plot,
             window_plot_path=window_plot,
             window_table=window_table(windows[name]) if name in windows else "",
-            model_name=training.hub_model_id or f"alibi-gpt2-{encoding}-{length}",
+            model_name=model_name,
+            model_summary=f"**{caveat}.** `{model_name}`: a smoke run of `hf_alibi`'s recipe." if caveat else None,
             repo_id=training.hub_model_id,
             architecture={k: getattr(config, k) for k in ("n_embd", "n_layer", "n_head", "vocab_size")},
             **fine_tuned_from(experiment.init_from),

@@ -45,6 +45,17 @@ CSV_COLUMNS = [
 NOT_AVAILABLE = "n/a"
 
 
+def run_caveat(metadata: Mapping[str, Any] | None) -> str | None:
+    """What a run's plots and tables must say before their numbers: that a smoke run (`--smoke`) is one (its tiny
+    models barely trained, on auto-scaled axes, look like results otherwise); None for a real run."""
+    metadata = metadata or {}
+    if not metadata.get("experiment", {}).get("smoke"):
+        return None
+    steps = metadata.get("training", {}).get("max_steps")
+    return (f"SMOKE RUN: tiny models trained {steps} steps, a check of the pipeline, not results" if steps else
+            "SMOKE RUN: tiny models barely trained, a check of the pipeline, not results")  # fmt: skip
+
+
 def write_results(
     output_dir: str | os.PathLike,
     results: Mapping[str, ModelEvaluation | dict],
@@ -68,8 +79,10 @@ def write_results(
     write_text_atomically(paths["json"], json.dumps(payload, indent=2) + "\n")
     write_text_atomically(paths["csv"], results_csv(results))
     write_text_atomically(paths["markdown"], results_markdown(results, metadata=metadata))
-    plot_perplexity_vs_length(results, paths["plot"], bytes_per_token=(metadata or {}).get("bytes_per_token"))
-    plot_loss_by_position(results, paths["position_plot"])
+    caveat = run_caveat(metadata)
+    plot_perplexity_vs_length(results, paths["plot"], bytes_per_token=(metadata or {}).get("bytes_per_token"),
+                              caveat=caveat)  # fmt: skip
+    plot_loss_by_position(results, paths["position_plot"], caveat=caveat)
     return paths
 
 
@@ -98,7 +111,10 @@ def results_csv(results: Mapping[str, ModelEvaluation]) -> str:
 def results_markdown(results: Mapping[str, ModelEvaluation], *, metadata: Mapping[str, Any] | None = None) -> str:
     """Markdown tables (nonoverlapping, then sliding) of perplexity: models as rows, lengths as columns."""
     train_length = reference_train_length(results)
-    lines = ["# Perplexity vs evaluation length", ""]
+    caveat = run_caveat(metadata)
+    lines = ["# Perplexity vs evaluation length" + (" (smoke run)" if caveat else ""), ""]
+    if caveat:
+        lines += [f"> **{caveat}.** `make demo` (the cpu_demo config) trains the models the docs report.", ""]
     if mixed_train_lengths(results):
         trained = ", ".join(f"{name} at {ev.train_length}" for name, ev in results.items())
         lines.append(f"Models trained on sequences of different lengths ({trained}); columns are evaluation lengths, "

@@ -11,6 +11,7 @@ batch holds `1/k` as many sequences (same steps, same tokens per step, same sche
     <output_dir>/<model>/final/            model + tokenizer (+ card, figures for ALiBi): what push_to_hub uploads
     <output_dir>/<model>/evaluation.json   its length evaluation and training facts (tokens/s, peak memory)
     <output_dir>/results.{json,csv,md}, perplexity_vs_length.png, loss_by_position.png
+    <output_dir>/run_arguments.json        what the run was started with: rerunning with the same resumes it
     <output_dir>/.hf_alibi.lock            held while a run is live (a second run into the folder refuses)
     <output_dir>/effective_window.{json,png}   ALiBi models: measured attention window per head vs ln(1/eps) / m_h
 
@@ -41,7 +42,7 @@ from .length_eval import ModelEvaluation, evaluate_model
 from .plots import plot_effective_window
 from .publish import fine_tuned_from, push_alibi_model, write_cards
 from .recipe_data import heldout_bytes_per_token, prepare_data
-from .results import format_summary, write_results
+from .results import format_summary, run_caveat, write_results
 from .token_budget import apply_smoke, batch_size_at
 from .training import StepClock, final_dir, make_model, measure_costs, model_training_args, train_one
 
@@ -56,17 +57,65 @@ RECORDED_TRAINING = ("max_steps", "per_device_train_batch_size", "gradient_accum
                      "lr_scheduler_type", "warmup_steps", "weight_decay", "bf16", "seed")  # fmt: skip
 
 
-def check_output_dir(experiment: ExperimentArguments, training: TrainingArguments) -> None:
-    """Refuse to train over finished models unless resuming: nothing is overwritten silently."""
+RUN_ARGUMENTS = "run_arguments.json"  # what a run was started with: a rerun with the same resumes it
+
+
+def run_arguments(experiment: ExperimentArguments, training: TrainingArguments) -> dict:
+    """The arguments that decide a run's results (the experiment's and `RECORDED_TRAINING`), as JSON values."""
+    arguments = {"experiment": asdict(experiment), "training": {k: training.to_dict()[k] for k in RECORDED_TRAINING}}
+    return json.loads(json.dumps(arguments, default=str))
+
+
+def check_output_dir(experiment: ExperimentArguments, training: TrainingArguments) -> list[str]:
+    """What the run will do in its output folder, as lines to print: nothing is ever overwritten silently.
+
+    A fresh folder: a new run. A folder of an unfinished run started with the same arguments (`RUN_ARGUMENTS`): it is
+    resumed as `--resume_from_checkpoint true` does (finished models kept, unfinished ones from their last
+    checkpoint), so rerunning `make demo` after an interruption continues it. `ValueError` for a finished run
+    (results.json written) unless `--resume_from_checkpoint` is given, for a run of other arguments, and for finished
+    models without a record of their arguments (a run from before the record existed) unless resuming explicitly.
+    """
     for length in experiment.train_lengths():
         batch_size_at(experiment, training, length)  # a bad combination fails before anything is written
     output_dir = Path(training.output_dir)
     finished = [name for name in experiment.models if (output_dir / name / "evaluation.json").exists()]
+    record = output_dir / RUN_ARGUMENTS
+    if record.exists() and not training.resume_from_checkpoint:
+        recorded, arguments = json.loads(record.read_text()), run_arguments(experiment, training)
+        if recorded != arguments:
+            raise ValueError(f"{output_dir} holds a run started with other arguments ({_differences(recorded, arguments)}"
+                             "): choose another --output_dir")  # fmt: skip
+        if (output_dir / "results.json").exists():
+            raise ValueError(f"{output_dir} holds a finished run (results in {output_dir / 'results.md'}): choose "
+                             "another --output_dir, or pass --resume_from_checkpoint true to redo its results")  # fmt: skip
+        training.resume_from_checkpoint = "true"
+        return [f"{output_dir}: resuming the interrupted run of the same arguments"] + [
+            f"  {name}: {_resume_state(output_dir / name, name in finished)}" for name in experiment.models
+        ]
     if finished and not training.resume_from_checkpoint:
         raise ValueError(
             f"{output_dir} already holds finished models {finished}: pass --resume_from_checkpoint true to continue "
             "the run, or choose another --output_dir"
         )
+    return []
+
+
+def _resume_state(model_dir: Path, finished: bool) -> str:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if finished:
+        return "finished earlier, kept"
+    last = get_last_checkpoint(str(model_dir)) if model_dir.is_dir() else None
+    return f"resumes from {Path(last).name}" if last else "starts (no checkpoint yet)"
+
+
+def _differences(recorded: dict, arguments: dict) -> str:
+    """`section.name: recorded -> now` for every argument that differs."""
+    return ", ".join(
+        f"{section}.{name}: {recorded.get(section, {}).get(name)!r} -> {value!r}"
+        for section, values in arguments.items() for name, value in values.items()
+        if recorded.get(section, {}).get(name) != value
+    ) or "its record differs"
 
 
 def run_experiment(
@@ -128,9 +177,16 @@ def evaluate_trained(model, name, encoding, length, experiment, heldout) -> tupl
 
 
 def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvaluation]:
-    check_output_dir(experiment, training)
+    plan = check_output_dir(experiment, training)
     corpus, tokenizer, train_blocks, heldout = prepare_data(experiment, state)  # fails before writing anything
     output_dir = Path(training.output_dir)
+    if state.is_main_process:
+        if plan:
+            print("\n".join(plan), flush=True)
+        record = json.dumps(run_arguments(experiment, training), indent=2) + "\n"
+        if not (output_dir / RUN_ARGUMENTS).exists():
+            write_text_atomically(output_dir / RUN_ARGUMENTS, record)
+    state.wait_for_everyone()
     metadata = run_metadata(experiment, training, state, corpus, train_blocks, heldout)
     evaluations: dict[str, ModelEvaluation] = {}
     windows: dict[str, dict] = {}
@@ -165,7 +221,7 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, ModelEvalua
         write_results(output_dir, evaluations, metadata=metadata)
         if windows:
             write_text_atomically(output_dir / "effective_window.json", json.dumps(windows, indent=2) + "\n")
-            plot_effective_window(windows, output_dir / "effective_window.png")
+            plot_effective_window(windows, output_dir / "effective_window.png", caveat=run_caveat(metadata))
         write_cards(experiment, training, evaluations, metadata, windows)
         print(format_summary(evaluations, output_dir))
         if training.push_to_hub:

@@ -1,5 +1,5 @@
 """A run's token budget: the per-device batch at each training length that gives every model the same tokens per
-step (`batch_size_at`), and the smoke budget that shrinks a whole run to under a minute (`apply_smoke`).
+step (`batch_size_at`), and the smoke budget that shrinks a whole run to about 2 minutes on 2 cores (`apply_smoke`).
 
 Both read `ExperimentArguments` with `TrainingArguments`; `arguments` re-exports them, where they always lived.
 """

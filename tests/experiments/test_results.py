@@ -2,6 +2,7 @@
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -179,3 +180,29 @@ def test_models_trained_at_several_lengths_keep_their_own_length_in_every_file(t
     loaded, _ = load_results(tmp_path)
     assert {name: ev.train_length for name, ev in loaded.items()} == {"long@8": 8, "long@16": 16}
     assert paths["plot"].read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_smoke_run_says_so_in_its_table_and_on_every_plot_and_a_real_run_does_not(evaluations, tmp_path,
+                                                                                     monkeypatch):  # fmt: skip
+    """Untrained tiny models on auto-scaled axes look like results: a smoke run's files carry `run_caveat`."""
+    from hf_alibi.experiments import plots
+
+    titles = {}
+    save = plots.save_figure
+
+    def recording(figure, path):  # records each figure's title as written, then writes it
+        titles[Path(path).name] = figure.get_suptitle()
+        return save(figure, path)
+
+    monkeypatch.setattr(plots, "save_figure", recording)
+    smoke = {"experiment": {"smoke": True}, "training": {"max_steps": 8}}
+    for kind, metadata in (("smoke", smoke), ("real", {"experiment": {"smoke": False}, "training": {"max_steps": 8}})):
+        paths = write_results(tmp_path / kind, evaluations, metadata=metadata)
+        markdown = paths["markdown"].read_text()
+        caveat = "SMOKE RUN: tiny models trained 8 steps, a check of the pipeline, not results"
+        if kind == "smoke":
+            assert markdown.startswith("# Perplexity vs evaluation length (smoke run)\n\n> **" + caveat), markdown
+            assert all(caveat in titles[name] for name in ("perplexity_vs_length.png", "loss_by_position.png")), titles
+        else:
+            assert "SMOKE" not in markdown and not any("SMOKE" in title for title in titles.values()), titles
+        titles.clear()

@@ -42,6 +42,7 @@ def test_smoke_run_writes_every_result_file_and_no_temporaries(smoke_run):
     assert not list(output_dir.rglob("*.tmp")), "a temporary file was left behind"
     payload = json.loads((output_dir / "results.json").read_text())
     assert payload["metadata"]["corpus_fingerprint"], "the corpus hash must be recorded with the results"
+    assert "(smoke run)" in (output_dir / "results.md").read_text().splitlines()[0], "a smoke run must say so"
     for name, evaluation in evaluations.items():
         lengths = [r.length for r in evaluation.lengths]
         assert lengths == experiment.eval_lengths, name
@@ -57,6 +58,7 @@ def test_smoke_run_saves_loadable_models_with_a_card_for_alibi(smoke_run):
     final = output_dir / "alibi" / "final"
     card = (final / "README.md").read_text()
     assert "model-index" in card and "perplexity_vs_length.png" in card
+    assert "SMOKE RUN: tiny models trained 8 steps" in card, "a smoke model's card must say what it is"
     assert (final / "perplexity_vs_length.png").exists()
     assert (final / "modeling_alibi_gpt2.py").exists() and (final / "tokenizer.json").exists()
     assert (final / "alibi_bias.png").exists() and "alibi_bias.png" in card
@@ -101,38 +103,62 @@ def test_finished_run_is_not_overwritten_without_resume(smoke_run):
 
 
 class _Interrupt(TrainerCallback):
-    """Stops training like a killed job: after step `at`, with the checkpoint of step `at - 2` on disk."""
+    """Stops model `model`'s training like a killed job: after step `at`, with the checkpoint of step `at - 2` on
+    disk (the models before it finished)."""
 
-    def __init__(self, at):
+    def __init__(self, at, model):
         self.at = at
+        self.model = model
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.at:
+        if Path(args.output_dir).name == self.model and state.global_step == self.at:
             raise KeyboardInterrupt
 
 
 @pytest.mark.slow
-def test_interrupted_run_resumes_past_its_stale_lock_and_ends_like_an_uninterrupted_one(tmp_path):
-    straight_exp, straight_train = _args(tmp_path / "straight", "--models", "alibi")
+def test_interrupted_run_rerun_as_it_was_started_resumes_past_its_stale_lock_and_ends_like_an_uninterrupted_one(
+    tmp_path, capsys
+):
+    """What an interrupted `make demo` does when run again: no flag to add (make cannot pass one); the finished model
+    is kept, the interrupted one resumes from its checkpoint, and the results equal an uninterrupted run's."""
+    models = ("--models", "alibi", "learned")
+    straight_exp, straight_train = _args(tmp_path / "straight", *models)
     straight = run_experiment(straight_exp, straight_train)
 
-    exp, train = _args(tmp_path / "interrupted", "--models", "alibi")
+    exp, train = _args(tmp_path / "interrupted", *models)
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(exp, train, callbacks=[_Interrupt(at=6)])
-    model_dir = Path(train.output_dir) / "alibi"
-    assert (model_dir / "checkpoint-4").is_dir() and not (model_dir / "final").exists()
-    lock = Path(train.output_dir) / LOCK_FILE
+        run_experiment(exp, train, callbacks=[_Interrupt(at=6, model="learned")])
+    output_dir = Path(train.output_dir)
+    assert (output_dir / "learned" / "checkpoint-4").is_dir() and not (output_dir / "learned" / "final").exists()
+    finished_before = (output_dir / "alibi" / "evaluation.json").read_text()
+    lock = output_dir / LOCK_FILE
     assert not lock.exists(), "the interrupted run must release its output folder"
     lock.write_text(json.dumps({"pid": -1, "host": "killed-run"}))  # what a SIGKILLed run leaves: file, no flock
 
-    exp, train = _args(tmp_path / "interrupted", "--models", "alibi", "--resume_from_checkpoint", "true")
+    capsys.readouterr()
+    exp, train = _args(tmp_path / "interrupted", *models)  # the same command again
     resumed = run_experiment(exp, train)
-    facts = [json.loads((Path(t.output_dir) / "alibi" / "evaluation.json").read_text())["training"]
-             for t in (straight_train, train)]  # fmt: skip
-    assert facts[0]["steps"] == facts[1]["steps"] == 8
-    assert facts[1]["final_logged_loss"] == pytest.approx(facts[0]["final_logged_loss"], rel=1e-3)
-    ppl = [e["alibi"].lengths[0].ppl_nonoverlapping for e in (straight, resumed)]
-    assert ppl[1] == pytest.approx(ppl[0], rel=1e-3)
+    printed = capsys.readouterr().out
+    assert f"{output_dir}: resuming the interrupted run of the same arguments" in printed, printed
+    assert "alibi: finished earlier, kept" in printed and "learned: resumes from checkpoint-4" in printed, printed
+    assert (output_dir / "alibi" / "evaluation.json").read_text() == finished_before, "a finished model was redone"
+    for name in ("alibi", "learned"):
+        facts = [json.loads((Path(t.output_dir) / name / "evaluation.json").read_text())["training"]
+                 for t in (straight_train, train)]  # fmt: skip
+        assert facts[0]["steps"] == facts[1]["steps"] == 8
+        assert facts[1]["final_logged_loss"] == pytest.approx(facts[0]["final_logged_loss"], rel=1e-3), name
+        ppl = [e[name].lengths[0].ppl_nonoverlapping for e in (straight, resumed)]
+        assert ppl[1] == pytest.approx(ppl[0], rel=1e-3), name
+
+
+@pytest.mark.slow
+def test_rerun_with_other_arguments_into_an_unfinished_run_is_refused_naming_them(tmp_path):
+    exp, train = _args(tmp_path, "--models", "alibi")
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(exp, train, callbacks=[_Interrupt(at=6, model="alibi")])
+    exp, train = _args(tmp_path, "--models", "alibi", "--learning_rate", "0.5")
+    with pytest.raises(ValueError, match=r"other arguments \(training.learning_rate: .* -> 0.5\)"):
+        run_experiment(exp, train)
 
 
 @pytest.mark.parametrize(

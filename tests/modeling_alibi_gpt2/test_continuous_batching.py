@@ -120,7 +120,7 @@ def test_prefix_sharing_reuses_cached_blocks_and_keeps_each_requests_tokens(make
     model = make_model()
     shared = prompts((48,))[0]
     inputs = [shared + [7, 8, 9], shared + [11, 12]]
-    cb = ContinuousBatchingConfig(page_size=16, num_blocks=64, allow_block_sharing=True)
+    cb = ContinuousBatchingConfig(page_size=16, num_blocks=64, max_batch_tokens=256, allow_block_sharing=True)
     expected = [alone(model, p) for p in inputs]
     manager = model.init_continuous_batching(generation_config=greedy_config(), continuous_batching_config=cb)
     manager.start()

@@ -78,3 +78,16 @@ def test_transformers_own_model_manager_still_cannot_load_an_alibi_checkpoint(ch
 
     with pytest.raises(AttributeError, match="AlibiGPT2LMHeadModel"):
         ModelManager(device="cpu", force_model=str(checkpoint))
+
+
+def test_continuous_batching_cache_takes_the_flags_or_stated_defaults_never_free_memory():
+    """transformers sizes a paged cache from free memory when `num_blocks` or `max_batch_tokens` is None: the
+    settings `build_app` gives it always hold both (the served cache's memory: test_server_continuous_batching)."""
+    from hf_alibi.serving import DEFAULT_CB_CACHE_TOKENS, ServeOptions
+
+    default = ServeOptions("x", continuous_batching=True).continuous_batching_settings()
+    assert default == {"max_batch_tokens": 1024, "num_blocks": DEFAULT_CB_CACHE_TOKENS // 256, "page_size": 256}
+    smaller_blocks = ServeOptions("x", continuous_batching=True, cb_block_size=32).continuous_batching_settings()
+    assert smaller_blocks["num_blocks"] * smaller_blocks["page_size"] == DEFAULT_CB_CACHE_TOKENS
+    given = ServeOptions("x", continuous_batching=True, cb_num_blocks=64, cb_block_size=16, cb_max_batch_tokens=256)
+    assert given.continuous_batching_settings() == {"max_batch_tokens": 256, "num_blocks": 64, "page_size": 16}

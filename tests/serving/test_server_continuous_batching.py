@@ -1,9 +1,11 @@
 """`hf-alibi serve --continuous-batching`: concurrent requests, batched on transformers' paged attention cache,
 each get exactly the offline greedy text, streamed or not. A GPT-2 of the same shape is served by the same command
 (any checkpoint `AutoModelForCausalLM` loads), which also shows that the test asks only what transformers' continuous
-batching delivers (transformers' own GPT-2 passes it too)."""
+batching delivers (transformers' own GPT-2 passes it too). The ALiBi server runs with `--continuous-batching` alone:
+its paged cache takes the stated defaults, not the machine's free memory, and its peak resident memory shows it."""
 
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
 
 import openai
 import pytest
@@ -11,8 +13,13 @@ from server_process import started
 from tiny_checkpoint import MAX_TOKENS, Reference, checkpoint, save_tiny_checkpoint  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slow
-# Small paged cache: transformers' defaults size it from the device memory, which takes long on a CPU.
-CB_FLAGS = ("--continuous-batching", "--cb-num-blocks", "64", "--cb-block-size", "16", "--cb-max-batch-tokens", "256")
+# A paged cache sized by flags (GPT-2), and by hf-alibi serve's defaults alone (ALiBi).
+CB_FLAGS = {"gpt2": ("--continuous-batching", "--cb-num-blocks", "64", "--cb-block-size", "16",
+                     "--cb-max-batch-tokens", "256"),
+            "alibi_gpt2": ("--continuous-batching",)}  # fmt: skip
+# The default cache of the tiny model is ~35 MB and its masks ~140 MB; torch, transformers and the server ~0.6 GB.
+# Sized from free memory (transformers' own default) it took GBs: 14.7 GB on a 2-layer model.
+PEAK_RESIDENT_LIMIT_GB = 2.0
 PROMPTS = ["the quick", "hello world", "how are", "fox"]
 
 
@@ -23,13 +30,13 @@ def served(request, checkpoint, tmp_path_factory):
         folder = checkpoint
     else:
         folder = save_tiny_checkpoint(tmp_path_factory.mktemp("gpt2") / "gpt2-tiny", family="gpt2")
-    for server in started(folder, tmp_path_factory.mktemp("cb") / "server.log", *CB_FLAGS):
+    for server in started(folder, tmp_path_factory.mktemp("cb") / "server.log", *CB_FLAGS[request.param]):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", timeout=60, max_retries=0)
-        yield folder, Reference(folder), client
+        yield folder, Reference(folder), client, server
 
 
 def test_concurrent_requests_batched_continuously_each_get_the_offline_greedy_text(served):
-    folder, reference, client = served
+    folder, reference, client, _ = served
 
     def ask(prompt: str, stream: bool) -> str:
         answer = client.completions.create(model=str(folder), prompt=prompt, max_tokens=MAX_TOKENS, stream=stream)
@@ -41,3 +48,17 @@ def test_concurrent_requests_batched_continuously_each_get_the_offline_greedy_te
         answers = {futures[future]: future.result() for future in as_completed(futures, timeout=120)}
     wrong = {prompt: (answers[prompt], expected[prompt]) for prompt in PROMPTS if answers[prompt] != expected[prompt]}
     assert not wrong, wrong
+
+
+def test_paged_cache_is_bounded_whatever_the_machine_has_free(served):
+    """Peak resident memory of the server process, by the kernel's count, once a request has made it allocate its
+    paged cache (on the first request)."""
+    folder, reference, client, server = served
+    assert client.completions.create(model=str(folder), prompt="fox", max_tokens=4).choices[0].text == (
+        reference.completion("fox", 4)
+    )
+    status = Path(f"/proc/{server.process.pid}/status")
+    if not status.exists():
+        pytest.skip("needs Linux's /proc to read a process's peak resident memory")
+    peak_kb = next(int(line.split()[1]) for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
+    assert peak_kb / 1e6 < PEAK_RESIDENT_LIMIT_GB, (peak_kb, server.output())

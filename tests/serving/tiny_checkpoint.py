@@ -40,10 +40,12 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 FAMILIES = {"alibi_gpt2": (AlibiGPT2Config, AlibiGPT2LMHeadModel), "gpt2": (GPT2Config, GPT2LMHeadModel)}
 
 
-def save_tiny_checkpoint(folder: Path, family: str = "alibi_gpt2") -> Path:
+def save_tiny_checkpoint(folder: Path, family: str = "alibi_gpt2", chat_template: bool = True) -> Path:
     """2 layers, 4 heads, n_embd 64 (an ALiBi GPT-2, or a GPT-2 of the same shape); weights perturbed so that
-    different prompts continue differently."""
+    different prompts continue differently. `chat_template=False`: a base model's tokenizer, as the recipe saves."""
     tokenizer = tiny_tokenizer()
+    if not chat_template:
+        tokenizer.chat_template = None
     special = dict(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.eos_token_id)  # fmt: skip
     config_class, model_class = FAMILIES[family]
