@@ -182,7 +182,8 @@ def plan_facts(slopes: torch.Tensor, batch: int, query_length: int, key_length: 
     if _is_static(filled) and _is_static(key_length) and filled < key_length:
         key_length = filled  # `alibi_attention` reads keys [0, filled) of the buffer: the one cut
         key_padding = None if key_padding is None else key_padding[:, :filled]
-    slopes = length_scaled_slopes(slopes, query_offset + query_length, train_seq_len)  # K: filled keys, not a buffer
+    if train_seq_len is not None:  # K: the filled keys, not a static cache's buffer
+        slopes = length_scaled_slopes(slopes, query_offset + query_length, train_seq_len)
     if key_ranges is not None:
         _check_key_ranges(key_ranges, slopes, query_offset, query_length, tracing)
     given = attention_mask if key_padding is not None and attention_mask.shape[-1] == key_length else None
