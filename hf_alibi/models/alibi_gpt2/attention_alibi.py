@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from .alibi import length_scaled_slopes
 from .attention_flash import (
     flash_alibi_attention,
     flash_varlen_alibi_attention,
@@ -83,15 +84,19 @@ def plan_alibi_attention(
     `skip_eps` (the config's `alibi_skip_eps`: `"auto"` or a number) asks for certified key skipping
     (`choose_path` says where it applies); a decoding step that skips reads the running key-norm summary of its cache
     (`attention_skip_ranges.RunningKeyNorms`) from `key_norms`, a function called only then. `train_seq_len` (the
-    config's length-dependent `alibi_scaling`) scales the plan's slopes by this forward's key count (`plan_facts`).
+    config's length-dependent `alibi_scaling`) divides the slopes by max(1, K / n) here, once, K = cached + new keys
+    (a static cache's filled part, not its buffer): every path and certified skipping read the scaled slopes.
     """
     tracing = torch.compiler.is_compiling()  # the one place that asks: compiled graphs never branch on data
+    if train_seq_len is not None:  # K: a 0-d tensor for a static cache (a tensor op: no host sync when compiled)
+        filled = key_length if query_offset is None else query_offset + query_length
+        slopes = length_scaled_slopes(slopes.float(), filled, train_seq_len)  # (H,)
     inputs = (slopes, batch, query_length, key_length, query_offset, attention_mask, position_ids, cu_seq_lens,
               dropout, key_ranges)  # fmt: skip
     facts = plan_facts(*inputs, host_offset=implementation == "flash_attention_2" or skip_eps not in (0, "auto"),
-                       tracing=tracing, train_seq_len=train_seq_len)  # fmt: skip
+                       tracing=tracing)  # fmt: skip
     if _auto_decodes_long(facts, skip_eps, tracing):  # a static cache's step that "auto" skips reads its position
-        facts = plan_facts(*inputs, host_offset=True, tracing=tracing, train_seq_len=train_seq_len)
+        facts = plan_facts(*inputs, host_offset=True, tracing=tracing)
     path = choose_path(
         implementation, facts, device=slopes.device.type, tracing=tracing, sdpa_split=sdpa_split,
         skip_eps=skip_eps, kernels_work=split_kernels_work,

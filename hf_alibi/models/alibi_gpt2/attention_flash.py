@@ -5,7 +5,8 @@ flash-attn's causal mask is bottom-right aligned and its bias is -m * |i + kv - 
 and packed rows (`flash_attention_2_varlen`) go through the varlen kernel on the real tokens only, one segment per
 document: the boundaries are worked out once per forward (`prepare_flash_attention_2_varlen`). Continuous batching
 (`paged_flash_attention_2`) hands the request boundaries to the varlen kernel, or (`_kvcache`, transformers' decode
-fast path) its paged kernel reads and writes the cache's blocks itself.
+fast path) its paged kernel reads and writes the cache's blocks itself; with the length-dependent `alibi_scaling`,
+its `alibi_slopes` are per request, (R, H), each scaled by that request's key count.
 """
 
 from dataclasses import dataclass

@@ -17,6 +17,8 @@ so attention within it is exactly a batch-1 cached forward with query offset k_r
   rather than n calls (or one call over every request's keys, as a block-diagonal mask over the whole batch
   would). With certified skipping on, decoding rows are segments too, so that each skips its own far keys.
 FlashAttention-2 needs none of this: its varlen and paged kernels take the boundaries and `alibi_slopes` directly.
+With the length-dependent `alibi_scaling` each request's slopes are those of its own key count k_r, as alone (the
+segments' plans, the decoding rows' bias, FlashAttention-2's per-sequence `alibi_slopes`).
 """
 
 from dataclasses import dataclass, replace
@@ -169,14 +171,6 @@ def plan_paged_attention(
     return replace(facts, path=path, key_length=cu_k_list[-1], payload=paged)
 
 
-def request_slopes(slopes: torch.Tensor, key_lengths: torch.Tensor, train_seq_len: int | None) -> torch.Tensor:
-    """(R, H) fp32: each request's slopes for its own key count `key_lengths` (R,), `length_scaled_slopes` row by row
-    (a tensor op: FlashAttention-2 takes these as its per-sequence `alibi_slopes` without a host read)."""
-    if train_seq_len is None:
-        return slopes.float()[None].expand(key_lengths.shape[0], -1)  # (R, H)
-    return length_scaled_slopes(slopes.float(), key_lengths.to(slopes.device)[:, None], train_seq_len)  # (R, H)
-
-
 def _check_boundaries(cu_q: list[int], cu_k: list[int], query_length: int, position_ids) -> None:
     """Each request has at least as many keys as new tokens, and its new tokens sit at its last positions."""
     if len(cu_q) != len(cu_k) or cu_q[0] != 0 or cu_k[0] != 0 or cu_q[-1] > query_length:
@@ -212,7 +206,7 @@ def _decode_group(implementation: str, slopes, decoding: list, dtype, train_seq_
     offset = torch.arange(longest, device=device)  # (K_max,)
     key_index = starts[:, None] + torch.minimum(offset[None, :], lengths[:, None] - 1)  # (n, K_max)
     distance = (lengths - 1)[:, None] - offset[None, :]  # (n, K_max): i - j, negative past the request's keys
-    per_request = request_slopes(slopes, lengths, train_seq_len)  # (n, H)
+    per_request = length_scaled_slopes(slopes[None], lengths[:, None], train_seq_len)  # (1|n, H): each its own K
     bias = -per_request[:, :, None, None] * distance[:, None, None, :].float()  # (n, H, 1, K_max)
     bias = bias.masked_fill((distance < 0)[:, None, None, :], torch.finfo(torch.float32).min)
     # n rows of batch n, each at the end of its (padded) keys: a decoding row's path. Its payload is each request's

@@ -49,7 +49,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .alibi import alibi_causal_bias, length_scaled_slopes
+from .alibi import alibi_causal_bias
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 PATHS = (
@@ -97,7 +97,7 @@ class AlibiAttentionPlan:
     """
 
     path: str  # a key of ALIBI_ATTENTION_FUNCTIONS (module docstring); "" for facts not yet given a path
-    slopes: torch.Tensor  # (H,) fp32, the heads the layers' queries hold; `alibi_scaling` applied (`plan_facts`)
+    slopes: torch.Tensor  # (H,) fp32, the heads the layers' queries hold
     query_length: int
     key_length: int  # keys the layers read: a static cache's filled part outside compilation
     query_offset: int | torch.Tensor  # absolute position of the first query = cached tokens
@@ -161,12 +161,9 @@ class BiasBank(FullBias):
 
 def plan_facts(slopes: torch.Tensor, batch: int, query_length: int, key_length: int, query_offset=None,
                attention_mask=None, position_ids=None, cu_seq_lens=None, dropout: float = 0.0, key_ranges=None,
-               host_offset: bool = False, tracing: bool = False, train_seq_len: int | None = None,
-               ) -> AlibiAttentionPlan:  # fmt: skip
+               host_offset: bool = False, tracing: bool = False) -> AlibiAttentionPlan:  # fmt: skip
     """One forward's inputs validated once and turned into facts (`plan_alibi_attention` documents the arguments);
-    `host_offset` reads a static cache's 0-d count even for one row (a skipping decoding step needs it).
-    `train_seq_len` (the config's length-dependent `alibi_scaling`) divides the slopes by max(1, K / n) here, once,
-    K = cached + new keys: every path reads the plan's already-scaled slopes."""
+    `host_offset` reads a static cache's 0-d count even for one row (a skipping decoding step needs it)."""
     slopes = slopes.float()
     if query_offset is None:
         query_offset = key_length - query_length
@@ -182,7 +179,6 @@ def plan_facts(slopes: torch.Tensor, batch: int, query_length: int, key_length: 
     if _is_static(filled) and _is_static(key_length) and filled < key_length:
         key_length = filled  # `alibi_attention` reads keys [0, filled) of the buffer: the one cut
         key_padding = None if key_padding is None else key_padding[:, :filled]
-    slopes = length_scaled_slopes(slopes, query_offset + query_length, train_seq_len)  # K: filled keys, not a buffer
     if key_ranges is not None:
         _check_key_ranges(key_ranges, slopes, query_offset, query_length, tracing)
     given = attention_mask if key_padding is not None and attention_mask.shape[-1] == key_length else None
