@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 from transformers.generation.continuous_batching import PagedAttentionCache  # loaded with GenerationMixin anyway
 
-from .attention_alibi import plan_alibi_attention
+from .attention_alibi import alibi_attention, plan_alibi_attention
 from .attention_plan import (
     PAGED_PREFIX,
     SDPA_QUERY_CHUNK,
@@ -99,6 +99,7 @@ class PagedPlan:
         return replace(self, segments=segments, decode=decode)
 
 
+@torch.compiler.disable  # host reads of the boundaries: kept out of compiled graphs, as transformers keeps its cache's
 def plan_paged_attention(
     implementation: str,
     slopes: torch.Tensor,
@@ -161,6 +162,18 @@ def plan_paged_attention(
     decode = _decode_group(base, slopes, decoding, dtype) if decoding else None
     paged = PagedPlan(cache_kwargs, query_length, tuple(segments), decode)
     return replace(facts, path=path, key_length=cu_k_list[-1], payload=paged)
+
+
+@torch.compiler.disable  # the plan's per-request host ints and the cache's views run eagerly (transformers' own
+def paged_attention(cache, query, key, value, plan: AlibiAttentionPlan, scaling: float, layer: int, heads=None):
+    """One layer under continuous batching: write its new keys and values to the paged cache, then attend every
+    request's rows to its own keys. Returns ((1, T, H', D) output, None).
+
+    Like transformers' `PagedAttentionCache.update` (`torch.compiler.disable`), it runs outside compiled graphs:
+    the plan it carries out holds each request's boundaries as host ints, which a graph would bake in.
+    """
+    key, value, plan = plan.payload.update_cache(cache, key, value, layer, plan)  # (1, H', K, D)
+    return alibi_attention(query, key, value, plan, scaling, heads=heads, layer=layer)
 
 
 def _check_boundaries(cu_q: list[int], cu_k: list[int], query_length: int, position_ids) -> None:

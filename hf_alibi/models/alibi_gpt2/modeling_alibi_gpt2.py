@@ -28,7 +28,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from .activations import mlp_activation
 from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention, plan_alibi_attention
-from .attention_paged import PAGED_KWARGS, is_paged_cache, plan_paged_attention
+from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
 from .attention_plan import SUPPORTED_ATTENTION, AlibiAttentionPlan
 from .attention_skip_ranges import RunningKeyNorms
 from .configuration_alibi_gpt2 import AlibiGPT2Config
@@ -83,13 +83,14 @@ class AlibiGPT2Attention(nn.Module):
         query, key, value = (
             t.view(batch, length, -1, self.head_dim).transpose(1, 2) for t in (query, key, value)
         )  # 3 x (B, H', q, D)
-        if is_paged_cache(cache):  # continuous batching: every scheduled request's keys, (1, H', K, D)
-            key, value, alibi = alibi.payload.update_cache(cache, key, value, self.layer_idx, alibi)
-        elif cache is not None:
-            key, value = cache.update(key, value, self.layer_idx)  # (B, H', kv, D)
-        output, weights = alibi_attention(
-            query, key, value, alibi, self.scaling, output_attentions, heads=self.heads, layer=self.layer_idx
-        )  # (B, q, H', D)
+        if is_paged_cache(cache):  # continuous batching: every scheduled request's keys, outside compiled graphs
+            output, weights = paged_attention(cache, query, key, value, alibi, self.scaling, self.layer_idx, self.heads)
+        else:
+            if cache is not None:
+                key, value = cache.update(key, value, self.layer_idx)  # (B, H', kv, D)
+            output, weights = alibi_attention(
+                query, key, value, alibi, self.scaling, output_attentions, heads=self.heads, layer=self.layer_idx
+            )  # (B, q, H', D)
         output = output.reshape(batch, length, -1)  # (B, q, H' D)
         del query, key, value  # c_attn's output is freed before c_proj allocates (unless a cache or autograd keeps it)
         return self.resid_dropout(self.c_proj(output)), weights
