@@ -29,7 +29,7 @@ from .activations import mlp_activation
 from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention, plan_alibi_attention
 from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
-from .attention_plan import SUPPORTED_ATTENTION, AlibiAttentionPlan
+from .attention_plan import AlibiAttentionPlan
 from .attention_skip_ranges import RunningKeyNorms
 from .configuration_alibi_gpt2 import AlibiGPT2Config
 from .tensor_parallel_alibi_gpt2 import ALIBI_HEADS  # noqa: F401  (registers the styles of the config's TP plan)
@@ -285,16 +285,14 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         if isinstance(past_length, torch.Tensor):
             past_length = past_length.clone()  # the cache advances it in place during this forward
         key_length = cache.get_mask_sizes(query_length, 0)[0] if cache is not None else query_length
-        implementation = self.config._attn_implementation or "sdpa"
-        if output_attentions and implementation in SUPPORTED_ATTENTION:
-            implementation = "eager"  # weights come from the eager path in every layer: plan it once, here
         alibi = plan_alibi_attention(
-            implementation, self.alibi_slopes, batch, query_length, key_length, past_length,
+            self.config._attn_implementation or "sdpa", self.alibi_slopes, batch, query_length, key_length, past_length,
             attention_mask=attention_mask, position_ids=position_ids, cu_seq_lens=kwargs.get("cu_seq_lens_q"),
             dtype=_compute_dtype(inputs_embeds), dropout=self.config.attn_pdrop if self.training else 0.0,
             sdpa_split=self.config.alibi_sdpa_split, query_chunk=self.config.alibi_sdpa_query_chunk,
             skip_eps=self.config.alibi_skip_eps,
             key_norms=RunningKeyNorms.for_forward(cache, past_length, query_length),  # before the layers write
+            output_attentions=output_attentions,  # weights: the eager path in every layer, planned once
         )  # fmt: skip
         return cache, alibi
 
