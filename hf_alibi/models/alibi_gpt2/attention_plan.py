@@ -3,8 +3,9 @@ the masks the paths build from those facts.
 
 The model plans once per forward (`attention_alibi.plan_alibi_attention`, or `attention_paged.plan_paged_attention`
 under continuous batching): `plan_facts` validates the raw inputs (the 2-D padding mask, packed-row `position_ids` or
-`cu_seq_lens`, the cache length) and derives the masking facts; `choose_path` names the path; that path's
-`prepare_<path>` builds its small frozen payload (never sized by a maximum length, never per layer, already in the
+`cu_seq_lens`, the cache length) and derives the masking facts; `choose_path` decides the whole `Route` from those
+facts (the path, the eps it skips with, whether a static cache's count is read to the host; `output_attentions` and
+`"auto"` included); that path's `prepare_<path>` builds its small frozen payload (never sized by a maximum length, never per layer, already in the
 layers' compute dtype). Every layer hands the frozen plan to `alibi_attention`, which looks its path up in
 `ALIBI_ATTENTION_FUNCTIONS`, the way transformers' `ALL_ATTENTION_FUNCTIONS` works.
 
@@ -22,8 +23,10 @@ The paths (`PATHS`; `choose_path` is the only place that picks one) and why each
   layer computes its blocks' diagonals, certifies from their log-sum-exps which far keys it may leave out, then reads
   only the kept ones.
 - `sdpa_bank`: public SDPA per query chunk, each chunk's mask a view of one (H, chunk, kv) bias bank: every call
-  with queries ending at the last key that the split cannot take (decoding rows, packed rows, dropout, GPUs,
-  compiled and exported graphs, a failed probe, `alibi_sdpa_split=False`).
+  with queries ending at the last key that the split cannot take (decoding rows, packed rows that do not skip,
+  dropout, GPUs, compiled and exported graphs, a failed probe, `alibi_sdpa_split=False`).
+- `sdpa_packed`: packed rows where skipping applies to a document (`attention_packed.py`): each document attends as
+  an uncached row of its own, through its own plan (the split, certified where the rule says it pays for its length).
 - `sdpa_decode_in_ranges`: a decoding row with given `key_ranges`: one public call per run of heads sharing a first
   key, over the kept keys only. `_segmented`: on the CPU flash kernels (batch 1, no dropout), a long run is cut into
   segments that go to the kernel as one batch, so one row spreads over threads.
@@ -39,7 +42,8 @@ The paths (`PATHS`; `choose_path` is the only place that picks one) and why each
   varlen kernel on the real tokens only (`attention_flash.py`).
 - `paged` / `paged_flash_attention_2` (`_kvcache`): transformers' continuous batching (a `PagedAttentionCache` and
   one flattened row of requests), planned by `attention_paged.plan_paged_attention`: each request attends as a
-  batch-1 cached forward of its own, through the paths above; FlashAttention-2 takes the request boundaries directly
+  batch-1 cached forward of its own, through the route `choose_path` gives that request (a decoding row skips where it
+  would under `generate()`; the dense ones share one batched call); FlashAttention-2 takes the request boundaries directly
   (`_kvcache`: its paged kernel reads and writes the cache's blocks on the decode fast path).
 """
 
@@ -50,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from .alibi import alibi_causal_bias
+from .attention_packed import document_lengths, documents_from_cu_seq_lens, packed_documents
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 PATHS = (
@@ -311,11 +316,6 @@ def _path(implementation, plan, device, tracing, sdpa_split, skip, kernels_work)
     return "sdpa_split_certified" if skip else "sdpa_split"
 
 
-def document_lengths(documents: torch.Tensor) -> list[list[int]]:
-    """Each packed row's document lengths, in order, from its (B, L) document index (one host read)."""
-    return [torch.unique_consecutive(row, return_counts=True)[1].tolist() for row in documents]
-
-
 def _is_static(length) -> bool:
     """True for a plain int; False for a symbolic length (torch.export / dynamic-shape compile)."""
     return isinstance(length, int) and not isinstance(length, torch.SymInt)
@@ -365,35 +365,6 @@ def _documents(position_ids, cu_seq_lens, attention_mask, batch, query_offset, q
     if position_ids.shape[-1] != query_length:
         raise ValueError(f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens")
     return packed_documents(position_ids, batch, tracing)
-
-
-def packed_documents(position_ids: torch.Tensor, batch: int, tracing: bool = False) -> torch.Tensor | None:
-    """Document index of each token of rows whose `position_ids` restart (packed rows), as (B, L) int64, or None.
-
-    transformers' rule for packed sequences: a new document starts wherever a position is not its predecessor + 1.
-    Plain positions (0, 1, 2, ...) give None in eager mode; a traced graph keeps the (all-zero) indices rather than
-    branch on data.
-    """
-    if position_ids.dim() == 1:
-        position_ids = position_ids[None]
-    if position_ids.dim() != 2:
-        raise ValueError(f"position_ids must be (batch, length) or (length,), got shape {tuple(position_ids.shape)}")
-    position_ids = position_ids.expand(batch, -1)  # (B, L); positions are sometimes given for one row only
-    step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)  # (B, L)
-    documents = (step != 1).cumsum(-1)  # (B, L)
-    if not tracing and not bool(documents[:, -1].any()):
-        return None
-    return documents
-
-
-def documents_from_cu_seq_lens(cu_seq_lens: torch.Tensor, length: int, tracing: bool = False) -> torch.Tensor:
-    """Document index (1, L) of a flattened row from flash-attention's cumulative lengths `[0, l1, l1 + l2, ...]`."""
-    if cu_seq_lens.dim() != 1 or (not tracing and int(cu_seq_lens[-1]) != length):
-        raise ValueError(
-            f"cu_seq_lens must be 1-D cumulative lengths ending at the row length {length}, got {cu_seq_lens.tolist()}"
-        )
-    positions = torch.arange(length, device=cu_seq_lens.device)  # (L,)
-    return torch.searchsorted(cu_seq_lens[1:].to(positions.dtype), positions, right=True)[None]  # (1, L)
 
 
 def _check_key_ranges(ranges: KeyRanges, slopes, query_offset, query_length, tracing) -> None:

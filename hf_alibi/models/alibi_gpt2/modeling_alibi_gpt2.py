@@ -143,7 +143,10 @@ class AlibiGPT2PreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_flash_attn = True
     _compatible_flash_implementations = ["flash_attention_2"]  # the only one with an `alibi_slopes` argument
-    _can_compile_fullgraph = True  # no data-dependent branch under torch.compile / torch.export
+    # transformers' meaning: the forward compiles without graph breaks with a compilable cache (none, dynamic, static;
+    # tested). Continuous batching's paged cache breaks every model's graph at its `update`, and ours at the paged
+    # planner too (`attention_paged.py`: both `torch.compiler.disable`, host reads kept out of compiled graphs).
+    _can_compile_fullgraph = True
     # Every forward reads `config._attn_implementation`, so `set_attn_implementation` may switch backends at any
     # time; transformers would otherwise guess from this file's source that it cannot.
     _can_set_attn_implementation_cached_value = True
