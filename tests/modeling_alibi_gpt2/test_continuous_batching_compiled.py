@@ -8,7 +8,7 @@ import torch
 from test_continuous_batching import alone, greedy_config, prompts
 from transformers import ContinuousBatchingConfig, GPT2Config, GPT2LMHeadModel
 from transformers.generation import CompileConfig
-from transformers.generation.continuous_batching.requests import RequestStatus
+from transformers.generation.continuous_batching import RequestStatus
 
 NEW_TOKENS = 5
 # The repro: two requests, a small cache, no CUDA graphs, no async batching (both CUDA-only anyway)
