@@ -5,6 +5,8 @@ our dense path, in fresh interleaved processes, with the certified kept fraction
     python -m benchmarks.bench_skip --checkpoint runs/cpu_demo/alibi/final --forward 2048 --decode 0 \
         --processes 1 --repeats 1 --out /tmp/skip_smoke                                      # smoke, ~20 s
     python -m benchmarks.bench_skip --forward 0 --decode 0 --train 4096,8192 --out results/skip/training_step_4k_8k
+    python -m benchmarks.bench_skip --forward 0 --decode 0 --cb-decode 16384,32768 --packed-train 8192,16384 \
+        --processes 2 --repeats 1 --out results/skip/auto_cb_decode_packed_train
 
 Contestants: `gpt2-sdpa` (transformers' GPT-2, learned positions, the checkpoint's width, depth, heads and
 vocabulary, random weights: dense cost does not depend on them), `alibi-dense` (the checkpoint,
@@ -21,6 +23,12 @@ process builds one contestant, warms up once and times `--repeats` calls (median
 contestants, `--processes` rounds; a cell reports the median over processes and [min, max]. The skipping process
 also reports the kept fraction of causal key work per head: the key ranges its layers certified and used, recorded
 in one more forward.
+Two suites hold `"auto"` to dense where `generate()` is not the caller (`alibi-dense` and `alibi-auto` only):
+`--cb-decode`, continuous batching (`generate_batch`, what `hf-alibi serve --continuous-batching` runs) of the long
+context and a 128-token request side by side, seconds per decoding step of the long one from its token timestamps
+(its prefill, in 4096-token chunks, not counted; tokens checked equal to dense); `--packed-train`, a training step on
+one packed row (`DataCollatorWithFlattening`'s layout: documents of 1/2, 1/4, 1/8 and 1/8 of the row, positions
+restarting, each document's first label -100).
 Run alone: two cores, any other load shows in the figures.
 """
 
@@ -33,6 +41,7 @@ import sys
 from pathlib import Path
 
 CONTESTANTS = ("gpt2-sdpa", "alibi-dense", "alibi-skip", "alibi-auto")
+AUTO_SUITES = ("cb_decode", "packed_train")  # `"auto"` against dense only
 # glibc returns the top of its heap to the kernel when a free leaves more than its (adaptive) trim threshold there;
 # the MLP's 16 MiB activations at 8k then fault their pages in again in the next layer (~1 us per 4 KiB page). How
 # often depends on where each process's earlier allocations landed: 0 to 120k faults per 8k forward measured, for
@@ -109,6 +118,8 @@ def child(args) -> dict:
     budget = args.length + args.steps * (args.repeats + 1) + 1  # every decoding step of this process
     model = build(args.contestant, args.checkpoint, args.eps, budget)
     tokens = []
+    if args.suite in AUTO_SUITES:
+        return (cb_decode if args.suite == "cb_decode" else packed_train)(model, ids, args)
     if args.suite == "train":
         model.train()
 
@@ -139,11 +150,52 @@ def child(args) -> dict:
     return result
 
 
+def cb_decode(model, ids, args) -> dict:
+    """`generate_batch` of the long context beside a 128-token request; seconds per decoding step of the long one."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    prompts = [ids[0].tolist(), ids[0, :128].tolist()]
+    greedy = GenerationConfig(max_new_tokens=args.steps + 1, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    paged = ContinuousBatchingConfig(page_size=256, num_blocks=(args.length + args.steps) // 256 + 8,
+                                      max_batch_tokens=4096)  # fmt: skip
+    seconds, tokens = [], []
+    for _ in range(args.repeats):
+        outputs = model.generate_batch(inputs=prompts, generation_config=greedy, continuous_batching_config=paged,
+                                       progress_bar=False, record_timestamps=True)  # fmt: skip
+        long = outputs["req_0"]
+        if long.error is not None:
+            raise RuntimeError(long.error)
+        stamps, tokens = long.timestamps, long.generated_tokens  # the first token ends the prefill
+        seconds.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
+    return {"median_s": statistics.median(seconds), "tokens": tokens}
+
+
+def packed_train(model, ids, args) -> dict:
+    """One training step on one packed row of four documents (positions restarting, first labels -100)."""
+    import torch
+
+    from benchmarks.measure import process_peak_bytes, time_call
+
+    length = ids.shape[1]
+    lengths = [length // 2, length // 4, length // 8, length - length // 2 - length // 4 - length // 8]
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]  # (1, L)
+    labels = ids.masked_fill(positions == 0, -100)  # (1, L)
+    model.train()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(ids, position_ids=positions, labels=labels).loss.backward()
+
+    seconds = time_call(step, repeats=args.repeats)
+    return {"median_s": statistics.median(seconds), "tokens": [], "peak_bytes": process_peak_bytes("cpu")}
+
+
 def run_cell(args, suite: str, length: int) -> dict:
-    results = {name: [] for name in CONTESTANTS}
+    contestants = ("alibi-dense", "alibi-auto") if suite in AUTO_SUITES else CONTESTANTS
+    results = {name: [] for name in contestants}
     for round_ in range(args.processes):
-        turn = round_ % len(CONTESTANTS)
-        order = CONTESTANTS[turn:] + CONTESTANTS[:turn]  # rotate who goes first
+        turn = round_ % len(contestants)
+        order = contestants[turn:] + contestants[:turn]  # rotate who goes first
         for name in order:
             command = [sys.executable, "-m", "benchmarks.bench_skip", "--child", name, "--suite", suite,
                        "--length", str(length), "--checkpoint", args.checkpoint, "--eps", str(args.eps),
@@ -160,10 +212,27 @@ def run_cell(args, suite: str, length: int) -> dict:
             cell[name]["peak_bytes"] = statistics.median(r["peak_bytes"] for r in runs)
         if "kept_per_head" in runs[0]:
             cell[name]["kept_per_head"] = runs[0]["kept_per_head"]
-    if suite == "decode":
+    if suite in ("decode", "cb_decode"):
         dense = results["alibi-dense"][0]["tokens"]
-        cell["same_tokens"] = all(r["tokens"] == dense for r in results["alibi-skip"] + results["alibi-auto"])
+        others = results.get("alibi-skip", []) + results["alibi-auto"]
+        cell["same_tokens"] = all(r["tokens"] == dense for r in others)
     return cell
+
+
+def auto_markdown(cells: list[dict]) -> list[str]:
+    """The `"auto"`-against-dense suites' table."""
+    lines = ["", "| cell | `alibi-dense` | `alibi-auto` | auto / dense | |", "|---|---|---|---|---|"]
+    for cell in cells:
+        unit, scale = ("ms per decoding step", 1e3) if cell["suite"] == "cb_decode" else ("s per step", 1.0)
+        shown = [f"{cell[n]['median_s'] * scale:.3f} [{cell[n]['min_s'] * scale:.3f}, {cell[n]['max_s'] * scale:.3f}]"
+                 for n in ("alibi-dense", "alibi-auto")]  # fmt: skip
+        ratio = cell["alibi-auto"]["median_s"] / cell["alibi-dense"]["median_s"]
+        extra = (f"tokens equal dense: {cell['same_tokens']}" if "same_tokens" in cell else
+                 "peak " + " / ".join(f"{cell[n]['peak_bytes'] / 2**20:.0f}" for n in ("alibi-dense", "alibi-auto"))
+                 + " MiB")  # fmt: skip
+        lines.append(f"| {cell['suite']} L={cell['length']} ({unit}) | {shown[0]} | {shown[1]} | {ratio:.2f}x | "
+                     f"{extra} |")  # fmt: skip
+    return lines
 
 
 def markdown(cells: list[dict], args) -> str:
@@ -173,7 +242,11 @@ def markdown(cells: list[dict], args) -> str:
              f"contestant, {args.repeats} timed call(s) each (median); ratios of medians against `gpt2-sdpa`.", "",
              "| cell | `gpt2-sdpa` | `alibi-dense` | `alibi-skip` | `alibi-auto` | skip / dense | auto / dense | "
              "kept per head (skip; auto) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for cell in cells:
+    dense_suites = [cell for cell in cells if cell["suite"] not in AUTO_SUITES]
+    if not dense_suites:  # only the auto-against-dense suites: their table alone
+        lines = lines[:2]
+    lines += auto_markdown([cell for cell in cells if cell["suite"] in AUTO_SUITES])
+    for cell in dense_suites:
         scale = 1e3 if cell["suite"] == "decode" else 1.0
         reference = cell["gpt2-sdpa"]["median_s"]
 
@@ -202,6 +275,8 @@ def main(argv=None):
     parser.add_argument("--forward", default="2048,8192,32768,65536", help="forward lengths (comma-separated)")
     parser.add_argument("--decode", default="8192,16384,32768", help="decoding context lengths; 0: none")
     parser.add_argument("--train", default="0", help="training step lengths (forward + backward); 0: none")
+    parser.add_argument("--cb-decode", default="0", help="continuous-batching decoding contexts; 0: none")
+    parser.add_argument("--packed-train", default="0", help="packed-row training step lengths; 0: none")
     parser.add_argument("--eps", type=float, default=1e-7)
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
@@ -220,7 +295,8 @@ def main(argv=None):
     from hf_alibi.atomic_files import write_text_atomically  # the parent only: children load just their model
 
     cells = [(suite, int(n)) for suite, lengths in (("forward", args.forward), ("decode", args.decode),
-                                                     ("train", args.train)) for n in lengths.split(",") if n and int(n)]  # fmt: skip
+                                                     ("train", args.train), ("cb_decode", args.cb_decode), ("packed_train", args.packed_train))
+             for n in lengths.split(",") if n and int(n)]  # fmt: skip
     results = []
     for suite, length in cells:
         results.append(run_cell(args, suite, length))

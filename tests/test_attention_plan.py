@@ -74,7 +74,40 @@ def facts(query_length=20, key_length=20, offset=None, documents=None, dropout=0
 )
 def test_one_function_chooses_every_path(implementation, plan, options, expected):
     arguments = dict(device="cpu", tracing=False, sdpa_split=True, kernels_work=lambda: True) | options
-    assert choose_path(implementation, plan, **arguments) == expected
+    assert choose_path(implementation, plan, **arguments).path == expected
+
+
+def test_the_route_holds_every_decision_path_eps_and_host_offset():
+    """`choose_path` alone decides what changes the route: weights asked for, `"auto"` per shape (a packed row's
+    documents, a static cache's step), and whether a static cache's 0-d count is read to the host."""
+    from hf_alibi.models.alibi_gpt2.attention_plan import AUTO_EPS, Route
+    from hf_alibi.models.alibi_gpt2.attention_skip_ranges import skipping_pays
+
+    cpu = dict(device="cpu", tracing=False, kernels_work=lambda: True, skip_pays=skipping_pays)
+    slopes = get_alibi_slopes(4)  # the demo's: "auto" skips a 4k prefill and a ~15.3k-key decoding row
+
+    def demo(query_length, key_length, offset=None, documents=None):
+        plan = plan_facts(slopes, 1, query_length, key_length, offset)
+        return dataclasses.replace(plan, documents=documents)
+
+    assert choose_path("sdpa", facts(), output_attentions=True, **cpu) == Route("eager")
+    assert choose_path("sdpa", demo(4096, 4096), skip_eps="auto", **cpu) == Route("sdpa_split_certified", AUTO_EPS)
+    assert choose_path("sdpa", demo(2048, 2048), skip_eps="auto", **cpu) == Route("sdpa_split")
+    assert choose_path("sdpa", demo(1, 16384), skip_eps="auto", **cpu) == Route(
+        "sdpa_decode_certified_segmented", AUTO_EPS)  # fmt: skip
+    assert choose_path("eager", demo(1, 16384), skip_eps=1e-7, **cpu) == Route("eager")  # eps only where it skips
+    # a static cache's decoding step: 16383 cached tokens in a 20000-slot buffer, the count a 0-d tensor
+    static = demo(1, 20000, torch.tensor(16383))
+    assert choose_path("sdpa", static, skip_eps="auto", **cpu) == Route(
+        "sdpa_decode_certified_segmented", AUTO_EPS, host_offset=True)  # fmt: skip
+    assert choose_path("sdpa", demo(1, 20000, torch.tensor(99)), skip_eps="auto", **cpu) == Route("sdpa_mask")
+    assert choose_path("flash_attention_2", static, **cpu) == Route("flash_attention_2", host_offset=True)
+    # packed rows: by each document's length
+    two = torch.repeat_interleave(torch.tensor([0, 1]), torch.tensor([4096, 100]))[None]  # (1, 4196)
+    small = torch.repeat_interleave(torch.tensor([0, 1]), torch.tensor([2048, 2148]))[None]
+    assert choose_path("sdpa", demo(4196, 4196, documents=two), skip_eps="auto", **cpu) == Route(
+        "sdpa_packed", AUTO_EPS)  # fmt: skip
+    assert choose_path("sdpa", demo(4196, 4196, documents=small), skip_eps="auto", **cpu) == Route("sdpa_bank")
 
 
 def test_every_path_has_one_function_and_one_prepare_in_the_tables():

@@ -23,6 +23,7 @@ from .attention_flash import (
     paged_flash_kvcache_alibi_attention,
     prepare_flash_attention_2_varlen,
 )
+from .attention_packed import packed_alibi_attention, prepare_sdpa_packed
 from .attention_plan import (
     PATHS,
     SDPA_QUERY_CHUNK,
@@ -39,6 +40,7 @@ from .attention_plan import (
     mask_in_dtype,
     plan_facts,
     visible_keys,
+    with_host_offset,
 )
 from .attention_sdpa_split import SPLIT_CHUNKS, _flash, head_runs, sdpa_alibi_split, split_kernels_work, split_plan
 from .attention_skip_ranges import (
@@ -46,7 +48,6 @@ from .attention_skip_ranges import (
     certified_flex_ranges,
     certified_split,
     prepare_flex_attention_certified,
-    AUTO_EPS,
     prepare_sdpa_decode_certified,
     prepare_sdpa_split_certified,
     skipping_pays,
@@ -71,6 +72,7 @@ def plan_alibi_attention(
     key_ranges: KeyRanges | None = None,
     skip_eps: float | str = 0.0,
     key_norms=None,
+    output_attentions: bool = False,
     train_seq_len: int | None = None,
 ) -> AlibiAttentionPlan:
     """Validate one forward's inputs and build its plan for `implementation` (one of `SUPPORTED_ATTENTION`).
@@ -83,39 +85,32 @@ def plan_alibi_attention(
     whose chunks have `query_chunk` rows (the config's `alibi_sdpa_split` and `alibi_sdpa_query_chunk`).
     `skip_eps` (the config's `alibi_skip_eps`: `"auto"` or a number) asks for certified key skipping
     (`choose_path` says where it applies); a decoding step that skips reads the running key-norm summary of its cache
-    (`attention_skip_ranges.RunningKeyNorms`) from `key_norms`, a function called only then. `train_seq_len` (the
-    config's length-dependent `alibi_scaling`) divides the slopes by max(1, K / n) here, once, K = cached + new keys
-    (a static cache's filled part, not its buffer): every path and certified skipping read the scaled slopes.
+    (`attention_skip_ranges.RunningKeyNorms`) from `key_norms`, a function called only then.
+    `output_attentions` plans the eager path, the one that returns weights. `train_seq_len` (the config's
+    length-dependent `alibi_scaling`) divides the slopes by max(1, K / n) here, once, K = cached + new keys (a static
+    cache's filled part, not its buffer): every path, certified skipping and its rule read the scaled slopes; a
+    packed row's documents keep the row's scale, as the source computes it from the forward's key count.
     """
     tracing = torch.compiler.is_compiling()  # the one place that asks: compiled graphs never branch on data
     if train_seq_len is not None:  # K: a 0-d tensor for a static cache (a tensor op: no host sync when compiled)
         filled = key_length if query_offset is None else query_offset + query_length
         slopes = length_scaled_slopes(slopes.float(), filled, train_seq_len)  # (H,)
-    inputs = (slopes, batch, query_length, key_length, query_offset, attention_mask, position_ids, cu_seq_lens,
-              dropout, key_ranges)  # fmt: skip
-    facts = plan_facts(*inputs, host_offset=implementation == "flash_attention_2" or skip_eps not in (0, "auto"),
-                       tracing=tracing)  # fmt: skip
-    if _auto_decodes_long(facts, skip_eps, tracing):  # a static cache's step that "auto" skips reads its position
-        facts = plan_facts(*inputs, host_offset=True, tracing=tracing)
-    path = choose_path(
+    facts = plan_facts(slopes, batch, query_length, key_length, query_offset, attention_mask, position_ids,
+                       cu_seq_lens, dropout, key_ranges, tracing=tracing)  # fmt: skip
+    route = choose_path(
         implementation, facts, device=slopes.device.type, tracing=tracing, sdpa_split=sdpa_split,
-        skip_eps=skip_eps, kernels_work=split_kernels_work,
-        skip_pays=lambda: skipping_pays(facts.slopes, facts.query_length, facts.key_length),
+        skip_eps=skip_eps, kernels_work=split_kernels_work, skip_pays=skipping_pays,
+        output_attentions=output_attentions,
     )  # fmt: skip
-    eps = AUTO_EPS if skip_eps == "auto" else float(skip_eps)
-    preparation = Preparation(dtype, query_chunk, eps, key_norms)  # what the prepares may read
+    facts = with_host_offset(facts) if route.host_offset else facts
+
+    def plan_part(length: int) -> AlibiAttentionPlan:  # one uncached row of its own (a packed row's document)
+        return plan_alibi_attention(implementation, slopes, 1, length, length, dtype=dtype, sdpa_split=sdpa_split,
+                                    query_chunk=query_chunk, skip_eps=skip_eps)  # fmt: skip
+
+    preparation = Preparation(dtype, query_chunk, route.eps, key_norms, plan_part)  # what the prepares may read
     flush = slopes.device.type == "cpu" and not tracing
-    return replace(facts, path=path, flush_denormals=flush, payload=PREPARE_PATHS[path](facts, preparation))
-
-
-def _auto_decodes_long(facts: AlibiAttentionPlan, skip_eps, tracing: bool) -> bool:
-    """A static cache's one-row step (its count a 0-d tensor) that `"auto"` skips: long enough for the slopes, on
-    CPU. Only then is the count read on the host; a step that stays dense keeps the tensor and its one mask."""
-    if skip_eps != "auto" or tracing or not isinstance(facts.query_offset, torch.Tensor):
-        return False
-    if facts.slopes.device.type != "cpu":
-        return False
-    return skipping_pays(facts.slopes, facts.query_length, int(facts.query_offset) + facts.query_length)
+    return replace(facts, path=route.path, flush_denormals=flush, payload=PREPARE_PATHS[route.path](facts, preparation))
 
 
 def alibi_attention(
@@ -434,6 +429,7 @@ ALIBI_ATTENTION_FUNCTIONS = {
     "paged": paged_alibi_attention,
     "paged_flash_attention_2": paged_flash_alibi_attention,
     "paged_flash_attention_2_kvcache": paged_flash_kvcache_alibi_attention,
+    "sdpa_packed": packed_alibi_attention,
 }
 
 # The plan's path -> the function that builds its payload once per forward (a path's variants share theirs)
@@ -456,5 +452,6 @@ PREPARE_PATHS = {
     "paged": prepare_paged,
     "paged_flash_attention_2": prepare_paged,
     "paged_flash_attention_2_kvcache": prepare_paged,
+    "sdpa_packed": prepare_sdpa_packed,
 }
 assert tuple(ALIBI_ATTENTION_FUNCTIONS) == PATHS == tuple(PREPARE_PATHS), "every path has one function and one prepare"

@@ -12,10 +12,11 @@ so attention within it is exactly a batch-1 cached forward with query offset k_r
 - a request with several new tokens (a prompt or a prompt's chunk) is a `PagedSegment`: its rows, its key slice and
   an ordinary `AlibiAttentionPlan` for batch 1 (the split, the bias bank, certified skipping: whatever
   `plan_alibi_attention` chooses for that shape);
-- the decoding rows of all other requests go to one batched call (`PagedDecode`): their keys gathered into
+- the decoding rows that `choose_path` routes to a dense path (the rule `generate()`'s decoding step follows, asked
+  per request: `"auto"` skips a long enough one) go to one batched call (`PagedDecode`): their keys gathered into
   (n, H, K_max, D) and one (n, H, 1, K_max) bias, so n decoding requests cost one kernel call over n * K_max keys
   rather than n calls (or one call over every request's keys, as a block-diagonal mask over the whole batch
-  would). With certified skipping on, decoding rows are segments too, so that each skips its own far keys.
+  would). A decoding row that skips is a segment of its own, so that it skips its own far keys.
 FlashAttention-2 needs none of this: its varlen and paged kernels take the boundaries and `alibi_slopes` directly.
 With the length-dependent `alibi_scaling` each request's slopes are those of its own key count k_r, as alone (the
 segments' plans, the decoding rows' bias, FlashAttention-2's per-sequence `alibi_slopes`).
@@ -27,7 +28,9 @@ import torch
 from transformers.generation.continuous_batching import PagedAttentionCache  # loaded with GenerationMixin anyway
 
 from .alibi import length_scaled_slopes
-from .attention_alibi import plan_alibi_attention
+from .attention_alibi import alibi_attention, plan_alibi_attention
+from .attention_sdpa_split import split_kernels_work
+from .attention_skip_ranges import skipping_pays
 from .attention_plan import (
     PAGED_PREFIX,
     SDPA_QUERY_CHUNK,
@@ -103,6 +106,7 @@ class PagedPlan:
         return replace(self, segments=segments, decode=decode)
 
 
+@torch.compiler.disable  # host reads of the boundaries: kept out of compiled graphs, as transformers keeps its cache's
 def plan_paged_attention(
     implementation: str,
     slopes: torch.Tensor,
@@ -141,7 +145,7 @@ def plan_paged_attention(
         cu_k = cu_k["full_attention"]
     facts = AlibiAttentionPlan("", slopes, query_length, query_length, 0)  # one flattened row
     path = choose_path(implementation, facts, slopes.device.type, tracing=False, paged=True,
-                       block_table=paged_kwargs.get("block_table") is not None)  # fmt: skip
+                       block_table=paged_kwargs.get("block_table") is not None).path  # fmt: skip
     if path != "paged":  # FlashAttention-2 takes the boundaries as they are
         paged = PagedPlan(cache_kwargs, query_length, cu_seq_lens_q=cache_kwargs["cu_seq_lens_q"],
                           max_length_q=int(paged_kwargs.get("max_length_q") or query_length),
@@ -158,8 +162,9 @@ def plan_paged_attention(
         q_len, k_len = rows[1] - rows[0], keys[1] - keys[0]
         if q_len == 0:  # a padding entry (static shapes): no rows
             continue
-        if q_len == 1 and (skip_eps == "auto" or skip_eps == 0):  # "auto": one batched call (one row per request)
-            decoding.append((rows[0], keys))
+        request_slopes = length_scaled_slopes(slopes, k_len, train_seq_len)  # (H,): its own K, as alone
+        if q_len == 1 and _decodes_dense(base, request_slopes, k_len, sdpa_split, skip_eps):
+            decoding.append((rows[0], keys))  # dense decoding rows share one batched call
             continue
         plan = plan_alibi_attention(
             base, slopes, 1, q_len, k_len, k_len - q_len, dtype=dtype, sdpa_split=sdpa_split,
@@ -169,6 +174,27 @@ def plan_paged_attention(
     decode = _decode_group(base, slopes, decoding, dtype, train_seq_len) if decoding else None
     paged = PagedPlan(cache_kwargs, query_length, tuple(segments), decode)
     return replace(facts, path=path, key_length=cu_k_list[-1], payload=paged)
+
+
+@torch.compiler.disable  # the plan's per-request host ints and the cache's views run eagerly (transformers' own
+def paged_attention(cache, query, key, value, plan: AlibiAttentionPlan, scaling: float, layer: int, heads=None):
+    """One layer under continuous batching: write its new keys and values to the paged cache, then attend every
+    request's rows to its own keys. Returns ((1, T, H', D) output, None).
+
+    Like transformers' `PagedAttentionCache.update` (`torch.compiler.disable`), it runs outside compiled graphs:
+    the plan it carries out holds each request's boundaries as host ints, which a graph would bake in.
+    """
+    key, value, plan = plan.payload.update_cache(cache, key, value, layer, plan)  # (1, H', K, D)
+    return alibi_attention(query, key, value, plan, scaling, heads=heads, layer=layer)
+
+
+def _decodes_dense(implementation: str, slopes, key_length: int, sdpa_split: bool, skip_eps) -> bool:
+    """Whether `choose_path` routes a request's decoding row over `key_length` keys to a dense path, as it would
+    that row under `generate()` (a batch-1 step of a dynamic cache): the same rule, asked per request."""
+    facts = plan_facts(slopes, 1, 1, key_length, key_length - 1)
+    route = choose_path(implementation, facts, slopes.device.type, tracing=False, sdpa_split=sdpa_split,
+                        skip_eps=skip_eps, kernels_work=split_kernels_work, skip_pays=skipping_pays)  # fmt: skip
+    return route.eps == 0.0
 
 
 def _check_boundaries(cu_q: list[int], cu_k: list[int], query_length: int, position_ids) -> None:
@@ -213,6 +239,6 @@ def _decode_group(implementation: str, slopes, decoding: list, dtype, train_seq_
     # own bias rather than one over the padded length, which would differ from it by a per-row constant (softmax
     # ignores it, but fp32 would round larger logits).
     facts = plan_facts(slopes, len(decoding), 1, longest, longest - 1)
-    path = choose_path(implementation, facts, slopes.device.type, tracing=False)  # eager, or sdpa's one-row bank
+    path = choose_path(implementation, facts, slopes.device.type, tracing=False).path  # eager, or the one-row bank
     plan = replace(facts, path=path, payload=BiasBank(bias, mask_in_dtype(bias, dtype), folded=True))
     return PagedDecode(rows, key_index.reshape(-1), plan)

@@ -3,8 +3,9 @@ the masks the paths build from those facts.
 
 The model plans once per forward (`attention_alibi.plan_alibi_attention`, or `attention_paged.plan_paged_attention`
 under continuous batching): `plan_facts` validates the raw inputs (the 2-D padding mask, packed-row `position_ids` or
-`cu_seq_lens`, the cache length) and derives the masking facts; `choose_path` names the path; that path's
-`prepare_<path>` builds its small frozen payload (never sized by a maximum length, never per layer, already in the
+`cu_seq_lens`, the cache length) and derives the masking facts; `choose_path` decides the whole `Route` from those
+facts (the path, the eps it skips with, whether a static cache's count is read to the host; `output_attentions` and
+`"auto"` included); that path's `prepare_<path>` builds its small frozen payload (never sized by a maximum length, never per layer, already in the
 layers' compute dtype). Every layer hands the frozen plan to `alibi_attention`, which looks its path up in
 `ALIBI_ATTENTION_FUNCTIONS`, the way transformers' `ALL_ATTENTION_FUNCTIONS` works.
 
@@ -22,8 +23,10 @@ The paths (`PATHS`; `choose_path` is the only place that picks one) and why each
   layer computes its blocks' diagonals, certifies from their log-sum-exps which far keys it may leave out, then reads
   only the kept ones.
 - `sdpa_bank`: public SDPA per query chunk, each chunk's mask a view of one (H, chunk, kv) bias bank: every call
-  with queries ending at the last key that the split cannot take (decoding rows, packed rows, dropout, GPUs,
-  compiled and exported graphs, a failed probe, `alibi_sdpa_split=False`).
+  with queries ending at the last key that the split cannot take (decoding rows, packed rows that do not skip,
+  dropout, GPUs, compiled and exported graphs, a failed probe, `alibi_sdpa_split=False`).
+- `sdpa_packed`: packed rows where skipping applies to a document (`attention_packed.py`): each document attends as
+  an uncached row of its own, through its own plan (the split, certified where the rule says it pays for its length).
 - `sdpa_decode_in_ranges`: a decoding row with given `key_ranges`: one public call per run of heads sharing a first
   key, over the kept keys only. `_segmented`: on the CPU flash kernels (batch 1, no dropout), a long run is cut into
   segments that go to the kernel as one batch, so one row spreads over threads.
@@ -39,7 +42,8 @@ The paths (`PATHS`; `choose_path` is the only place that picks one) and why each
   varlen kernel on the real tokens only (`attention_flash.py`).
 - `paged` / `paged_flash_attention_2` (`_kvcache`): transformers' continuous batching (a `PagedAttentionCache` and
   one flattened row of requests), planned by `attention_paged.plan_paged_attention`: each request attends as a
-  batch-1 cached forward of its own, through the paths above; FlashAttention-2 takes the request boundaries directly
+  batch-1 cached forward of its own, through the route `choose_path` gives that request (a decoding row skips where it
+  would under `generate()`; the dense ones share one batched call); FlashAttention-2 takes the request boundaries directly
   (`_kvcache`: its paged kernel reads and writes the cache's blocks on the decode fast path).
 """
 
@@ -50,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from .alibi import alibi_causal_bias
+from .attention_packed import document_lengths, documents_from_cu_seq_lens, packed_documents
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 PATHS = (
@@ -57,11 +62,13 @@ PATHS = (
     "sdpa_decode_in_ranges_segmented", "sdpa_decode_certified", "sdpa_decode_certified_segmented", "sdpa_mask",
     "flex_attention", "flex_attention_compiled", "flex_attention_certified", "flex_attention_certified_compiled",
     "flash_attention_2", "flash_attention_2_varlen", "paged", "paged_flash_attention_2",
-    "paged_flash_attention_2_kvcache",
+    "paged_flash_attention_2_kvcache", "sdpa_packed",
 )  # fmt: skip
 PAGED_PREFIX = "paged|"  # continuous batching's implementations (transformers names eager models "paged|eager")
 # Rows per query chunk of the bias bank (the config's `alibi_sdpa_query_chunk`)
 SDPA_QUERY_CHUNK = 256
+# `alibi_skip_eps="auto"`'s eps where it skips (`attention_skip_ranges` says where that pays)
+AUTO_EPS = 1e-7
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,6 +141,7 @@ class Preparation(NamedTuple):
     query_chunk: int = SDPA_QUERY_CHUNK  # sdpa_bank: rows per chunk
     skip_eps: float = 0.0  # the certified paths' eps
     key_norms: object | None = None  # certified decoding: a zero-argument function giving the cache's summary
+    plan_part: object | None = None  # sdpa_packed: `plan_part(length)` plans one uncached row (a document) alone
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,58 +169,114 @@ class BiasBank(FullBias):
 
 def plan_facts(slopes: torch.Tensor, batch: int, query_length: int, key_length: int, query_offset=None,
                attention_mask=None, position_ids=None, cu_seq_lens=None, dropout: float = 0.0, key_ranges=None,
-               host_offset: bool = False, tracing: bool = False) -> AlibiAttentionPlan:  # fmt: skip
-    """One forward's inputs validated once and turned into facts (`plan_alibi_attention` documents the arguments);
-    `host_offset` reads a static cache's 0-d count even for one row (a skipping decoding step needs it)."""
+               tracing: bool = False) -> AlibiAttentionPlan:  # fmt: skip
+    """One forward's inputs validated once and turned into facts (`plan_alibi_attention` documents the arguments)."""
     slopes = slopes.float()
     if query_offset is None:
         query_offset = key_length - query_length
     key_padding = _key_padding(attention_mask, batch, query_offset, query_length, key_length, tracing)
     documents = _documents(position_ids, cu_seq_lens, attention_mask, batch, query_offset, query_length, tracing)
+    if key_ranges is not None:
+        _check_key_ranges(key_ranges, slopes, query_offset, query_length, tracing)
+    given = attention_mask if key_padding is not None else None
+    facts = AlibiAttentionPlan("", slopes, query_length, key_length, query_offset, float(dropout), key_padding,
+                               documents, key_ranges, batch=batch, attention_mask=given)  # fmt: skip
     # A static cache hands every layer its whole buffer and counts its tokens in a 0-d tensor. Outside compilation a
     # prefill (or any multi-row step) reads that count once, so its keys are the filled ones only: the rest are
     # unwritten and causally hidden, and a bias over them would cost (q, max_cache_len) per head. One-row steps keep
-    # the tensor: their bias is per key anyway, and reading the count would sync a device on every decoding step.
-    if isinstance(query_offset, torch.Tensor) and (query_length > 1 or host_offset) and not tracing:
-        query_offset = int(query_offset)
-    filled = query_offset + query_length if isinstance(query_offset, int) else key_length
-    if _is_static(filled) and _is_static(key_length) and filled < key_length:
-        key_length = filled  # `alibi_attention` reads keys [0, filled) of the buffer: the one cut
-        key_padding = None if key_padding is None else key_padding[:, :filled]
-    if key_ranges is not None:
-        _check_key_ranges(key_ranges, slopes, query_offset, query_length, tracing)
-    given = attention_mask if key_padding is not None and attention_mask.shape[-1] == key_length else None
-    return AlibiAttentionPlan("", slopes, query_length, key_length, query_offset, float(dropout), key_padding,
-                              documents, key_ranges, batch=batch, attention_mask=given)  # fmt: skip
+    # the tensor (their bias is per key anyway, and reading the count would sync a device on every decoding step)
+    # unless `choose_path` routes them where the host offset is needed (`Route.host_offset`).
+    return with_host_offset(facts) if query_length > 1 and not tracing else _settled(facts)
+
+
+def with_host_offset(plan: AlibiAttentionPlan) -> AlibiAttentionPlan:
+    """`plan` with a static cache's 0-d count read to the host and its keys cut to the filled ones."""
+    if isinstance(plan.query_offset, torch.Tensor):
+        plan = replace(plan, query_offset=int(plan.query_offset))
+    return _settled(plan)
+
+
+def _settled(plan: AlibiAttentionPlan) -> AlibiAttentionPlan:
+    """Keys cut to a static cache's filled part where the offset is a plain int; the given mask kept where it covers
+    the keys (FlexAttention's mask_mod reads it)."""
+    filled = plan.query_offset + plan.query_length if isinstance(plan.query_offset, int) else plan.key_length
+    if _is_static(filled) and _is_static(plan.key_length) and filled < plan.key_length:
+        padding = None if plan.key_padding is None else plan.key_padding[:, :filled]
+        plan = replace(plan, key_length=filled, key_padding=padding)  # `alibi_attention` reads keys [0, filled)
+    given = plan.attention_mask
+    if given is not None and (plan.key_padding is None or given.shape[-1] != plan.key_length):
+        plan = replace(plan, attention_mask=None)
+    return plan
+
+
+@dataclass(frozen=True)
+class Route:
+    """Everything `choose_path` decides for one forward (or one request, one document): the path, the eps it skips
+    with, and whether the plan needs a static cache's 0-d count on the host first (`with_host_offset`)."""
+
+    path: str  # a key of ALIBI_ATTENTION_FUNCTIONS
+    eps: float = 0.0  # certified skipping's eps; 0.0 on every path that does not skip
+    host_offset: bool = False
 
 
 def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, tracing: bool, sdpa_split: bool = True,
                 skip_eps: float | str = 0.0, kernels_work=lambda: False, paged: bool = False,
-                block_table: bool = False, skip_pays=lambda: False) -> str:  # fmt: skip
-    """The path for a backend and a plan's facts (module docstring): the only function that chooses one.
+                block_table: bool = False, skip_pays=lambda slopes, query_length, key_length: False,
+                output_attentions: bool = False) -> Route:  # fmt: skip
+    """The route for a backend and a plan's facts (module docstring): the only function that chooses one.
 
     `skip_eps > 0` (the config's `alibi_skip_eps`) asks for certified key skipping; it applies outside tracing,
     without caller-given key ranges, on the split (training too: its gradient is that of the attention computed),
-    on FlexAttention and on one-row steps over plain-int positions. `"auto"` skips on the `sdpa` backend on CPU
-    where `skip_pays()` (the measured rule of `attention_skip_ranges.skipping_pays`) says so for this shape, in
-    training as at inference (the same rule measured 0.73-0.83x / 0.55-0.59x of a dense training step at 4k /
-    8k). `kernels_work` (the split's probe) is called only when it matters. `paged`: continuous batching's
-    flattened row of requests; `block_table`: transformers hands the paged kernel its block tables (the
-    FlashAttention-2 decode fast path).
+    on packed rows (each document as a row of its own), on FlexAttention and on one-row steps over plain-int
+    positions. `"auto"` skips on the `sdpa` backend on CPU where `skip_pays(slopes, query_length, key_length)` (the
+    measured rule, `attention_skip_ranges.skipping_pays`) says so for this shape, in training as at inference; a
+    packed row's shape is each document's. The same rule holds for a decoding row under `generate()` and for each
+    request of a continuous batch (`attention_paged.py` asks per request). `kernels_work` (the split's probe) is
+    called only when it matters. `paged`: continuous batching's flattened row of requests; `block_table`:
+    transformers hands the paged kernel its block tables (the FlashAttention-2 decode fast path).
+    `output_attentions`: weights come from the eager path alone.
     """
     if paged:
         if implementation != "flash_attention_2":
-            return "paged"
-        return "paged_flash_attention_2_kvcache" if block_table else "paged_flash_attention_2"
+            return Route("paged")
+        return Route("paged_flash_attention_2_kvcache" if block_table else "paged_flash_attention_2")
     if implementation not in SUPPORTED_ATTENTION:
         raise ValueError(
             f"attn_implementation={implementation!r} is not supported by ALiBi GPT-2; choose one of "
             f"{SUPPORTED_ATTENTION}"
         )
-    if skip_eps == "auto":
-        skip_eps = 1.0 if implementation == "sdpa" and device == "cpu" and not tracing and (
-            plan.key_ranges is None and skip_pays()) else 0.0  # fmt: skip
-    skip = skip_eps > 0 and plan.key_ranges is None and not tracing
+    if output_attentions:
+        implementation = "eager"
+    eps = _skip_eps(implementation, plan, device, tracing, skip_eps, skip_pays)
+    host = isinstance(plan.query_offset, torch.Tensor) and not tracing and (
+        eps > 0 or implementation == "flash_attention_2")  # fmt: skip
+    if host:
+        plan = with_host_offset(plan)
+    path = _path(implementation, plan, device, tracing, sdpa_split, eps > 0, kernels_work)
+    skipping = "certified" in path or path == "sdpa_packed"
+    return Route(path, eps if skipping else 0.0, host and isinstance(plan.query_offset, int))
+
+
+def _skip_eps(implementation, plan, device, tracing, skip_eps, skip_pays) -> float:
+    """The eps a route may skip with: the config's number, or for `"auto"` `AUTO_EPS` where the rule says it pays."""
+    if tracing or plan.key_ranges is not None:
+        return 0.0
+    if skip_eps != "auto":
+        return float(skip_eps)
+    if implementation != "sdpa" or device != "cpu":
+        return 0.0
+    if plan.documents is not None:  # packed rows: each document is a row of its own
+        lengths = [n for row in document_lengths(plan.documents) for n in row]
+        pays = any(skip_pays(plan.slopes, n, n) for n in lengths)
+    else:
+        key_length = plan.key_length
+        if isinstance(plan.query_offset, torch.Tensor):  # a static cache's step: its filled keys
+            key_length = int(plan.query_offset) + plan.query_length
+        pays = skip_pays(plan.slopes, plan.query_length, key_length)
+    return AUTO_EPS if pays else 0.0
+
+
+def _path(implementation, plan, device, tracing, sdpa_split, skip, kernels_work) -> str:
     if implementation == "eager":
         return "eager"
     if implementation == "flash_attention_2":
@@ -241,13 +305,14 @@ def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, trac
         return f"{path}_segmented" if segmented else path
     split = (
         sdpa_split
-        and plan.documents is None
         and plan.dropout == 0.0  # the CPU flash kernel has no dropout
         and device == "cpu"
         and not tracing  # compiled and exported graphs keep to public ops
     )
     if not (split and kernels_work()):
         return "sdpa_bank"
+    if plan.documents is not None:  # packed rows: one document mask over the whole row, or each document alone
+        return "sdpa_packed" if skip else "sdpa_bank"
     return "sdpa_split_certified" if skip else "sdpa_split"
 
 
@@ -300,35 +365,6 @@ def _documents(position_ids, cu_seq_lens, attention_mask, batch, query_offset, q
     if position_ids.shape[-1] != query_length:
         raise ValueError(f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens")
     return packed_documents(position_ids, batch, tracing)
-
-
-def packed_documents(position_ids: torch.Tensor, batch: int, tracing: bool = False) -> torch.Tensor | None:
-    """Document index of each token of rows whose `position_ids` restart (packed rows), as (B, L) int64, or None.
-
-    transformers' rule for packed sequences: a new document starts wherever a position is not its predecessor + 1.
-    Plain positions (0, 1, 2, ...) give None in eager mode; a traced graph keeps the (all-zero) indices rather than
-    branch on data.
-    """
-    if position_ids.dim() == 1:
-        position_ids = position_ids[None]
-    if position_ids.dim() != 2:
-        raise ValueError(f"position_ids must be (batch, length) or (length,), got shape {tuple(position_ids.shape)}")
-    position_ids = position_ids.expand(batch, -1)  # (B, L); positions are sometimes given for one row only
-    step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)  # (B, L)
-    documents = (step != 1).cumsum(-1)  # (B, L)
-    if not tracing and not bool(documents[:, -1].any()):
-        return None
-    return documents
-
-
-def documents_from_cu_seq_lens(cu_seq_lens: torch.Tensor, length: int, tracing: bool = False) -> torch.Tensor:
-    """Document index (1, L) of a flattened row from flash-attention's cumulative lengths `[0, l1, l1 + l2, ...]`."""
-    if cu_seq_lens.dim() != 1 or (not tracing and int(cu_seq_lens[-1]) != length):
-        raise ValueError(
-            f"cu_seq_lens must be 1-D cumulative lengths ending at the row length {length}, got {cu_seq_lens.tolist()}"
-        )
-    positions = torch.arange(length, device=cu_seq_lens.device)  # (L,)
-    return torch.searchsorted(cu_seq_lens[1:].to(positions.dtype), positions, right=True)[None]  # (1, L)
 
 
 def _check_key_ranges(ranges: KeyRanges, slopes, query_offset, query_length, tracing) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import DynamicLayer, StaticLayer
 
-from .attention_plan import AlibiAttentionPlan, BiasBank, KeyRanges, Preparation, bias_bank, mask_in_dtype
+from .attention_plan import AUTO_EPS, AlibiAttentionPlan, BiasBank, KeyRanges, Preparation, bias_bank, mask_in_dtype  # noqa: F401
 from .attention_sdpa_split import SplitPlan, _SplitAttention, attend_diagonals, split_plan
 from .attention_skip import (
     certified_decode_start,
@@ -47,7 +47,7 @@ NEAR = 1
 # (0.3803 / 0.3818 with 4 / 16 rows; 0.3923 with 16 rows unsorted).
 ROW_GROUP = 16
 
-# `alibi_skip_eps="auto"`: eps, and where skipping pays on CPU (the split's prefill and training step, the segmented
+# `alibi_skip_eps="auto"`: where skipping (with `AUTO_EPS`) pays on CPU (the split's prefill and training step, the segmented
 # decoding step).
 # Each head's kept keys per row reach about `ROWS + AUTO_REACH / slope` back (the block, then the distance at which
 # ALiBi's decay outweighs the logits: on the demo checkpoint at 8k and 32k, slopes 1/4 .. 1/256 kept 0.062, 0.125,
@@ -61,7 +61,6 @@ ROW_GROUP = 16
 # After attention flushed denormals on every thread (`denormals.py`: the dense path got faster), on the Intel Xeon:
 # prefill 1.11x at 2k, 0.88x at 4k, 0.58-0.65x at 8k; decoding 1.05x at 8k, 0.55x at 16k; a training step (forward
 # and backward: the prefill's rule) 0.73-0.83x at 4k, 0.55-0.59x at 8k. The thresholds still fall where it stops paying.
-AUTO_EPS = 1e-7
 AUTO_REACH = 24.0
 AUTO_PREFILL_KEPT = 0.55
 AUTO_DECODE_KEPT = 0.15

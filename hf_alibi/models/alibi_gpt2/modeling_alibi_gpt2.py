@@ -28,8 +28,8 @@ from transformers.utils.deprecation import deprecate_kwarg
 from .activations import mlp_activation
 from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention, plan_alibi_attention
-from .attention_paged import PAGED_KWARGS, is_paged_cache, plan_paged_attention
-from .attention_plan import SUPPORTED_ATTENTION, AlibiAttentionPlan
+from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
+from .attention_plan import AlibiAttentionPlan
 from .attention_skip_ranges import RunningKeyNorms
 from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
 from .tensor_parallel_alibi_gpt2 import ALIBI_HEADS  # noqa: F401  (registers the styles of the config's TP plan)
@@ -83,13 +83,14 @@ class AlibiGPT2Attention(nn.Module):
         query, key, value = (
             t.view(batch, length, -1, self.head_dim).transpose(1, 2) for t in (query, key, value)
         )  # 3 x (B, H', q, D)
-        if is_paged_cache(cache):  # continuous batching: every scheduled request's keys, (1, H', K, D)
-            key, value, alibi = alibi.payload.update_cache(cache, key, value, self.layer_idx, alibi)
-        elif cache is not None:
-            key, value = cache.update(key, value, self.layer_idx)  # (B, H', kv, D)
-        output, weights = alibi_attention(
-            query, key, value, alibi, self.scaling, output_attentions, heads=self.heads, layer=self.layer_idx
-        )  # (B, q, H', D)
+        if is_paged_cache(cache):  # continuous batching: every scheduled request's keys, outside compiled graphs
+            output, weights = paged_attention(cache, query, key, value, alibi, self.scaling, self.layer_idx, self.heads)
+        else:
+            if cache is not None:
+                key, value = cache.update(key, value, self.layer_idx)  # (B, H', kv, D)
+            output, weights = alibi_attention(
+                query, key, value, alibi, self.scaling, output_attentions, heads=self.heads, layer=self.layer_idx
+            )  # (B, q, H', D)
         output = output.reshape(batch, length, -1)  # (B, q, H' D)
         del query, key, value  # c_attn's output is freed before c_proj allocates (unless a cache or autograd keeps it)
         return self.resid_dropout(self.c_proj(output)), weights
@@ -142,7 +143,10 @@ class AlibiGPT2PreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_flash_attn = True
     _compatible_flash_implementations = ["flash_attention_2"]  # the only one with an `alibi_slopes` argument
-    _can_compile_fullgraph = True  # no data-dependent branch under torch.compile / torch.export
+    # transformers' meaning: the forward compiles without graph breaks with a compilable cache (none, dynamic, static;
+    # tested). Continuous batching's paged cache breaks every model's graph at its `update`, and ours at the paged
+    # planner too (`attention_paged.py`: both `torch.compiler.disable`, host reads kept out of compiled graphs).
+    _can_compile_fullgraph = True
     # Every forward reads `config._attn_implementation`, so `set_attn_implementation` may switch backends at any
     # time; transformers would otherwise guess from this file's source that it cannot.
     _can_set_attn_implementation_cached_value = True
@@ -285,16 +289,14 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         if isinstance(past_length, torch.Tensor):
             past_length = past_length.clone()  # the cache advances it in place during this forward
         key_length = cache.get_mask_sizes(query_length, 0)[0] if cache is not None else query_length
-        implementation = self.config._attn_implementation or "sdpa"
-        if output_attentions and implementation in SUPPORTED_ATTENTION:
-            implementation = "eager"  # weights come from the eager path in every layer: plan it once, here
         alibi = plan_alibi_attention(
-            implementation, self.alibi_slopes, batch, query_length, key_length, past_length,
+            self.config._attn_implementation or "sdpa", self.alibi_slopes, batch, query_length, key_length, past_length,
             attention_mask=attention_mask, position_ids=position_ids, cu_seq_lens=kwargs.get("cu_seq_lens_q"),
             dtype=_compute_dtype(inputs_embeds), dropout=self.config.attn_pdrop if self.training else 0.0,
             sdpa_split=self.config.alibi_sdpa_split, query_chunk=self.config.alibi_sdpa_query_chunk,
             skip_eps=self.config.alibi_skip_eps, train_seq_len=train_seq_len(self.config.alibi_scaling),
             key_norms=RunningKeyNorms.for_forward(cache, past_length, query_length),  # before the layers write
+            output_attentions=output_attentions,  # weights: the eager path in every layer, planned once
         )  # fmt: skip
         return cache, alibi
 
