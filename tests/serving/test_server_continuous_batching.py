@@ -3,7 +3,10 @@ each get exactly the offline greedy text, streamed or not. A GPT-2 of the same s
 (any checkpoint `AutoModelForCausalLM` loads), which also shows that the test asks only what transformers' continuous
 batching delivers (transformers' own GPT-2 passes it too)."""
 
+import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
 
 import openai
 import pytest
@@ -41,3 +44,18 @@ def test_concurrent_requests_batched_continuously_each_get_the_offline_greedy_te
         answers = {futures[future]: future.result() for future in as_completed(futures, timeout=120)}
     wrong = {prompt: (answers[prompt], expected[prompt]) for prompt in PROMPTS if answers[prompt] != expected[prompt]}
     assert not wrong, wrong
+
+
+def test_a_forward_that_fails_under_continuous_batching_answers_an_error_not_an_empty_completion(checkpoint, tmp_path):
+    """transformers' continuous batching catches a forward's exception and marks its requests failed; the server
+    answers them with an error. Here the config asks every forward for attention weights, which our forward refuses
+    under continuous batching (a paged cache has no eager path)."""
+    folder = Path(shutil.copytree(checkpoint, tmp_path / "weights-asked"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "output_attentions": True}))
+    for server in started(folder, tmp_path / "server.log", *CB_FLAGS):
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", timeout=60, max_retries=0)
+        with pytest.raises(openai.InternalServerError):  # a 500, where an empty completion would have been a 200
+            client.completions.create(model=str(folder), prompt="fox", max_tokens=MAX_TOKENS)
+    log = (tmp_path / "server.log").read_text()  # complete once the server has stopped
+    assert "output_attentions is not available under continuous batching" in log, log[-3000:]
