@@ -4,6 +4,8 @@ each get exactly the offline greedy text, streamed or not. A GPT-2 of the same s
 batching delivers (transformers' own GPT-2 passes it too). The ALiBi server runs with `--continuous-batching` alone:
 its paged cache takes the stated defaults, not the machine's free memory, and its peak resident memory shows it."""
 
+import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -62,3 +64,18 @@ def test_paged_cache_is_bounded_whatever_the_machine_has_free(served):
         pytest.skip("needs Linux's /proc to read a process's peak resident memory")
     peak_kb = next(int(line.split()[1]) for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
     assert peak_kb / 1e6 < PEAK_RESIDENT_LIMIT_GB, (peak_kb, server.output())
+
+
+def test_a_forward_that_fails_under_continuous_batching_answers_an_error_not_an_empty_completion(checkpoint, tmp_path):
+    """transformers' continuous batching catches a forward's exception and marks its requests failed; the server
+    answers them with an error. Here the config asks every forward for attention weights, which our forward refuses
+    under continuous batching (a paged cache has no eager path)."""
+    folder = Path(shutil.copytree(checkpoint, tmp_path / "weights-asked"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "output_attentions": True}))
+    for server in started(folder, tmp_path / "server.log", *CB_FLAGS["alibi_gpt2"]):
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", timeout=60, max_retries=0)
+        with pytest.raises(openai.InternalServerError):  # a 500, where an empty completion would have been a 200
+            client.completions.create(model=str(folder), prompt="fox", max_tokens=MAX_TOKENS)
+    log = (tmp_path / "server.log").read_text()  # complete once the server has stopped
+    assert "output_attentions is not available under continuous batching" in log, log[-3000:]
