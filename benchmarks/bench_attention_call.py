@@ -64,7 +64,7 @@ def time_lengths(args, names):
     for length in args.lengths:
         tensors = inputs(args, length, train)
         calls = {name: make_call(name, args.heads, length, slopes) for name in names}
-        runs = {name: lambda call=call: run_once(call, tensors, train) for name, call in calls.items()}
+        runs = {name: lambda call=call, tensors=tensors: run_once(call, tensors, train) for name, call in calls.items()}
         times = time_calls(runs, repeats=args.repeats, warmup=1, clock=clock)
         base, base_min = statistics.median(times["causal"]), min(times["causal"])
         for name in names:

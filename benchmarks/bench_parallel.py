@@ -18,17 +18,17 @@ time: N batches for ddp and fsdp, one for tp), the largest rank's peak resident 
 activations) and the parameter bytes a rank holds (its shards: about 1/N of the sharded weights for fsdp and tp).
 """
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 from .contestants import add_shape_arguments
-from .report import add_output_arguments
+from .report import standalone_parser, write_outputs
 
 MODES = ("ddp", "fsdp", "tp")
 MIB = 2**20
@@ -44,6 +44,16 @@ def build(folder: Path, args) -> None:
     config = AlibiGPT2Config(n_embd=args.n_embd, n_head=args.n_head, n_layer=args.n_layer, vocab_size=args.vocab,
                              n_positions=args.length, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
     AlibiGPT2LMHeadModel(config).save_pretrained(folder)
+
+
+def train_step(model, optimizer, rows) -> None:
+    """One AdamW step on `rows` (B, L); it ends when the slowest rank's does."""
+    import torch.distributed as dist
+
+    model(input_ids=rows, labels=rows).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    dist.barrier()
 
 
 def measure(mode: str, folder: str, args) -> dict | None:
@@ -71,14 +81,7 @@ def measure(mode: str, folder: str, args) -> dict | None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     seed = 0 if mode == "tp" else rank  # TP ranks share one batch; data-parallel ranks each draw their own
     rows = torch.randint(0, args.vocab, (args.batch, args.length), generator=torch.Generator().manual_seed(seed))
-
-    def step():
-        model(input_ids=rows, labels=rows).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        dist.barrier()  # the step ends when the slowest rank's does
-
-    seconds = time_call(step, repeats=args.steps, warmup=args.warmup)
+    seconds = time_call(partial(train_step, model, optimizer, rows), repeats=args.steps, warmup=args.warmup)
     figures = {"rank": rank, "step_seconds": statistics.median(seconds), "held_parameter_bytes": held,
                "process_peak_bytes": process_peak_bytes("cpu")}  # fmt: skip
     gathered = [None] * size
@@ -138,8 +141,7 @@ def markdown(rows: list[dict], args) -> str:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_parallel", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = standalone_parser("bench_parallel", __doc__, what="launch", child=("MODE", "FOLDER"))
     parser.add_argument("--processes", type=int, default=2, help="ranks per launch (torchrun --nproc_per_node)")
     parser.add_argument("--launches", type=int, default=3, help="fresh launches per mode (median)")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per launch")
@@ -148,8 +150,6 @@ def parse_args(argv=None):
     parser.add_argument("--length", type=int, default=512)
     add_shape_arguments(parser, n_embd=512, n_head=8, n_layer=4, vocab=8192, threads=1,
                         threads_help="torch threads in each rank")  # fmt: skip
-    add_output_arguments(parser, "launch")
-    parser.add_argument("--child", nargs=2, metavar=("MODE", "FOLDER"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -169,12 +169,7 @@ def main(argv=None) -> None:
                 runs.append(run_child(mode, Path(tmp) / "model", argv, args.processes))
                 print(f"{mode:>4}: {runs[-1]['tokens_per_second']:,.0f} tokens/s", flush=True)
     rows = summarise(runs)
-    table = markdown(rows, args)
-    print(table)
-    if args.out:
-        args.out.write_text(json.dumps({"runs": runs, "rows": rows}, indent=2) + "\n")
-    if args.markdown:
-        args.markdown.write_text(table + "\n")
+    write_outputs(args, markdown(rows, args), runs, rows)
 
 
 if __name__ == "__main__":

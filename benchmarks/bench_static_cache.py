@@ -16,7 +16,6 @@ Processes alternate static, dynamic, dynamic, static, ...; the table holds media
 ratio to dynamic, and every process's tokens must equal the dynamic cache's (the run fails otherwise).
 """
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -24,7 +23,7 @@ import sys
 from pathlib import Path
 
 from .contestants import add_shape_arguments
-from .report import add_output_arguments
+from .report import standalone_parser, write_outputs
 
 PREFIX = "@@static_cache "
 CACHES = ("static", "dynamic")
@@ -110,15 +109,12 @@ def markdown(rows: list[dict], args) -> str:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_static_cache", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = standalone_parser("bench_static_cache", __doc__, what="process", child=("CACHE", "PROMPT"))
     parser.add_argument("--prompts", default="4096,16384", help="comma-separated prompt lengths (default 4096,16384)")
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per cache and prompt (median)")
     parser.add_argument("--batch", type=int, default=1, help="prompt rows; > 1 left-pads down to half the prompt")
     parser.add_argument("--new-tokens", type=int, default=4, help="greedy tokens generated after the prompt")
     add_shape_arguments(parser, n_embd=128, n_head=8, n_layer=2, vocab=512, threads=2)
-    add_output_arguments(parser, "process")
-    parser.add_argument("--child", nargs=2, metavar=("CACHE", "PROMPT"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -140,12 +136,7 @@ def main(argv=None) -> None:
         if any(run["tokens"] != expected for run in runs if run["prompt"] == prompt):
             raise SystemExit(f"at {prompt} tokens the static cache generated other tokens than the dynamic cache")
     rows = summarise(runs, prompts)
-    table = markdown(rows, args)
-    print(table)
-    if args.markdown:
-        args.markdown.write_text(table + "\n")
-    if args.out:
-        args.out.write_text(json.dumps({"command": sys.argv, "runs": runs, "rows": rows}, indent=1) + "\n")
+    write_outputs(args, markdown(rows, args), runs, rows)
 
 
 if __name__ == "__main__":

@@ -7,23 +7,42 @@ memory growth / the reference's; with `--processes`,
 `process_mem_ratio` = the whole-process peak's ratio (torch, model and the call: what the machine must have).
 """
 
+import argparse
+import json
 import os
 import platform
 import statistics
-from datetime import datetime, timezone
+import sys
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from .contestants import ATTENTION_ONLY, REFERENCE
 
 OK = "ok"
 
 
-def add_output_arguments(parser, what: str) -> None:
-    """`--out` (every `what`'s figures and the table's rows as JSON) and `--markdown` (the table)."""
-    from pathlib import Path
-
+def standalone_parser(module: str, doc: str, what: str, child: tuple[str, str]) -> argparse.ArgumentParser:
+    """The command line of a standalone benchmark that measures in fresh child processes (`benchmarks.<module>`):
+    `--help` prints its docstring `doc`; `--out` and `--markdown` are what `write_outputs` writes (every `what`'s
+    figures); the hidden `--child A B` (metavars `child`) is how the parent starts a child."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m benchmarks.{module}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, help=f"write every {what}'s figures and the table's rows as JSON")
     parser.add_argument("--markdown", type=Path, help="write the table to this file too")
+    parser.add_argument("--child", nargs=2, metavar=child, help=argparse.SUPPRESS)
+    return parser
+
+
+def write_outputs(args: argparse.Namespace, table: str, runs: list[dict], rows: list[dict]) -> None:
+    """Print the markdown `table`; write it to `--markdown`, and the command, every run's figures and the table's
+    rows as JSON to `--out` (the options of `standalone_parser`)."""
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+    if args.out:
+        args.out.write_text(json.dumps({"command": sys.argv, "runs": runs, "rows": rows}, indent=1) + "\n")
 
 
 def summarise(cell: dict, result: dict) -> None:
@@ -225,7 +244,7 @@ def machine_description(device: str, threads: int | None, device_name: str | Non
         "transformers": package("transformers"),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 

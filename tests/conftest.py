@@ -8,12 +8,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before huggingface_hub is imported: nothin
 import pytest
 import torch
 
-import hf_alibi  # noqa: F401  (registers "alibi_gpt2" with the Auto classes)
+from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel  # importing hf_alibi registers "alibi_gpt2" (Auto classes)
 
 # Tiny models: one thread is fastest, and on a shared 2-core machine several threads spin against other jobs
 # (measured here: a 10-token generate() took 2.8 s with 2 threads, 0.13 s with 1).
 torch.set_num_threads(1)
-from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
 PAD = 0  # pad_token_id of the tiny configs; random_ids never draws it
 

@@ -12,6 +12,7 @@ Any other marker, a marker that is not directly above a runnable block, or a rep
 the block is an `ExampleError` naming the page and line. tests/test_doc_examples.py runs this module's pages.
 """
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -176,7 +177,9 @@ class PageRun:
                 (self.directory / entry.name).symlink_to(entry)
         self.environment = example_environment()
         self.log_path = self.directory / ".example-output.log"
-        self.log = open(self.log_path, "ab")  # append mode: background jobs' writes never overwrite a block's
+        # Open for the page's whole life (closed in close()); append mode: background jobs' writes never overwrite
+        # a block's.
+        self.log = open(self.log_path, "ab")  # noqa: SIM115
         self.processes: list[subprocess.Popen] = []  # each leads a process group killed when the page ends
         self.python = None
 
@@ -229,10 +232,8 @@ class PageRun:
         """Ends the Python process and kills every process group the page started, background jobs included."""
         if self.python is not None and self.python.poll() is None:
             self.python.stdin.close()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.python.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         groups = [process.pid for process in self.processes]
         for sig in (signal.SIGTERM, signal.SIGKILL):  # SIGKILL what is left 5 s after SIGTERM
             groups = [group for group in groups if _signal_group(group, sig)]

@@ -152,7 +152,7 @@ def test_wheel_core_needs_torch_transformers_safetensors_and_the_extras_hold_the
         assert requirements[extra] == set(modules.values()), (extra, requirements[extra])
     # dev: every extra, and the docs site's tools (no module of the package imports those: not in EXTRAS)
     assert f"hf_alibi[{','.join(sorted({*EXTRAS, 'docs'}))}]" in requirements["dev"], requirements["dev"]
-    assert {"pytest", "openai"} <= requirements["dev"], requirements["dev"]
+    assert {"pytest", "openai", "ruff"} <= requirements["dev"], requirements["dev"]
     assert "hf_alibi/experiments/configs/cpu_demo.yaml" in zipfile.ZipFile(wheel).namelist()
 
 

@@ -10,6 +10,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..atomic_files import check_destination, write_folder_atomically  # noqa: F401  (importable here: dispatch, cli)
+
 # The tanh GELU's names (BLOOM's, GPT-2's, llama.cpp's function): the model's own table, the one that runs it fused
 from ..models.alibi_gpt2.activations import TANH_GELUS  # noqa: F401  (importable here: bloom, gguf_export)
 from ..models.alibi_gpt2.alibi import slopes_from_config
@@ -41,21 +42,6 @@ class Requirement(NamedTuple):
     read: Callable | None = None  # the value checked, when derived from the config (the slopes); None: the field
 
 
-def mlp_width_requirement(mlp: str) -> Requirement:
-    """The export refusal of an MLP that is not 4 * n_embd wide, which `mlp` (say "BLOOM's MLP") always is."""
-    return Requirement("n_inner", lambda config: 4 * config.n_embd,
-                       mlp + " is 4 * n_embd = {accepted} wide; n_inner={config.n_inner}",
-                       read=lambda config: config.n_inner or 4 * config.n_embd)  # fmt: skip
-
-
-def slopes_requirement(slopes: Callable[[int], torch.Tensor], rule: str) -> Requirement:
-    """The export refusal of slopes other than `slopes(n_head)`, the family's own rule (`rule` says it, with
-    `{config.n_head}` for the head count)."""
-    return Requirement("alibi_slopes", lambda config: slopes(config.n_head).tolist(),
-                       rule + "; this model's alibi_slopes/alibi_max_bias give {value}",
-                       read=lambda config: slopes_from_config(config).tolist())  # fmt: skip
-
-
 # A slope scale that changes with the key length (`alibi_scaling.train_seq_len`): only Jais's and BTLM's code has one
 LENGTH_DEPENDENT_SCALING = Requirement(
     "alibi_scaling.train_seq_len", None, "{family} has no slope scale that changes with the key length; {field}="
@@ -70,6 +56,27 @@ NO_MUP_SWITCHES = (
     Requirement("logit_scale", 1.0),
     LENGTH_DEPENDENT_SCALING,
 )
+
+
+def export_requirements(
+    *specific: Requirement, mlp: str, slopes: Callable[[int], torch.Tensor], rule: str
+) -> tuple[Requirement, ...]:
+    """What an export to a family with a 4 * n_embd MLP, its own slopes and none of the muP switches needs, in the
+    order checked: `NO_MUP_SWITCHES`, the family's `specific` fields, the MLP's width (`mlp` says whose, e.g. "BLOOM's
+    MLP"), the slopes `slopes(n_head)` (`rule` says the family's rule, with `{config.n_head}` for the head count)."""
+    mlp_width = Requirement(
+        "n_inner",
+        lambda config: 4 * config.n_embd,
+        mlp + " is 4 * n_embd = {accepted} wide; n_inner={config.n_inner}",
+        read=lambda config: config.n_inner or 4 * config.n_embd,
+    )
+    own_slopes = Requirement(
+        "alibi_slopes",
+        lambda config: slopes(config.n_head).tolist(),
+        rule + "; this model's alibi_slopes/alibi_max_bias give {value}",
+        read=lambda config: slopes_from_config(config).tolist(),
+    )
+    return (*NO_MUP_SWITCHES, *specific, mlp_width, own_slopes)
 
 
 def require(config, requirements: tuple[Requirement, ...], family: str, message: str) -> None:

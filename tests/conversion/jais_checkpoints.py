@@ -5,11 +5,11 @@ import json
 import math
 
 import torch
-from alibi_reference import cached_row_slopes, reference_logits
 from safetensors.torch import save_file
 from tokenizers import ByteLevelBPETokenizer
 from transformers import PreTrainedTokenizerFast
 
+from alibi_reference import cached_row_slopes, reference_logits
 from hf_alibi.conversion.remote_code import Checkpoint
 
 VOCAB, N_EMBD, N_HEAD, N_LAYER, N_INNER, N_POSITIONS = 96, 48, 6, 2, 100, 32  # 6 heads: the interleaved slopes

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from family_checks import BACKENDS, VOCAB, assert_same_logits, assert_same_weights, perturb
 from transformers import AutoModelForCausalLM, BloomConfig, BloomForCausalLM
 
+from family_checks import BACKENDS, VOCAB, assert_same_logits, assert_same_weights, perturb
 from hf_alibi import convert, export, get_alibi_slopes
 from hf_alibi.conversion import convert_bloom, export_bloom
 

@@ -6,14 +6,22 @@ import json
 
 import pytest
 import torch
-from family_checks import left_padded_batch
-from jais_checkpoints import GENERATIONS, N_POSITIONS, VOCAB, byte_level_tokenizer, paper_slopes, save_source
-from jais_checkpoints import their_logits, tiny_checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from family_checks import left_padded_batch
 from hf_alibi import AlibiGPT2LMHeadModel, convert, get_alibi_slopes
 from hf_alibi.cli import run
 from hf_alibi.conversion import convert_cerebras
+from jais_checkpoints import (
+    GENERATIONS,
+    N_POSITIONS,
+    VOCAB,
+    byte_level_tokenizer,
+    paper_slopes,
+    save_source,
+    their_logits,
+    tiny_checkpoint,
+)
 
 ATOL = 2e-5  # fp32 against float64, logits of order 10; measured up to 4e-6
 BACKENDS = ("eager", "sdpa", "flex_attention")

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from family_checks import BACKENDS, VOCAB, assert_same_logits, assert_same_weights, left_padded_batch, perturb
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, MptConfig, MptForCausalLM
 
+from family_checks import BACKENDS, VOCAB, assert_same_logits, assert_same_weights, left_padded_batch, perturb
 from hf_alibi import convert, export
 from hf_alibi.conversion import convert_mpt, export_mpt
 

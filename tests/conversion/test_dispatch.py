@@ -5,7 +5,6 @@ import warnings
 
 import pytest
 import torch
-from family_checks import VOCAB, perturb
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
@@ -22,6 +21,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from family_checks import VOCAB, perturb
 from hf_alibi import AlibiGPT2LMHeadModel, convert
 from hf_alibi.cli import run
 

@@ -7,14 +7,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from family_checks import left_padded_batch
-from jais_checkpoints import GENERATIONS, byte_level_tokenizer, save_source, their_logits, tiny_checkpoint
-from test_gguf_export import both_logits, llama_cpp_model, read_fields
 
+from family_checks import left_padded_batch
 from hf_alibi import convert, export
 from hf_alibi.cli import run
 from hf_alibi.conversion import convert_cerebras, export_bloom, export_cerebras, export_mpt
 from hf_alibi.conversion.remote_code import Checkpoint
+from jais_checkpoints import GENERATIONS, byte_level_tokenizer, save_source, their_logits, tiny_checkpoint
+from test_gguf_export import both_logits, llama_cpp_model, read_fields
 
 MODEL_TYPES = {"jais_13b": "jais", "jais_family": "jais", "btlm": "btlm"}
 

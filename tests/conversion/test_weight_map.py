@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from family_checks import VOCAB, assert_same_weights, perturb
 from transformers import BloomConfig, BloomForCausalLM, MptConfig, MptForCausalLM
 
+from family_checks import VOCAB, assert_same_weights, perturb
 from hf_alibi.conversion import convert_bloom, convert_mpt, export_bloom, export_mpt
 from hf_alibi.conversion.common import Requirement, require
 from hf_alibi.conversion.weight_map import TRANSPOSE, Entry, map_weights, per_head_qkv

@@ -36,7 +36,6 @@ def save_model_and_rows(folder: Path) -> torch.Tensor:
     """What the workers load: a tiny ALiBi model (seed 0) at `folder/model` and 4 training rows of 16 tokens at
     `folder/in.pt`; returns the rows."""
     from conftest import tiny_config_kwargs
-
     from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
     torch.manual_seed(0)

@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 import torch
-from distributed_launch import max_difference, run_workers, save_model_and_rows, train_steps
 from transformers import AutoModelForCausalLM
 from transformers.distributed import consolidate_distributed_checkpoint
 
+from distributed_launch import max_difference, run_workers, save_model_and_rows, train_steps
 from hf_alibi import get_alibi_slopes
 
 STEPS, MORE_STEPS = 2, 2  # before and after the sharded checkpoint

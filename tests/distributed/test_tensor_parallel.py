@@ -7,10 +7,10 @@ Run: `HF_HUB_OFFLINE=1 python -m pytest -q tests/distributed/test_tensor_paralle
 
 import pytest
 import torch
-from conftest import tiny_config_kwargs
-from distributed_launch import max_difference, run_workers
 from transformers import AutoModelForCausalLM, BloomConfig, BloomForCausalLM, MptConfig, MptForCausalLM
 
+from conftest import tiny_config_kwargs
+from distributed_launch import max_difference, run_workers
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, convert, get_alibi_slopes
 
 BACKENDS = ("eager", "sdpa", "flex_attention")

@@ -9,9 +9,13 @@ import pytest
 import torch
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.tensor_parallel_alibi_gpt2 import ALIBI_HEADS, CONV1D_COLWISE, CONV1D_QKV_COLWISE, CONV1D_ROWWISE
+from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.tensor_parallel_alibi_gpt2 import (
+    ALIBI_HEADS,
+    CONV1D_COLWISE,
+    CONV1D_QKV_COLWISE,
+    CONV1D_ROWWISE,
+)
 
 HEADS, DIM = 12, 8
 # (backend, SDPA path): the split, the bias bank in several chunks, eager's prebuilt bias, FlexAttention's score_mod

@@ -12,9 +12,9 @@
 
 import pytest
 import torch
-from distributed_launch import max_difference, run_workers, save_model_and_rows, train_steps
 from transformers import AutoModelForCausalLM
 
+from distributed_launch import max_difference, run_workers, save_model_and_rows, train_steps
 from hf_alibi import get_alibi_slopes
 
 STEPS = 2

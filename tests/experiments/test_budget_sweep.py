@@ -4,10 +4,9 @@ table, figure and JSON; bad budgets refused; the recipe end to end on the smoke 
 import json
 
 import pytest
-
-from hf_alibi.experiments.budget_sweep import SweepArguments, budget_training_args, position_use
-from hf_alibi.experiments.budget_sweep import write_sweep
 from transformers import TrainingArguments
+
+from hf_alibi.experiments.budget_sweep import SweepArguments, budget_training_args, position_use, write_sweep
 
 
 def test_position_use_is_the_longest_over_the_training_length_perplexity(make_evaluation):

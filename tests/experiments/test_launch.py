@@ -109,9 +109,8 @@ def test_lock_left_by_a_killed_run_is_taken_over_with_a_warning_and_released(liv
     holder.kill()  # SIGKILL: no cleanup runs, the lock file stays behind with the dead pid
     holder.wait()
     assert json.loads((folder / LOCK_FILE).read_text())["pid"] == holder.pid
-    with caplog.at_level(logging.WARNING, logger=launch.__name__):
-        with output_dir_lock(folder) as lock:
-            assert json.loads(lock.read_text())["pid"] == os.getpid()
+    with caplog.at_level(logging.WARNING, logger=launch.__name__), output_dir_lock(folder) as lock:
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert f"no longer alive (pid {holder.pid}" in caplog.text
     assert not (folder / LOCK_FILE).exists()
     assert folder.is_dir(), "a folder that existed before the run is kept"
@@ -119,10 +118,9 @@ def test_lock_left_by_a_killed_run_is_taken_over_with_a_warning_and_released(liv
 
 def test_lock_is_released_when_the_run_raises_and_a_folder_it_created_is_removed(tmp_path):
     folder = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        with output_dir_lock(folder):
-            assert (folder / LOCK_FILE).exists()
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), output_dir_lock(folder):
+        assert (folder / LOCK_FILE).exists()
+        raise KeyboardInterrupt
     assert not folder.exists()
     with output_dir_lock(folder):  # free again for the resuming run
         (folder / "kept.txt").write_text("x")

@@ -8,8 +8,8 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hf_alibi.experiments.length_eval import evaluate_model
 from hf_alibi.experiments import model_card
+from hf_alibi.experiments.length_eval import evaluate_model
 from hf_alibi.experiments.model_card import find_template, render_card, save_card
 from hf_alibi.experiments.results import write_results
 

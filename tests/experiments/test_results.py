@@ -139,7 +139,7 @@ def word_tokenizer(texts) -> PreTrainedTokenizerFast:
 def test_evaluate_length_recipe_writes_results_for_a_saved_checkpoint(tmp_path, capsys):
     from recipes.evaluate_length import main
 
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
     texts = [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(60 + 10 * i)) for i in range(6)]
     for i, text in enumerate(texts):
         (tmp_path / f"doc{i}.txt").write_text(text)

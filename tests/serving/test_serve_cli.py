@@ -3,9 +3,9 @@
 and transformers' own ModelManager still fails on an ALiBi checkpoint (the reason `AutoLoadingModelManager` exists)."""
 
 import pytest
-from tiny_checkpoint import checkpoint, save_tiny_checkpoint  # noqa: F401  (a fixture)
 
 from hf_alibi.cli import main
+from tiny_checkpoint import checkpoint, save_tiny_checkpoint  # noqa: F401  (a fixture)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import openai
 import pytest
+
 from server_process import STOP_DEADLINE_S, ServerProcess, group_alive, request, started
 from tiny_checkpoint import MAX_TOKENS, checkpoint, reference  # noqa: F401  (fixtures)
 

@@ -4,6 +4,7 @@ same server answers completions as ever. Checked with the real `openai` client a
 
 import openai
 import pytest
+
 from server_process import request, started
 from tiny_checkpoint import MAX_TOKENS, Reference, save_tiny_checkpoint
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import openai
 import pytest
+
 from server_process import started
 from tiny_checkpoint import MAX_TOKENS, Reference, checkpoint, save_tiny_checkpoint  # noqa: F401  (a fixture)
 

@@ -7,8 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GPT2Config, GPT2LMHeadModel,
-                          PreTrainedTokenizerFast)  # fmt: skip
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedTokenizerFast,  # fmt: skip
+)
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
