@@ -41,8 +41,16 @@ def build(folder: Path, args) -> None:
     from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = AlibiGPT2Config(n_embd=args.n_embd, n_head=args.n_head, n_layer=args.n_layer, vocab_size=args.vocab,
-                             n_positions=args.length, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    config = AlibiGPT2Config(
+        n_embd=args.n_embd,
+        n_head=args.n_head,
+        n_layer=args.n_layer,
+        vocab_size=args.vocab,
+        n_positions=args.length,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     AlibiGPT2LMHeadModel(config).save_pretrained(folder)
 
 
@@ -82,8 +90,12 @@ def measure(mode: str, folder: str, args) -> dict | None:
     seed = 0 if mode == "tp" else rank  # TP ranks share one batch; data-parallel ranks each draw their own
     rows = torch.randint(0, args.vocab, (args.batch, args.length), generator=torch.Generator().manual_seed(seed))
     seconds = time_call(partial(train_step, model, optimizer, rows), repeats=args.steps, warmup=args.warmup)
-    figures = {"rank": rank, "step_seconds": statistics.median(seconds), "held_parameter_bytes": held,
-               "process_peak_bytes": process_peak_bytes("cpu")}  # fmt: skip
+    figures = {
+        "rank": rank,
+        "step_seconds": statistics.median(seconds),
+        "held_parameter_bytes": held,
+        "process_peak_bytes": process_peak_bytes("cpu"),
+    }
     gathered = [None] * size
     dist.all_gather_object(gathered, figures)
     del model, optimizer  # DDP's reducer holds the process group: a live one kept gloo ranks from exiting here
@@ -99,12 +111,29 @@ def run_child(mode: str, folder: Path, argv: list[str], processes: int) -> dict:
     """One fresh launch; rank 0 leaves its figures in `<folder>/../<mode>.json` (the launch's output goes to a log)."""
     result, log = folder.parent / f"{mode}.json", folder.parent / f"{mode}.log"
     result.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", "-m",
-               "benchmarks.bench_parallel", *argv, "--child", mode, str(folder)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        "-m",
+        "benchmarks.bench_parallel",
+        *argv,
+        "--child",
+        mode,
+        str(folder),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HF_HUB_OFFLINE": "1"}
     with open(log, "w") as output:
-        done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env,
-                              cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+        done = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=Path(__file__).resolve().parents[1],
+        )
     if done.returncode != 0 or not result.is_file():
         raise RuntimeError(f"{mode} failed (status {done.returncode}):\n{log.read_text()[-4000:]}")
     return json.loads(result.read_text())
@@ -114,12 +143,16 @@ def summarise(runs: list[dict]) -> list[dict]:
     rows = []
     for mode in MODES:
         mine = [run for run in runs if run["mode"] == mode]
-        rows.append({
-            "mode": mode,
-            "tokens_per_second": statistics.median(run["tokens_per_second"] for run in mine),
-            "max_rank_peak_bytes": statistics.median(max(r["process_peak_bytes"] for r in run["ranks"]) for run in mine),
-            "held_parameter_bytes": max(r["held_parameter_bytes"] for r in mine[0]["ranks"]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "mode": mode,
+                "tokens_per_second": statistics.median(run["tokens_per_second"] for run in mine),
+                "max_rank_peak_bytes": statistics.median(
+                    max(r["process_peak_bytes"] for r in run["ranks"]) for run in mine
+                ),
+                "held_parameter_bytes": max(r["held_parameter_bytes"] for r in mine[0]["ranks"]),
+            }
+        )
     return rows
 
 
@@ -134,9 +167,11 @@ def markdown(rows: list[dict], args) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for row in rows:
-        lines.append(f"| {row['mode']} | {row['tokens_per_second']:,.0f} | "
-                     f"{row['tokens_per_second'] / ddp['tokens_per_second']:.2f}x | "
-                     f"{row['max_rank_peak_bytes'] / MIB:,.0f} | {row['held_parameter_bytes'] / MIB:,.1f} |")  # fmt: skip
+        lines.append(
+            f"| {row['mode']} | {row['tokens_per_second']:,.0f} | "
+            f"{row['tokens_per_second'] / ddp['tokens_per_second']:.2f}x | "
+            f"{row['max_rank_peak_bytes'] / MIB:,.0f} | {row['held_parameter_bytes'] / MIB:,.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -148,8 +183,9 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--batch", type=int, default=4, help="rows a rank trains on per step")
     parser.add_argument("--length", type=int, default=512)
-    add_shape_arguments(parser, n_embd=512, n_head=8, n_layer=4, vocab=8192, threads=1,
-                        threads_help="torch threads in each rank")  # fmt: skip
+    add_shape_arguments(
+        parser, n_embd=512, n_head=8, n_layer=4, vocab=8192, threads=1, threads_help="torch threads in each rank"
+    )
     return parser.parse_args(argv)
 
 

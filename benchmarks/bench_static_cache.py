@@ -40,9 +40,17 @@ def measure(cache: str, prompt: int, args) -> dict:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    config = AlibiGPT2Config(n_embd=args.n_embd, n_head=args.n_head, n_layer=args.n_layer, vocab_size=args.vocab,
-                             n_positions=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                             alibi_skip_eps=0.0)  # dense: the caches' memory, not skipping on random weights  # fmt: skip
+    config = AlibiGPT2Config(
+        n_embd=args.n_embd,
+        n_head=args.n_head,
+        n_layer=args.n_layer,
+        vocab_size=args.vocab,
+        n_positions=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        alibi_skip_eps=0.0,
+    )  # dense: the caches' memory, not skipping on random weights
     model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation="sdpa").eval()
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(3, args.vocab, (args.batch, prompt), generator=generator)
@@ -59,8 +67,14 @@ def measure(cache: str, prompt: int, args) -> dict:
 
     growth, method = peak_memory(generate, "cpu")
     tokens = result["tokens"][:, prompt:].tolist()
-    return {"cache": cache, "prompt": prompt, "call_growth_bytes": growth, "memory_method": method,
-            "process_peak_bytes": process_peak_bytes("cpu"), "tokens": tokens}  # fmt: skip
+    return {
+        "cache": cache,
+        "prompt": prompt,
+        "call_growth_bytes": growth,
+        "memory_method": method,
+        "process_peak_bytes": process_peak_bytes("cpu"),
+        "tokens": tokens,
+    }
 
 
 def run_child(cache: str, prompt: int, argv: list[str]) -> dict:

@@ -87,13 +87,22 @@ def make_evaluation():
     from hf_alibi.experiments.length_eval import DocumentSelection, LengthResult, ModelEvaluation
 
     def make(name: str, perplexities: dict[int, float], train_length: int) -> ModelEvaluation:
-        selection = DocumentSelection(documents=1, skipped=0, min_tokens=1, tokens_used=1000, tokens_dropped=0,
-                                      fingerprint="0" * 64)  # fmt: skip
-        lengths = [LengthResult(length=n, factor=n / train_length, ppl_nonoverlapping=p,
-                                nll_nonoverlapping=math.log(p) * 999, tokens_nonoverlapping=999)
-                   for n, p in sorted(perplexities.items())]  # fmt: skip
-        return ModelEvaluation(model=name, train_length=train_length, max_length=None, selection=selection,
-                               lengths=lengths)  # fmt: skip
+        selection = DocumentSelection(
+            documents=1, skipped=0, min_tokens=1, tokens_used=1000, tokens_dropped=0, fingerprint="0" * 64
+        )
+        lengths = [
+            LengthResult(
+                length=n,
+                factor=n / train_length,
+                ppl_nonoverlapping=p,
+                nll_nonoverlapping=math.log(p) * 999,
+                tokens_nonoverlapping=999,
+            )
+            for n, p in sorted(perplexities.items())
+        ]
+        return ModelEvaluation(
+            model=name, train_length=train_length, max_length=None, selection=selection, lengths=lengths
+        )
 
     return make
 

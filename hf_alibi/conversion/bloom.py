@@ -77,8 +77,9 @@ def convert_bloom(model: BloomForCausalLM) -> AlibiGPT2LMHeadModel:
         alibi_slopes=bloom_slopes(n_head).tolist(),
         embedding_layernorm=True,
     )
-    state = map_weights(bloom_weights(n_head), model.state_dict(), config.n_layer, to="ours",
-                        what="bloom -> alibi_gpt2")  # fmt: skip
+    state = map_weights(
+        bloom_weights(n_head), model.state_dict(), config.n_layer, to="ours", what="bloom -> alibi_gpt2"
+    )
     return build_exactly(AlibiGPT2LMHeadModel, alibi_config, state, model)
 
 
@@ -118,6 +119,7 @@ def export_bloom(model: AlibiGPT2LMHeadModel) -> BloomForCausalLM:
         **shared_fields(config),
         architectures=["BloomForCausalLM"],
     )
-    state = map_weights(bloom_weights(n_head), model.state_dict(), config.n_layer, to="theirs",
-                        what="alibi_gpt2 -> bloom")  # fmt: skip
+    state = map_weights(
+        bloom_weights(n_head), model.state_dict(), config.n_layer, to="theirs", what="alibi_gpt2 -> bloom"
+    )
     return build_exactly(BloomForCausalLM, bloom_config, state, model)

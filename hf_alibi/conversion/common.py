@@ -18,8 +18,14 @@ from ..models.alibi_gpt2.alibi import slopes_from_config
 
 def shared_fields(config) -> dict:
     """The config fields every family names as GPT-2 does: norm epsilon, init range, special tokens, tied head."""
-    names = ("layer_norm_epsilon", "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id",
-             "tie_word_embeddings")
+    names = (
+        "layer_norm_epsilon",
+        "initializer_range",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "tie_word_embeddings",
+    )
     return {name: getattr(config, name) for name in names}
 
 
@@ -44,8 +50,11 @@ class Requirement(NamedTuple):
 
 # A slope scale that changes with the key length (`alibi_scaling.train_seq_len`): only Jais's and BTLM's code has one
 LENGTH_DEPENDENT_SCALING = Requirement(
-    "alibi_scaling.train_seq_len", None, "{family} has no slope scale that changes with the key length; {field}="
-    "{value!r} (the length-dependent alibi_scaling) divides the slopes by K / {value} past {value} keys")  # fmt: skip
+    "alibi_scaling.train_seq_len",
+    None,
+    "{family} has no slope scale that changes with the key length; {field}="
+    "{value!r} (the length-dependent alibi_scaling) divides the slopes by K / {value} past {value} keys",
+)
 # The Jais/BTLM switches at their defaults: what a layout without a gated MLP, a 1/d attention scale or muP
 # multipliers (BLOOM, MPT, llama.cpp's mpt graph) needs. A static slope scale shows in the slopes those layouts
 # compare; the length-dependent one is refused by name.
@@ -179,8 +188,10 @@ def check_hub_id(source: str | os.PathLike) -> None:
     if constants.HF_HUB_OFFLINE or isinstance(try_to_load_from_cache(str(source), "config.json"), str):
         return
     if not hub_reachable():
-        raise ValueError(f"{str(source)!r}: no such folder, and the Hub ({constants.ENDPOINT}) cannot be reached to "
-                         "look for a model of that id")  # fmt: skip
+        raise ValueError(
+            f"{str(source)!r}: no such folder, and the Hub ({constants.ENDPOINT}) cannot be reached to "
+            "look for a model of that id"
+        )
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:

@@ -74,4 +74,3 @@ def test_a_refused_export_writes_nothing(make_model, tmp_path):
     with pytest.raises(ValueError, match="embedding_layernorm"):
         export(make_model(), "bloom", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
-

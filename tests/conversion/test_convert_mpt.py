@@ -15,9 +15,14 @@ MAX_SEQ_LEN = 32
 
 def tiny_mpt(n_head: int, attn_config: dict | None = None, **overrides) -> MptForCausalLM:
     config = MptConfig(
-        vocab_size=VOCAB, d_model=8 * n_head, n_layers=2, n_heads=n_head, max_seq_len=MAX_SEQ_LEN,
-        attn_config=attn_config or {}, **overrides,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        d_model=8 * n_head,
+        n_layers=2,
+        n_heads=n_head,
+        max_seq_len=MAX_SEQ_LEN,
+        attn_config=attn_config or {},
+        **overrides,
+    )
     return perturb(MptForCausalLM(config))
 
 

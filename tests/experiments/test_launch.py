@@ -69,9 +69,23 @@ def test_launcher_world_size_that_is_not_a_number_is_named():
 @pytest.mark.slow
 def test_real_two_process_torchrun_without_use_cpu_exits_non_zero_naming_the_fix_and_writes_nothing(tmp_path):
     output_dir = tmp_path / "ddp"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-               "-m", "recipes.train_short_test_long", "--config", SMOKE_YAML, "--output_dir", str(output_dir),
-               "--models", "alibi"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29531",
+        "-m",
+        "recipes.train_short_test_long",
+        "--config",
+        SMOKE_YAML,
+        "--output_dir",
+        str(output_dir),
+        "--models",
+        "alibi",
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "add --use_cpu true" in done.stderr, done.stderr[-3000:]
