@@ -25,12 +25,12 @@ from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel, StoppingCri
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 from hf_alibi.atomic_files import write_text_atomically
 
-from .contestants import add_shape_arguments
+from .contestants import NO_DROPOUT, TOKEN_IDS, add_shape_arguments, shape_fields
 
 
 def build(name: str, args) -> torch.nn.Module:
-    shape = dict(n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head, vocab_size=args.vocab)
-    common = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    shape = shape_fields(args)
+    common = {**NO_DROPOUT, **TOKEN_IDS}
     torch.manual_seed(0)
     if name == "gpt2":
         config = GPT2Config(n_positions=args.prefill + args.decode, **shape, **common)

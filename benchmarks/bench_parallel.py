@@ -27,7 +27,7 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
-from .contestants import add_shape_arguments
+from .contestants import NO_DROPOUT, add_shape_arguments, shape_fields
 from .report import standalone_parser, write_outputs
 
 MODES = ("ddp", "fsdp", "tp")
@@ -41,16 +41,7 @@ def build(folder: Path, args) -> None:
     from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = AlibiGPT2Config(
-        n_embd=args.n_embd,
-        n_head=args.n_head,
-        n_layer=args.n_layer,
-        vocab_size=args.vocab,
-        n_positions=args.length,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
+    config = AlibiGPT2Config(**shape_fields(args), n_positions=args.length, **NO_DROPOUT)
     AlibiGPT2LMHeadModel(config).save_pretrained(folder)
 
 

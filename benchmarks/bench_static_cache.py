@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .contestants import add_shape_arguments
+from .contestants import TOKEN_IDS, add_shape_arguments, shape_fields
 from .report import standalone_parser, write_outputs
 
 PREFIX = "@@static_cache "
@@ -40,17 +40,8 @@ def measure(cache: str, prompt: int, args) -> dict:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    config = AlibiGPT2Config(
-        n_embd=args.n_embd,
-        n_head=args.n_head,
-        n_layer=args.n_layer,
-        vocab_size=args.vocab,
-        n_positions=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        alibi_skip_eps=0.0,
-    )  # dense: the caches' memory, not skipping on random weights
+    # dense: the caches' memory, not skipping on random weights
+    config = AlibiGPT2Config(**shape_fields(args), n_positions=512, **TOKEN_IDS, alibi_skip_eps=0.0)
     model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation="sdpa").eval()
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(3, args.vocab, (args.batch, prompt), generator=generator)

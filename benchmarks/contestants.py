@@ -117,6 +117,11 @@ def add_shape_arguments(
     parser.add_argument("--threads", type=int, default=threads, help=threads_help)
 
 
+def shape_fields(args) -> dict:
+    """The GPT-2 config fields that the shape flags of `add_shape_arguments` set."""
+    return {"n_embd": args.n_embd, "n_head": args.n_head, "n_layer": args.n_layer, "vocab_size": args.vocab}
+
+
 def default_contestants(device: str) -> list[str]:
     """Every contestant that runs on `device` without a compile step."""
     names = ["gpt2-sdpa", "bloom-eager", "mpt-eager", "alibi-sdpa", "alibi-sdpa-gpt2-gelu", "alibi-eager", "alibi-flex"]
@@ -144,6 +149,7 @@ def unsupported_reason(name: str, suite: str, device: str) -> str | None:
 
 
 TOKEN_IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # every contestant's special tokens
+NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 
 
 def build_model(name: str, shape: Shape, max_length: int):
@@ -165,10 +171,9 @@ def build_model(name: str, shape: Shape, max_length: int):
         "n_layer": shape.n_layer,
         "n_head": shape.n_head,
     }
-    no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
     if name in GPT2_BACKENDS:
         # n_positions covers the longest length of the run (learned table; rows past training are just untrained).
-        config = GPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, **TOKEN_IDS)
+        config = GPT2Config(n_positions=max_length, **gpt2_shape, **NO_DROPOUT, **TOKEN_IDS)
         model = GPT2LMHeadModel._from_config(config, attn_implementation=GPT2_BACKENDS[name])
     elif name in ("bloom-eager", "alibi-from-bloom"):
         model = bloom_model(shape)
@@ -187,7 +192,7 @@ def build_model(name: str, shape: Shape, max_length: int):
         # measures skipping on trained checkpoints); `-skip` contestants say so with their figures
         skip = {"alibi_skip_eps": 1e-7 if name.endswith("-skip") else 0.0}
         config = AlibiGPT2Config(
-            n_positions=max_length, **gpt2_shape, **no_dropout, classifier_dropout=0.0, **TOKEN_IDS, **skip
+            n_positions=max_length, **gpt2_shape, **NO_DROPOUT, classifier_dropout=0.0, **TOKEN_IDS, **skip
         )
         model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation=ALIBI_BACKENDS[name])
         if name in ATTENTION_ONLY:
