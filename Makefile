@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 CONFIG ?= hf_alibi/experiments/configs/cpu_demo.yaml
 SMOKE_CONFIG ?= hf_alibi/experiments/configs/smoke.yaml
 
-.PHONY: install demo smoke test test-fast bench
+.PHONY: install demo smoke test test-fast lint format bench
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -32,6 +32,14 @@ test: install  # the whole suite: what .ci/run runs
 
 test-fast: install  # everything but what is marked slow (recipe runs, subprocesses, torchrun, wheels, compile, export)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
+
+lint: install  # what CI checks before the tests: ruff's lint rules and formatting (settings in pyproject.toml)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install  # fix what lint reports that ruff can fix safely, then format
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
 
 bench: install
 	$(PY) -m benchmarks.bench_alibi

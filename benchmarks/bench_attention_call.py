@@ -64,14 +64,16 @@ def time_lengths(args, names):
     for length in args.lengths:
         tensors = inputs(args, length, train)
         calls = {name: make_call(name, args.heads, length, slopes) for name in names}
-        runs = {name: lambda call=call: run_once(call, tensors, train) for name, call in calls.items()}
+        runs = {name: lambda call=call, tensors=tensors: run_once(call, tensors, train) for name, call in calls.items()}
         times = time_calls(runs, repeats=args.repeats, warmup=1, clock=clock)
         base, base_min = statistics.median(times["causal"]), min(times["causal"])
         for name in names:
             median, fastest = statistics.median(times[name]), min(times[name])
             spread = f"{fastest * 1e3:.1f}-{max(times[name]) * 1e3:.1f}"
-            print(f"{args.mode} L={length:6d} {name:15s} {median * 1e3:9.1f} ms  ({spread})  {median / base:5.2f}x"
-                  f"  (fastest {fastest / base_min:5.2f}x)")
+            print(
+                f"{args.mode} L={length:6d} {name:15s} {median * 1e3:9.1f} ms  ({spread})  {median / base:5.2f}x"
+                f"  (fastest {fastest / base_min:5.2f}x)"
+            )
 
 
 def peak_rise(args, name, length):
@@ -94,8 +96,12 @@ def main(argv=None):
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="cpu: process CPU time, steadier than wall time on a shared machine (use --threads 1)")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: process CPU time, steadier than wall time on a shared machine (use --threads 1)",
+    )
     parser.add_argument("--no-bank", action="store_true", help="leave out today's bank path")
     parser.add_argument("--memory", action="store_true", help="peak RSS rise per contestant, fresh processes")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)

@@ -25,12 +25,12 @@ from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel, StoppingCri
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 from hf_alibi.atomic_files import write_text_atomically
 
-from .contestants import add_shape_arguments
+from .contestants import NO_DROPOUT, TOKEN_IDS, add_shape_arguments, shape_fields
 
 
 def build(name: str, args) -> torch.nn.Module:
-    shape = dict(n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head, vocab_size=args.vocab)
-    common = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    shape = shape_fields(args)
+    common = {**NO_DROPOUT, **TOKEN_IDS}
     torch.manual_seed(0)
     if name == "gpt2":
         config = GPT2Config(n_positions=args.prefill + args.decode, **shape, **common)
@@ -62,10 +62,16 @@ def generate(model, ids, mask, new_tokens: int, compile_config) -> float:
     clock = StepClock()
     with torch.no_grad():
         out = model.generate(
-            ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-            cache_implementation="static", compile_config=compile_config, pad_token_id=0,
+            ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            cache_implementation="static",
+            compile_config=compile_config,
+            pad_token_id=0,
             stopping_criteria=StoppingCriteriaList([clock]),
-        )  # fmt: skip
+        )
     assert out.shape[1] == ids.shape[1] + new_tokens and len(clock.times) == new_tokens
     return ids.shape[0] * (new_tokens - 1) / (clock.times[-1] - clock.times[0])
 
@@ -115,13 +121,17 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, help="write the raw tokens/s per repeat here (JSON)")
     args = parser.parse_args(argv)
     if args.decode < 2 or args.repeats < 1 or args.prefill < 2:
-        parser.error(f"need --decode >= 2, --repeats >= 1, --prefill >= 2; got {args.decode}, {args.repeats}, {args.prefill}")
+        parser.error(
+            f"need --decode >= 2, --repeats >= 1, --prefill >= 2; got {args.decode}, {args.repeats}, {args.prefill}"
+        )
     torch.set_num_threads(args.threads)
     results = measure(args)
     print(table(results, args))
     if args.out:
-        write_text_atomically(args.out, json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                    "tokens_per_s": results}, indent=1))  # fmt: skip
+        write_text_atomically(
+            args.out,
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "tokens_per_s": results}, indent=1),
+        )
 
 
 if __name__ == "__main__":

@@ -18,17 +18,17 @@ time: N batches for ddp and fsdp, one for tp), the largest rank's peak resident 
 activations) and the parameter bytes a rank holds (its shards: about 1/N of the sharded weights for fsdp and tp).
 """
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
-from .contestants import add_shape_arguments
-from .report import add_output_arguments
+from .contestants import NO_DROPOUT, add_shape_arguments, shape_fields
+from .report import standalone_parser, write_outputs
 
 MODES = ("ddp", "fsdp", "tp")
 MIB = 2**20
@@ -41,9 +41,18 @@ def build(folder: Path, args) -> None:
     from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = AlibiGPT2Config(n_embd=args.n_embd, n_head=args.n_head, n_layer=args.n_layer, vocab_size=args.vocab,
-                             n_positions=args.length, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    config = AlibiGPT2Config(**shape_fields(args), n_positions=args.length, **NO_DROPOUT)
     AlibiGPT2LMHeadModel(config).save_pretrained(folder)
+
+
+def train_step(model, optimizer, rows) -> None:
+    """One AdamW step on `rows` (B, L); it ends when the slowest rank's does."""
+    import torch.distributed as dist
+
+    model(input_ids=rows, labels=rows).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    dist.barrier()
 
 
 def measure(mode: str, folder: str, args) -> dict | None:
@@ -71,16 +80,13 @@ def measure(mode: str, folder: str, args) -> dict | None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     seed = 0 if mode == "tp" else rank  # TP ranks share one batch; data-parallel ranks each draw their own
     rows = torch.randint(0, args.vocab, (args.batch, args.length), generator=torch.Generator().manual_seed(seed))
-
-    def step():
-        model(input_ids=rows, labels=rows).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        dist.barrier()  # the step ends when the slowest rank's does
-
-    seconds = time_call(step, repeats=args.steps, warmup=args.warmup)
-    figures = {"rank": rank, "step_seconds": statistics.median(seconds), "held_parameter_bytes": held,
-               "process_peak_bytes": process_peak_bytes("cpu")}  # fmt: skip
+    seconds = time_call(partial(train_step, model, optimizer, rows), repeats=args.steps, warmup=args.warmup)
+    figures = {
+        "rank": rank,
+        "step_seconds": statistics.median(seconds),
+        "held_parameter_bytes": held,
+        "process_peak_bytes": process_peak_bytes("cpu"),
+    }
     gathered = [None] * size
     dist.all_gather_object(gathered, figures)
     del model, optimizer  # DDP's reducer holds the process group: a live one kept gloo ranks from exiting here
@@ -96,12 +102,29 @@ def run_child(mode: str, folder: Path, argv: list[str], processes: int) -> dict:
     """One fresh launch; rank 0 leaves its figures in `<folder>/../<mode>.json` (the launch's output goes to a log)."""
     result, log = folder.parent / f"{mode}.json", folder.parent / f"{mode}.log"
     result.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", "-m",
-               "benchmarks.bench_parallel", *argv, "--child", mode, str(folder)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        "-m",
+        "benchmarks.bench_parallel",
+        *argv,
+        "--child",
+        mode,
+        str(folder),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HF_HUB_OFFLINE": "1"}
     with open(log, "w") as output:
-        done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, env=env,
-                              cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+        done = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=Path(__file__).resolve().parents[1],
+        )
     if done.returncode != 0 or not result.is_file():
         raise RuntimeError(f"{mode} failed (status {done.returncode}):\n{log.read_text()[-4000:]}")
     return json.loads(result.read_text())
@@ -111,12 +134,16 @@ def summarise(runs: list[dict]) -> list[dict]:
     rows = []
     for mode in MODES:
         mine = [run for run in runs if run["mode"] == mode]
-        rows.append({
-            "mode": mode,
-            "tokens_per_second": statistics.median(run["tokens_per_second"] for run in mine),
-            "max_rank_peak_bytes": statistics.median(max(r["process_peak_bytes"] for r in run["ranks"]) for run in mine),
-            "held_parameter_bytes": max(r["held_parameter_bytes"] for r in mine[0]["ranks"]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "mode": mode,
+                "tokens_per_second": statistics.median(run["tokens_per_second"] for run in mine),
+                "max_rank_peak_bytes": statistics.median(
+                    max(r["process_peak_bytes"] for r in run["ranks"]) for run in mine
+                ),
+                "held_parameter_bytes": max(r["held_parameter_bytes"] for r in mine[0]["ranks"]),
+            }
+        )
     return rows
 
 
@@ -131,25 +158,25 @@ def markdown(rows: list[dict], args) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for row in rows:
-        lines.append(f"| {row['mode']} | {row['tokens_per_second']:,.0f} | "
-                     f"{row['tokens_per_second'] / ddp['tokens_per_second']:.2f}x | "
-                     f"{row['max_rank_peak_bytes'] / MIB:,.0f} | {row['held_parameter_bytes'] / MIB:,.1f} |")  # fmt: skip
+        lines.append(
+            f"| {row['mode']} | {row['tokens_per_second']:,.0f} | "
+            f"{row['tokens_per_second'] / ddp['tokens_per_second']:.2f}x | "
+            f"{row['max_rank_peak_bytes'] / MIB:,.0f} | {row['held_parameter_bytes'] / MIB:,.1f} |"
+        )
     return "\n".join(lines)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_parallel", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = standalone_parser("bench_parallel", __doc__, what="launch", child=("MODE", "FOLDER"))
     parser.add_argument("--processes", type=int, default=2, help="ranks per launch (torchrun --nproc_per_node)")
     parser.add_argument("--launches", type=int, default=3, help="fresh launches per mode (median)")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per launch")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--batch", type=int, default=4, help="rows a rank trains on per step")
     parser.add_argument("--length", type=int, default=512)
-    add_shape_arguments(parser, n_embd=512, n_head=8, n_layer=4, vocab=8192, threads=1,
-                        threads_help="torch threads in each rank")  # fmt: skip
-    add_output_arguments(parser, "launch")
-    parser.add_argument("--child", nargs=2, metavar=("MODE", "FOLDER"), help=argparse.SUPPRESS)
+    add_shape_arguments(
+        parser, n_embd=512, n_head=8, n_layer=4, vocab=8192, threads=1, threads_help="torch threads in each rank"
+    )
     return parser.parse_args(argv)
 
 
@@ -169,12 +196,7 @@ def main(argv=None) -> None:
                 runs.append(run_child(mode, Path(tmp) / "model", argv, args.processes))
                 print(f"{mode:>4}: {runs[-1]['tokens_per_second']:,.0f} tokens/s", flush=True)
     rows = summarise(runs)
-    table = markdown(rows, args)
-    print(table)
-    if args.out:
-        args.out.write_text(json.dumps({"runs": runs, "rows": rows}, indent=2) + "\n")
-    if args.markdown:
-        args.markdown.write_text(table + "\n")
+    write_outputs(args, markdown(rows, args), runs, rows)
 
 
 if __name__ == "__main__":

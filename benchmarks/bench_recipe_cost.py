@@ -33,8 +33,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     first = next(iter(costs.values()))["step_seconds_median"]
     for name, cost in costs.items():
         step = cost["step_seconds_median"]
-        print(f"{name:>16}: {step * 1000:7.1f} ms a step ({step / first:.3f}x), "
-              f"{cost['tokens_per_second']:8,.0f} tokens/s, peak {cost['peak_memory_mib']} MiB")
+        print(
+            f"{name:>16}: {step * 1000:7.1f} ms a step ({step / first:.3f}x), "
+            f"{cost['tokens_per_second']:8,.0f} tokens/s, peak {cost['peak_memory_mib']} MiB"
+        )
     return costs
 
 

@@ -69,8 +69,13 @@ class Server:
         self.port = free_port()
         self.log = log.open("w")
         command = [part.replace("{port}", str(self.port)) for part in command]
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                        env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+        self.process = subprocess.Popen(
+            command,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
         self.base = f"http://127.0.0.1:{self.port}"
         self._wait(health)
 
@@ -142,8 +147,15 @@ def load(base: str, model: str, prompts: list[str], clients: int, requests: int,
         return {"status": "failed", "errors": errors[:3]}
     latencies.sort()
     p95 = latencies[min(len(latencies) - 1, int(round(0.95 * (len(latencies) - 1))))]
-    return {"status": "ok", "tokens_per_s": sum(tokens) / wall, "p50_s": statistics.median(latencies),
-            "p95_s": p95, "tokens": sum(tokens), "wall_s": wall, "texts": texts}  # fmt: skip
+    return {
+        "status": "ok",
+        "tokens_per_s": sum(tokens) / wall,
+        "p50_s": statistics.median(latencies),
+        "p95_s": p95,
+        "tokens": sum(tokens),
+        "wall_s": wall,
+        "texts": texts,
+    }
 
 
 def prepare(args, work: Path) -> dict:
@@ -160,9 +172,17 @@ def prepare(args, work: Path) -> dict:
     model.save_pretrained(folders["alibi"])
     c = model.config
     torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head, vocab_size=c.vocab_size,
-                                      n_positions=longest, bos_token_id=c.bos_token_id,
-                                      eos_token_id=c.eos_token_id))  # fmt: skip
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(
+            n_embd=c.n_embd,
+            n_layer=c.n_layer,
+            n_head=c.n_head,
+            vocab_size=c.vocab_size,
+            n_positions=longest,
+            bos_token_id=c.bos_token_id,
+            eos_token_id=c.eos_token_id,
+        )
+    )
     gpt2.save_pretrained(folders["gpt2"])
     for folder in folders.values():
         tokenizer.save_pretrained(folder)
@@ -174,12 +194,38 @@ def prepare(args, work: Path) -> dict:
 def server_command(name: str, folders: dict, args) -> tuple[list[str], str]:
     """The command line of contestant `name` ({port} filled in by `Server`) and its health route."""
     if name == "llama.cpp":
-        return [args.llama_python, "-m", "llama_cpp.server", "--model", str(folders["llama.cpp"]), "--host",
-                "127.0.0.1", "--port", "{port}", "--n_ctx", str(args.prompt_tokens + args.max_tokens + 64),
-                "--n_threads", "2", "--n_batch", "512"], "/v1/models"  # fmt: skip
+        return [
+            args.llama_python,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(folders["llama.cpp"]),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+            "--n_ctx",
+            str(args.prompt_tokens + args.max_tokens + 64),
+            "--n_threads",
+            "2",
+            "--n_batch",
+            "512",
+        ], "/v1/models"
     folder = folders["gpt2" if name.startswith("gpt2") else "alibi"]
-    return [sys.executable, "-m", "hf_alibi.cli", "serve", str(folder), "--host", "127.0.0.1", "--port", "{port}",
-            "--device", "cpu", *OURS[name]], "/health"  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "hf_alibi.cli",
+        "serve",
+        str(folder),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--device",
+        "cpu",
+        *OURS[name],
+    ], "/health"
 
 
 def served_name(name: str, folders: dict) -> str:
@@ -194,8 +240,12 @@ def run_contestant(name: str, folders: dict, cells: list[dict], work: Path, args
         model = served_name(name, folders)
         load(server.base, model, cells[0]["prompts"][:1], 1, 1, 4)  # warm-up: first-call costs stay out
         before = memory_kib(server.process.pid)
-        results = {cell["name"]: load(server.base, model, cell["prompts"], cell["clients"], cell["requests"],
-                                      cell["max_tokens"]) for cell in cells}  # fmt: skip
+        results = {
+            cell["name"]: load(
+                server.base, model, cell["prompts"], cell["clients"], cell["requests"], cell["max_tokens"]
+            )
+            for cell in cells
+        }
         after = memory_kib(server.process.pid)
     finally:
         server.stop()
@@ -216,10 +266,24 @@ def text_prompts(checkpoint: str, length: int, count: int) -> list[str]:
 def plan_cells(args) -> tuple[list[dict], list[dict]]:
     """(short cells for every contestant, long cells for `LONG_CONTESTANTS`)."""
     prompts = text_prompts(args.checkpoint, args.prompt_tokens, max(args.clients) * args.requests)
-    short = [dict(name=f"{c} clients", clients=c, requests=args.requests, max_tokens=args.max_tokens, prompts=prompts)
-             for c in args.clients]  # fmt: skip
-    long = [dict(name=f"{n} prompt", clients=1, requests=args.long_requests, max_tokens=args.long_max_tokens,
-                 prompts=text_prompts(args.checkpoint, n, args.long_requests)) for n in LONG_PROMPTS] if args.long else []
+    short = [
+        dict(name=f"{c} clients", clients=c, requests=args.requests, max_tokens=args.max_tokens, prompts=prompts)
+        for c in args.clients
+    ]
+    long = (
+        [
+            dict(
+                name=f"{n} prompt",
+                clients=1,
+                requests=args.long_requests,
+                max_tokens=args.long_max_tokens,
+                prompts=text_prompts(args.checkpoint, n, args.long_requests),
+            )
+            for n in LONG_PROMPTS
+        ]
+        if args.long
+        else []
+    )
     return short, long
 
 
@@ -233,8 +297,9 @@ def median_rounds(rounds: list[dict]) -> dict:
             if any(run["status"] != "ok" for run in runs):
                 table[name][cell] = next(run for run in runs if run["status"] != "ok")
                 continue
-            table[name][cell] = {key: statistics.median(run[key] for run in runs)
-                                 for key in ("tokens_per_s", "p50_s", "p95_s")}  # fmt: skip
+            table[name][cell] = {
+                key: statistics.median(run[key] for run in runs) for key in ("tokens_per_s", "p50_s", "p95_s")
+            }
         table[name]["memory_kib"] = rounds[-1][name]["memory_kib"]
     return table
 
@@ -243,14 +308,21 @@ def agreement(rounds: list[dict], name: str, reference: str) -> float | None:
     """Fraction of prompts on which `name`'s greedy text equals `reference`'s (first round, every short cell)."""
     if name not in rounds[0] or reference not in rounds[0]:
         return None
-    pairs = [(rounds[0][name]["cells"][c].get("texts", {}), rounds[0][reference]["cells"][c].get("texts", {}))
-             for c in rounds[0][name]["cells"]]  # fmt: skip
+    pairs = [
+        (rounds[0][name]["cells"][c].get("texts", {}), rounds[0][reference]["cells"][c].get("texts", {}))
+        for c in rounds[0][name]["cells"]
+    ]
     same = [a[i] == b[i] for a, b in pairs for i in a if i in b]
     return sum(same) / len(same) if same else None
 
 
 def markdown(table: dict, rounds: list[dict], args, command: str) -> str:
-    lines = [f"`{command}`", "", "| contestant | cell | tokens/s | p50 s | p95 s | tokens/s vs gpt2 |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"`{command}`",
+        "",
+        "| contestant | cell | tokens/s | p50 s | p95 s | tokens/s vs gpt2 |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, cells in table.items():
         reference = "gpt2 (long)" if name.endswith("(long)") else "gpt2-cb" if name.endswith("-cb") else "gpt2"
         for cell, result in cells.items():
@@ -261,13 +333,17 @@ def markdown(table: dict, rounds: list[dict], args, command: str) -> str:
                 continue
             base = table.get(reference, {}).get(cell, {}).get("tokens_per_s")
             ratio = f"{result['tokens_per_s'] / base:.2f}x" if base else ""
-            lines.append(f"| {name} | {cell} | {result['tokens_per_s']:.1f} | {result['p50_s']:.3f} | "
-                         f"{result['p95_s']:.3f} | {ratio} |")  # fmt: skip
+            lines.append(
+                f"| {name} | {cell} | {result['tokens_per_s']:.1f} | {result['p50_s']:.3f} | "
+                f"{result['p95_s']:.3f} | {ratio} |"
+            )
     lines += ["", "| contestant | RSS after warm-up MiB | RSS after run MiB | peak MiB |", "|---|---|---|---|"]
     for name, cells in table.items():
         memory = cells["memory_kib"]
-        lines.append(f"| {name} | {memory['after_warmup']['VmRSS'] / 1024:.0f} | {memory['after_run']['VmRSS'] / 1024:.0f}"
-                     f" | {memory['after_run']['VmHWM'] / 1024:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {memory['after_warmup']['VmRSS'] / 1024:.0f} | {memory['after_run']['VmRSS'] / 1024:.0f}"
+            f" | {memory['after_run']['VmHWM'] / 1024:.0f} |"
+        )
     for name, reference in (("alibi-cb", "alibi"), ("llama.cpp", "alibi")):
         share = agreement(rounds, name, reference)
         if share is not None:
@@ -307,7 +383,7 @@ def main(argv=None) -> None:
         short, long = plan_cells(args)
         rounds = []
         for r in range(args.rounds):
-            order = args.contestants[r % len(args.contestants):] + args.contestants[: r % len(args.contestants)]
+            order = args.contestants[r % len(args.contestants) :] + args.contestants[: r % len(args.contestants)]
             results = {}
             for name in order:
                 print(f"round {r + 1}: {name}", file=sys.stderr, flush=True)

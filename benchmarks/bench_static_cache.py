@@ -16,15 +16,14 @@ Processes alternate static, dynamic, dynamic, static, ...; the table holds media
 ratio to dynamic, and every process's tokens must equal the dynamic cache's (the run fails otherwise).
 """
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from .contestants import add_shape_arguments
-from .report import add_output_arguments
+from .contestants import TOKEN_IDS, add_shape_arguments, shape_fields
+from .report import standalone_parser, write_outputs
 
 PREFIX = "@@static_cache "
 CACHES = ("static", "dynamic")
@@ -41,9 +40,8 @@ def measure(cache: str, prompt: int, args) -> dict:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    config = AlibiGPT2Config(n_embd=args.n_embd, n_head=args.n_head, n_layer=args.n_layer, vocab_size=args.vocab,
-                             n_positions=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                             alibi_skip_eps=0.0)  # dense: the caches' memory, not skipping on random weights  # fmt: skip
+    # dense: the caches' memory, not skipping on random weights
+    config = AlibiGPT2Config(**shape_fields(args), n_positions=512, **TOKEN_IDS, alibi_skip_eps=0.0)
     model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation="sdpa").eval()
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(3, args.vocab, (args.batch, prompt), generator=generator)
@@ -60,8 +58,14 @@ def measure(cache: str, prompt: int, args) -> dict:
 
     growth, method = peak_memory(generate, "cpu")
     tokens = result["tokens"][:, prompt:].tolist()
-    return {"cache": cache, "prompt": prompt, "call_growth_bytes": growth, "memory_method": method,
-            "process_peak_bytes": process_peak_bytes("cpu"), "tokens": tokens}  # fmt: skip
+    return {
+        "cache": cache,
+        "prompt": prompt,
+        "call_growth_bytes": growth,
+        "memory_method": method,
+        "process_peak_bytes": process_peak_bytes("cpu"),
+        "tokens": tokens,
+    }
 
 
 def run_child(cache: str, prompt: int, argv: list[str]) -> dict:
@@ -110,15 +114,12 @@ def markdown(rows: list[dict], args) -> str:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_static_cache", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = standalone_parser("bench_static_cache", __doc__, what="process", child=("CACHE", "PROMPT"))
     parser.add_argument("--prompts", default="4096,16384", help="comma-separated prompt lengths (default 4096,16384)")
     parser.add_argument("--processes", type=int, default=3, help="fresh processes per cache and prompt (median)")
     parser.add_argument("--batch", type=int, default=1, help="prompt rows; > 1 left-pads down to half the prompt")
     parser.add_argument("--new-tokens", type=int, default=4, help="greedy tokens generated after the prompt")
     add_shape_arguments(parser, n_embd=128, n_head=8, n_layer=2, vocab=512, threads=2)
-    add_output_arguments(parser, "process")
-    parser.add_argument("--child", nargs=2, metavar=("CACHE", "PROMPT"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -140,12 +141,7 @@ def main(argv=None) -> None:
         if any(run["tokens"] != expected for run in runs if run["prompt"] == prompt):
             raise SystemExit(f"at {prompt} tokens the static cache generated other tokens than the dynamic cache")
     rows = summarise(runs, prompts)
-    table = markdown(rows, args)
-    print(table)
-    if args.markdown:
-        args.markdown.write_text(table + "\n")
-    if args.out:
-        args.out.write_text(json.dumps({"command": sys.argv, "runs": runs, "rows": rows}, indent=1) + "\n")
+    write_outputs(args, markdown(rows, args), runs, rows)
 
 
 if __name__ == "__main__":

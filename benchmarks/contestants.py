@@ -100,8 +100,15 @@ class Shape:
             raise ValueError(f"vocab_size must be >= 8 (ids 0-2 are reserved for pad/bos/eos), got {self.vocab_size}")
 
 
-def add_shape_arguments(parser, n_embd: int, n_head: int, n_layer: int, vocab: int, threads: int,
-                        threads_help: str = "torch threads in each process") -> None:  # fmt: skip
+def add_shape_arguments(
+    parser,
+    n_embd: int,
+    n_head: int,
+    n_layer: int,
+    vocab: int,
+    threads: int,
+    threads_help: str = "torch threads in each process",
+) -> None:
     """The model-shape and thread flags every standalone benchmark takes, with that benchmark's defaults."""
     parser.add_argument("--n-embd", type=int, default=n_embd)
     parser.add_argument("--n-head", type=int, default=n_head)
@@ -110,10 +117,14 @@ def add_shape_arguments(parser, n_embd: int, n_head: int, n_layer: int, vocab: i
     parser.add_argument("--threads", type=int, default=threads, help=threads_help)
 
 
+def shape_fields(args) -> dict:
+    """The GPT-2 config fields that the shape flags of `add_shape_arguments` set."""
+    return {"n_embd": args.n_embd, "n_head": args.n_head, "n_layer": args.n_layer, "vocab_size": args.vocab}
+
+
 def default_contestants(device: str) -> list[str]:
     """Every contestant that runs on `device` without a compile step."""
-    names = ["gpt2-sdpa", "bloom-eager", "mpt-eager", "alibi-sdpa", "alibi-sdpa-gpt2-gelu", "alibi-eager",
-             "alibi-flex"]  # fmt: skip
+    names = ["gpt2-sdpa", "bloom-eager", "mpt-eager", "alibi-sdpa", "alibi-sdpa-gpt2-gelu", "alibi-eager", "alibi-flex"]
     if device == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         names += ["alibi-flash", "alibi-flash-gpt2-gelu"]
     return names
@@ -137,43 +148,39 @@ def unsupported_reason(name: str, suite: str, device: str) -> str | None:
     return None
 
 
+TOKEN_IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # every contestant's special tokens
+NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+
+
 def build_model(name: str, shape: Shape, max_length: int):
     """A randomly initialised causal LM for contestant `name`, fp32 on CPU, covering `max_length` positions.
 
     Returns `(model, forward)` where `forward` is the callable to time: the model itself, or its `torch.compile`.
     """
     import torch
-    from transformers import BloomConfig, BloomForCausalLM, GPT2Config, GPT2LMHeadModel, MptConfig, MptForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
     if name not in CONTESTANTS:
         raise ValueError(f"unknown contestant {name!r}; valid names are {list(CONTESTANTS)}")
     torch.manual_seed(0)
-    ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
-    gpt2_shape = {"vocab_size": shape.vocab_size, "n_embd": shape.n_embd, "n_layer": shape.n_layer, "n_head": shape.n_head}
-    no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    gpt2_shape = {
+        "vocab_size": shape.vocab_size,
+        "n_embd": shape.n_embd,
+        "n_layer": shape.n_layer,
+        "n_head": shape.n_head,
+    }
     if name in GPT2_BACKENDS:
         # n_positions covers the longest length of the run (learned table; rows past training are just untrained).
-        config = GPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, **ids)
+        config = GPT2Config(n_positions=max_length, **gpt2_shape, **NO_DROPOUT, **TOKEN_IDS)
         model = GPT2LMHeadModel._from_config(config, attn_implementation=GPT2_BACKENDS[name])
     elif name in ("bloom-eager", "alibi-from-bloom"):
-        config = BloomConfig(
-            vocab_size=shape.vocab_size, hidden_size=shape.n_embd, n_layer=shape.n_layer, n_head=shape.n_head,
-            hidden_dropout=0.0, attention_dropout=0.0, **ids,
-        )
-        model = BloomForCausalLM._from_config(config, attn_implementation="eager")
+        model = bloom_model(shape)
         if name == "alibi-from-bloom":
             model = imported_bloom(model)
     elif name == "mpt-eager":
-        # MPT builds its ALiBi tensor for `max_seq_len` keys and slices it, so it must cover the longest length.
-        # `attn_pdrop` is typed `int` in MptAttentionConfig (strict validation rejects 0.0).
-        config = MptConfig(
-            d_model=shape.n_embd, n_heads=shape.n_head, n_layers=shape.n_layer, expansion_ratio=4,
-            max_seq_len=max_length, vocab_size=shape.vocab_size, resid_pdrop=0.0, emb_pdrop=0.0,
-            attn_config={"attn_pdrop": 0, "alibi": True}, use_cache=True, **ids,
-        )
-        model = MptForCausalLM._from_config(config, attn_implementation="eager")
+        model = mpt_model(shape, max_length)
     elif name in ("jais-eager", "alibi-from-jais"):
         from .jais_eager import JaisEager
 
@@ -184,13 +191,54 @@ def build_model(name: str, shape: Shape, max_length: int):
         # Dense unless the name says skip: "auto"'s gain depends on the weights, and these are random (bench_skip
         # measures skipping on trained checkpoints); `-skip` contestants say so with their figures
         skip = {"alibi_skip_eps": 1e-7 if name.endswith("-skip") else 0.0}
-        config = AlibiGPT2Config(n_positions=max_length, **gpt2_shape, **no_dropout, classifier_dropout=0.0, **ids,
-                                 **skip)  # fmt: skip
+        config = AlibiGPT2Config(
+            n_positions=max_length, **gpt2_shape, **NO_DROPOUT, classifier_dropout=0.0, **TOKEN_IDS, **skip
+        )
         model = AlibiGPT2LMHeadModel._from_config(config, attn_implementation=ALIBI_BACKENDS[name])
         if name in ATTENTION_ONLY:
             with_gpt2_gelu(model)
     forward = torch.compile(model) if name == "alibi-flex-compiled" else model
     return model, forward
+
+
+def bloom_model(shape: Shape):
+    """transformers' `BloomForCausalLM` of `shape`, eager attention, no dropout."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    config = BloomConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.n_embd,
+        n_layer=shape.n_layer,
+        n_head=shape.n_head,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        **TOKEN_IDS,
+    )
+    return BloomForCausalLM._from_config(config, attn_implementation="eager")
+
+
+def mpt_model(shape: Shape, max_length: int):
+    """transformers' `MptForCausalLM` of `shape`, eager attention, no dropout, its bias built for `max_length`.
+
+    MPT builds its ALiBi tensor for `max_seq_len` keys and slices it, so it must cover the longest length.
+    `attn_pdrop` is typed `int` in MptAttentionConfig (strict validation rejects 0.0).
+    """
+    from transformers import MptConfig, MptForCausalLM
+
+    config = MptConfig(
+        d_model=shape.n_embd,
+        n_heads=shape.n_head,
+        n_layers=shape.n_layer,
+        expansion_ratio=4,
+        max_seq_len=max_length,
+        vocab_size=shape.vocab_size,
+        resid_pdrop=0.0,
+        emb_pdrop=0.0,
+        attn_config={"attn_pdrop": 0, "alibi": True},
+        use_cache=True,
+        **TOKEN_IDS,
+    )
+    return MptForCausalLM._from_config(config, attn_implementation="eager")
 
 
 def with_gpt2_gelu(model):

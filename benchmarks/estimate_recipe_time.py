@@ -19,8 +19,12 @@ neighbouring timings.
 
 import argparse
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import torch
+from transformers import PreTrainedTokenizerBase, TrainingArguments
 
 from hf_alibi.experiments.arguments import ExperimentArguments, batch_size_at, parse_args
 from hf_alibi.experiments.data import heldout_token_ids, load_recipe_corpus
@@ -59,68 +63,101 @@ def evaluation_batches(docs, length: int, batch: int, stride: int | None, slidin
     return math.ceil(windows / batch)
 
 
-def main(argv: list[str] | None = None) -> None:
+@dataclass(frozen=True)
+class Recipe:
+    """What the config trains and evaluates on: its arguments, its tokenizer and the held-out documents."""
+
+    experiment: ExperimentArguments
+    training: TrainingArguments
+    tokenizer: PreTrainedTokenizerBase
+    heldout: list[torch.LongTensor]  # the held-out documents long enough to evaluate, (L,) each
+    docs: list[torch.LongTensor]  # those the evaluation selects
+
+    @classmethod
+    def load(cls, config: str) -> "Recipe":
+        experiment, training = parse_args(["--config", config], ExperimentArguments)
+        corpus = load_recipe_corpus(experiment)
+        tokenizer = load_or_train_tokenizer(corpus["train"], experiment.vocab_size)
+        heldout = heldout_token_ids(corpus["validation"], tokenizer, max(experiment.eval_lengths) + 1)
+        docs, _ = select_documents(heldout, experiment.eval_lengths, experiment.eval_max_documents)
+        return cls(experiment, training, tokenizer, heldout, docs)
+
+    def random_ids(self, batch: int, length: int) -> torch.Tensor:
+        return torch.randint(0, len(self.tokenizer), (batch, length))  # (B, L)
+
+
+class QuietClock:
+    """Quiet-machine seconds of a call: timed interleaved with the anchor (the last quiet measurement's shape, an ALiBi
+    model at 256 tokens), then scaled by the anchor's quiet figure (`--anchor`, `--eval_anchor`)."""
+
+    def __init__(self, recipe: Recipe, args: argparse.Namespace):
+        model = make_model("alibi", recipe.experiment, recipe.tokenizer, 256).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        train_ids = recipe.random_ids(16, 256)  # the quiet training measurement's shape
+        eval_ids = recipe.random_ids(32, 256)  # its evaluation batch (8192 tokens at 256)
+        self.train_anchor = partial(train_step, model, optimizer, train_ids)
+        self.eval_anchor = partial(eval_forward, model, eval_ids)
+        self.args = args
+
+    def train(self, work: Callable[[], None]) -> float:
+        here, anchor = fastest_pair(work, self.train_anchor, self.args.steps)
+        return here * (16 * 256 / self.args.anchor) / anchor
+
+    def eval(self, work: Callable[[], None]) -> float:
+        here, anchor = fastest_pair(work, self.eval_anchor, 1)
+        return here * self.args.eval_anchor / anchor
+
+
+def estimate_model(recipe: Recipe, encoding: str, length: int, clock: QuietClock, skip_eval: bool) -> dict:
+    """Quiet-machine seconds of one model of the config: its training, its evaluations, its effective window."""
+    experiment = recipe.experiment
+    model = make_model(encoding, experiment, recipe.tokenizer, length).train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    batch = batch_size_at(experiment, recipe.training, length)
+    step = clock.train(partial(train_step, model, optimizer, recipe.random_ids(batch, length)))
+    model.eval()
+    evaluate = 0.0
+    for eval_length in [] if skip_eval else experiment.eval_lengths:
+        per_batch = max(1, experiment.eval_batch_tokens // eval_length)
+        batches = evaluation_batches(
+            recipe.docs, eval_length, per_batch, experiment.eval_stride, experiment.eval_sliding
+        )
+        evaluate += batches * clock.eval(partial(eval_forward, model, recipe.random_ids(per_batch, eval_length)))
+    window = 0.0
+    if encoding == "alibi" and not skip_eval:
+        chunks = sum(doc.numel() // experiment.window_length for doc in recipe.heldout)
+        window_ids = recipe.random_ids(1, experiment.window_length)
+        window = min(8, chunks) * clock.eval(partial(eval_forward, model, window_ids, output_attentions=True))
+    train = step * recipe.training.max_steps
+    return {"batch": batch, "step": step, "train": train, "evaluate": evaluate, "window": window}
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a shipped config's name or a YAML file")
     parser.add_argument("--steps", type=int, default=3, help="timed training steps per model (after a warm-up)")
     parser.add_argument("--anchor", type=float, default=1690.4, help="quiet-machine ALiBi training tokens/s, 16 x 256")
     parser.add_argument("--eval_anchor", type=float, default=1.66, help="quiet seconds of its 32 x 256 eval batch")
     parser.add_argument("--skip_eval", action="store_true", help="time training steps only")
-    args = parser.parse_args(argv)
-    experiment, training = parse_args(["--config", args.config], ExperimentArguments)
-    corpus = load_recipe_corpus(experiment)
-    tokenizer = load_or_train_tokenizer(corpus["train"], experiment.vocab_size)
-    heldout = heldout_token_ids(corpus["validation"], tokenizer, max(experiment.eval_lengths) + 1)
-    docs, _ = select_documents(heldout, experiment.eval_lengths, experiment.eval_max_documents)
-    vocab = len(tokenizer)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_arguments(argv)
+    recipe = Recipe.load(args.config)
     torch.manual_seed(0)
-
-    anchor_model = make_model("alibi", experiment, tokenizer, 256).train()
-    anchor_optimizer = torch.optim.AdamW(anchor_model.parameters(), lr=1e-4)
-    anchor_ids = torch.randint(0, vocab, (16, 256))  # (B, L): the quiet training measurement's shape
-    eval_anchor_ids = torch.randint(0, vocab, (32, 256))  # (B, L): its evaluation batch (8192 tokens at 256)
-
-    def train_anchor():
-        train_step(anchor_model, anchor_optimizer, anchor_ids)
-
-    def eval_anchor():
-        eval_forward(anchor_model, eval_anchor_ids)
-
-    def quiet_train(work) -> float:
-        here, anchor = fastest_pair(work, train_anchor, args.steps)
-        return here * (16 * 256 / args.anchor) / anchor
-
-    def quiet_eval(work) -> float:
-        here, anchor = fastest_pair(work, eval_anchor, 1)
-        return here * args.eval_anchor / anchor
-
+    clock = QuietClock(recipe, args)
     total = 0.0
-    for name, (encoding, length) in experiment.model_specs().items():
-        model = make_model(encoding, experiment, tokenizer, length).train()
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-        batch = batch_size_at(experiment, training, length)
-        ids = torch.randint(0, vocab, (batch, length))  # (B, L)
-        step = quiet_train(lambda: train_step(model, optimizer, ids))
-        train = step * training.max_steps
-        model.eval()
-        evaluate = 0.0
-        for eval_length in [] if args.skip_eval else experiment.eval_lengths:
-            per_batch = max(1, experiment.eval_batch_tokens // eval_length)
-            batches = evaluation_batches(docs, eval_length, per_batch, experiment.eval_stride, experiment.eval_sliding)
-            eval_ids = torch.randint(0, vocab, (per_batch, eval_length))  # (B, L)
-            evaluate += batches * quiet_eval(lambda: eval_forward(model, eval_ids))
-        window = 0.0
-        if encoding == "alibi" and not args.skip_eval:
-            chunks = sum(doc.numel() // experiment.window_length for doc in heldout)
-            window_ids = torch.randint(0, vocab, (1, experiment.window_length))  # (1, L)
-            forward = quiet_eval(lambda: eval_forward(model, window_ids, output_attentions=True))
-            window = min(8, chunks) * forward
-        seconds = train + evaluate + window
+    for name, (encoding, length) in recipe.experiment.model_specs().items():
+        times = estimate_model(recipe, encoding, length, clock, args.skip_eval)
+        seconds = times["train"] + times["evaluate"] + times["window"]
         total += seconds
-        print(f"{name:>20}: batch {batch:3d} x {length:5d}, {batch * length / step:6.0f} tokens/s; "
-              f"train {train:5.0f} s, evaluate {evaluate:4.0f} s, window {window:3.0f} s; {seconds / 60:5.1f} min",
-              flush=True)  # fmt: skip
-        del model, optimizer
+        print(
+            f"{name:>20}: batch {times['batch']:3d} x {length:5d}, {times['batch'] * length / times['step']:6.0f} "
+            f"tokens/s; train {times['train']:5.0f} s, evaluate {times['evaluate']:4.0f} s, "
+            f"window {times['window']:3.0f} s; {seconds / 60:5.1f} min",
+            flush=True,
+        )
     print(f"total on a quiet machine: {total / 60:.1f} min, plus about a minute of data preparation and overhead")
 
 

@@ -108,23 +108,48 @@ class JaisEager(nn.Module):
     `alibi_scaling` (the Jais-family's and BTLM's, read as their position-embedding layer reads it) adds the Jais-family
     code's muP keys to the config, equal to jais-13b's (whose code ignores `alibi_scaling`)."""
 
-    def __init__(self, vocab_size: int, n_embd: int, n_layer: int, n_head: int, n_positions: int = N_POSITIONS,
-                 alibi_scaling: dict | None = None):  # fmt: skip
+    def __init__(
+        self,
+        vocab_size: int,
+        n_embd: int,
+        n_layer: int,
+        n_head: int,
+        n_positions: int = N_POSITIONS,
+        alibi_scaling: dict | None = None,
+    ):
         super().__init__()
         n_inner = 4 * n_embd
         self.transformer = _Transformer(vocab_size, n_embd, n_layer, n_head, n_inner, n_positions, alibi_scaling)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied
         self.config = {
-            "model_type": "jais", "vocab_size": vocab_size, "n_embd": n_embd, "n_layer": n_layer, "n_head": n_head,
-            "n_inner": n_inner, "n_positions": n_positions, "activation_function": "swiglu",
-            "position_embedding_type": "alibi", "embeddings_scale": EMBEDDINGS_SCALE, "width_scale": WIDTH_SCALE,
-            "scale_qk_dot_by_d": True, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
-        }  # fmt: skip
+            "model_type": "jais",
+            "vocab_size": vocab_size,
+            "n_embd": n_embd,
+            "n_layer": n_layer,
+            "n_head": n_head,
+            "n_inner": n_inner,
+            "n_positions": n_positions,
+            "activation_function": "swiglu",
+            "position_embedding_type": "alibi",
+            "embeddings_scale": EMBEDDINGS_SCALE,
+            "width_scale": WIDTH_SCALE,
+            "scale_qk_dot_by_d": True,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 0,
+        }
         if alibi_scaling is not None:
-            self.config |= {"mup_embeddings_scale": EMBEDDINGS_SCALE, "mup_output_alpha": WIDTH_SCALE,
-                            "mup_width_scale": 1.0, "mup_scale_qk_dot_by_d": True, "alibi_scaling": alibi_scaling}
+            self.config |= {
+                "mup_embeddings_scale": EMBEDDINGS_SCALE,
+                "mup_output_alpha": WIDTH_SCALE,
+                "mup_width_scale": 1.0,
+                "mup_scale_qk_dot_by_d": True,
+                "alibi_scaling": alibi_scaling,
+            }
 
     def forward(self, input_ids, attention_mask=None, labels=None, logits_to_keep: int = 0, **_unused):
         hidden = self.transformer.wte(input_ids)  # (B, L, C)

@@ -7,23 +7,44 @@ memory growth / the reference's; with `--processes`,
 `process_mem_ratio` = the whole-process peak's ratio (torch, model and the call: what the machine must have).
 """
 
+import argparse
+import json
 import os
 import platform
 import statistics
-from datetime import datetime, timezone
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import NamedTuple
 
 from .contestants import ATTENTION_ONLY, REFERENCE
 
 OK = "ok"
 
 
-def add_output_arguments(parser, what: str) -> None:
-    """`--out` (every `what`'s figures and the table's rows as JSON) and `--markdown` (the table)."""
-    from pathlib import Path
-
+def standalone_parser(module: str, doc: str, what: str, child: tuple[str, str]) -> argparse.ArgumentParser:
+    """The command line of a standalone benchmark that measures in fresh child processes (`benchmarks.<module>`):
+    `--help` prints its docstring `doc`; `--out` and `--markdown` are what `write_outputs` writes (every `what`'s
+    figures); the hidden `--child A B` (metavars `child`) is how the parent starts a child."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m benchmarks.{module}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, help=f"write every {what}'s figures and the table's rows as JSON")
     parser.add_argument("--markdown", type=Path, help="write the table to this file too")
+    parser.add_argument("--child", nargs=2, metavar=child, help=argparse.SUPPRESS)
+    return parser
+
+
+def write_outputs(args: argparse.Namespace, table: str, runs: list[dict], rows: list[dict]) -> None:
+    """Print the markdown `table`; write it to `--markdown`, and the command, every run's figures and the table's
+    rows as JSON to `--out` (the options of `standalone_parser`)."""
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+    if args.out:
+        args.out.write_text(json.dumps({"command": sys.argv, "runs": runs, "rows": rows}, indent=1) + "\n")
 
 
 def summarise(cell: dict, result: dict) -> None:
@@ -61,12 +82,23 @@ def combine_processes(cell: dict, rounds: list[dict], reference: str = REFERENCE
             combined[name] = dict(next((run for run in failures if run.get("status") != "skipped"), failures[0]))
             combined[name]["processes_ok"] = len(runs) - len(failures)
             continue
-        result = {"status": OK, "processes": [
-            {key: run[key] for key in ("median_s", "seconds", "decode_s", "peak_mem_bytes", "process_peak_bytes")
-             if key in run} for run in runs
-        ], "mem_method": runs[0].get("mem_method")}
-        for key, spread in (("median_s", "time_spread_s"), ("peak_mem_bytes", "mem_spread_bytes"),
-                            ("process_peak_bytes", "process_peak_spread_bytes")):
+        result = {
+            "status": OK,
+            "processes": [
+                {
+                    key: run[key]
+                    for key in ("median_s", "seconds", "decode_s", "peak_mem_bytes", "process_peak_bytes")
+                    if key in run
+                }
+                for run in runs
+            ],
+            "mem_method": runs[0].get("mem_method"),
+        }
+        for key, spread in (
+            ("median_s", "time_spread_s"),
+            ("peak_mem_bytes", "mem_spread_bytes"),
+            ("process_peak_bytes", "process_peak_spread_bytes"),
+        ):
             values = [run[key] for run in runs if run.get(key) is not None]
             if values:
                 result[key], result[spread] = statistics.median(values), [min(values), max(values)]
@@ -140,18 +172,46 @@ def _bloom_slower(result: dict, bloom: dict, factor: float = 3) -> tuple[str, st
     return ("met" if slower >= factor else "not met"), f"bloom-eager {slower:.2f}x our time"
 
 
-def parity_targets(cells: list[dict], reference: str = REFERENCE) -> list[tuple]:
+class Target(NamedTuple):
+    """One target to check: its name, the suite and cell (`match`) it reads, and `check(result, cell results)`,
+    which returns (status, detail)."""
+
+    name: str
+    suite: str
+    match: dict
+    check: Callable[[dict, dict], tuple[str, str]]
+
+
+def _ratio_check(key: str, limit: float, at_least: bool = False) -> Callable[[dict, dict], tuple[str, str]]:
+    return lambda result, results: _ratio_target(result, key, limit, at_least)
+
+
+def _vs_bloom(speedup_min: float = 3, memory_max: float = 0.5) -> Callable[[dict, dict], tuple[str, str]]:
+    return lambda result, results: _bloom_target(result, results.get("bloom-eager", {}), speedup_min, memory_max)
+
+
+def _runs(result: dict, results: dict) -> tuple[str, str]:
+    return "met", f"{result['median_s']:.2f} s"
+
+
+def parity_targets(cells: list[dict], reference: str = REFERENCE) -> list[Target]:
     """Parity: within 1.05x of the reference in time and whole-process peak memory; BLOOM >= 3x slower from 4k."""
-    checks = []
+    targets = []
     for cell in cells:
-        length = cell.get("length")
-        if cell["suite"] == "forward" and 512 <= length <= 32768 or cell["suite"] == "train" and 128 <= length <= 2048:
-            checks.append((f"{cell['name']} within 1.05x {reference}", cell["suite"], {"name": cell["name"]},
-                           lambda r, rs: _within(r, 1.05)))
-        if cell["suite"] == "forward" and length >= 4096 and "bloom-eager" in cell["results"]:
-            checks.append((f"{cell['name']}: bloom-eager >= 3x slower", "forward", {"length": length},
-                           lambda r, rs: _bloom_slower(r, rs.get("bloom-eager", {}))))
-    return checks
+        name, suite, length = cell["name"], cell["suite"], cell.get("length")
+        if suite == "forward" and 512 <= length <= 32768 or suite == "train" and 128 <= length <= 2048:
+            targets.append(Target(f"{name} within 1.05x {reference}", suite, {"name": name}, _within_check))
+        if suite == "forward" and length >= 4096 and "bloom-eager" in cell["results"]:
+            targets.append(Target(f"{name}: bloom-eager >= 3x slower", suite, {"length": length}, _bloom_slower_check))
+    return targets
+
+
+def _within_check(result: dict, results: dict) -> tuple[str, str]:
+    return _within(result, 1.05)
+
+
+def _bloom_slower_check(result: dict, results: dict) -> tuple[str, str]:
+    return _bloom_slower(result, results.get("bloom-eager", {}))
 
 
 def evaluate_targets(
@@ -159,9 +219,9 @@ def evaluate_targets(
 ) -> list[dict]:
     """Targets (`budget` or `parity`) for one ALiBi contestant: one row each, `met`/`not met`/`n/a` and numbers;
     the cells' ratios must be against `reference` (`add_ratios`)."""
-    checks = parity_targets(cells, reference) if which == "parity" else budget_targets(contestant, reference)
+    targets = parity_targets(cells, reference) if which == "parity" else budget_targets(contestant, reference)
     rows = []
-    for target, suite, match, check in checks:
+    for target, suite, match, check in targets:
         cell = _find(cells, suite, **match)
         result = cell["results"].get(contestant, {}) if cell else {}
         if cell is None:
@@ -174,31 +234,34 @@ def evaluate_targets(
     return rows
 
 
-def budget_targets(contestant: str, reference: str = REFERENCE) -> list[tuple]:
+def budget_targets(contestant: str, reference: str = REFERENCE) -> list[Target]:
     """Overhead budgets: training <= 1.10x, forward <= 1.3x time and <= 1.25x memory at 8k-16k, BLOOM >= 3x slower,
-    decoding >= 0.95x (and BLOOM's own weights for `alibi-from-bloom`): (target, suite, cell match, check) each."""
-    checks = []  # (target, suite, cell match, check(result, cell results) -> (status, detail))
-    for length in (512, 1024):
-        checks.append((f"train step L={length} <= 1.10x {reference}", "train", {"length": length},
-                       lambda r, rs: _ratio_target(r, "time_ratio", 1.10)))
-    checks.append((f"forward L=8192 <= 1.3x {reference} time", "forward", {"length": 8192},
-                   lambda r, rs: _ratio_target(r, "time_ratio", 1.3)))
-    for length in (8192, 16384):
-        checks.append((f"peak memory L={length} <= 1.25x {reference}", "forward", {"length": length},
-                       lambda r, rs: _ratio_target(r, "mem_ratio", 1.25)))
-    for length in (4096, 8192):
-        checks.append((f"forward L={length} >= 3x faster than bloom-eager, < 0.5x its memory", "forward",
-                       {"length": length}, lambda r, rs: _bloom_target(r, rs.get("bloom-eager", {}))))
+    decoding >= 0.95x (and BLOOM's own weights for `alibi-from-bloom`)."""
+    train, forward, generate = "train", "forward", "generate"
+    targets = [
+        Target(f"train step L={n} <= 1.10x {reference}", train, {"length": n}, _ratio_check("time_ratio", 1.10))
+        for n in (512, 1024)
+    ]
+    targets.append(
+        Target(f"forward L=8192 <= 1.3x {reference} time", forward, {"length": 8192}, _ratio_check("time_ratio", 1.3))
+    )
+    targets += [
+        Target(f"peak memory L={n} <= 1.25x {reference}", forward, {"length": n}, _ratio_check("mem_ratio", 1.25))
+        for n in (8192, 16384)
+    ]
+    targets += [
+        Target(f"forward L={n} >= 3x faster than bloom-eager, < 0.5x its memory", forward, {"length": n}, _vs_bloom())
+        for n in (4096, 8192)
+    ]
     if contestant == "alibi-from-bloom":  # BLOOM's own weights, imported
-        checks.append(("forward L=8192 >= 4x faster than bloom-eager, <= 1/8 its memory", "forward", {"length": 8192},
-                       lambda r, rs: _bloom_target(r, rs.get("bloom-eager", {}), 4, 1 / 8)))
-        for length in (16384, 32768):
-            checks.append((f"forward L={length} runs", "forward", {"length": length},
-                           lambda r, rs: ("met", f"{r['median_s']:.2f} s")))
-    for batch in (1, 8):
-        checks.append((f"decode tokens/s batch {batch} >= 0.95x {reference}", "generate", {"batch": batch},
-                       lambda r, rs: _ratio_target(r, "throughput_ratio", 0.95, at_least=True)))
-    return checks
+        name = "forward L=8192 >= 4x faster than bloom-eager, <= 1/8 its memory"
+        targets.append(Target(name, forward, {"length": 8192}, _vs_bloom(4, 1 / 8)))
+        targets += [Target(f"forward L={n} runs", forward, {"length": n}, _runs) for n in (16384, 32768)]
+    decode = _ratio_check("throughput_ratio", 0.95, at_least=True)
+    targets += [
+        Target(f"decode tokens/s batch {b} >= 0.95x {reference}", generate, {"batch": b}, decode) for b in (1, 8)
+    ]
+    return targets
 
 
 def machine_description(device: str, threads: int | None, device_name: str | None, torch_version: str | None) -> dict:
@@ -225,7 +288,7 @@ def machine_description(device: str, threads: int | None, device_name: str | Non
         "transformers": package("transformers"),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -270,8 +333,10 @@ def _format_processes(cell: dict, result: dict) -> str:
     if result.get("process_peak_bytes") is None:
         return f"{speed} · {_bytes(result['peak_mem_bytes'])} · {_ratio(result['mem_ratio'])}"
     low, high = result["process_peak_spread_bytes"]
-    return (f"{speed} · {_bytes(result['process_peak_bytes'])} [{_bytes(low)}, {_bytes(high)}] · "
-            f"{_ratio(result.get('process_mem_ratio'))} · +{_bytes(result['peak_mem_bytes'])}")
+    return (
+        f"{speed} · {_bytes(result['process_peak_bytes'])} [{_bytes(low)}, {_bytes(high)}] · "
+        f"{_ratio(result.get('process_mem_ratio'))} · +{_bytes(result['peak_mem_bytes'])}"
+    )
 
 
 SUITE_TITLES = {
@@ -286,8 +351,11 @@ SUITE_TITLES = {
 
 PROCESS_COLUMNS = {
     suite: f": {speed} [min, max over processes] · ratio · whole-process peak memory [min, max] · ratio · +peak growth"
-    for suite, speed in (("train", "median time per step"), ("forward", "median time"),
-                         ("generate", "decode tokens/s (time spread not shown)"))
+    for suite, speed in (
+        ("train", "median time per step"),
+        ("forward", "median time"),
+        ("generate", "decode tokens/s (time spread not shown)"),
+    )
 }
 
 
@@ -310,9 +378,12 @@ def render_markdown(report: dict) -> str:
     ]
     for twin, shipped in ATTENTION_ONLY.items():
         if twin in names:
-            lines += ["", f"`{shipped}` is hf_alibi as shipped (its MLP's tanh GELU fused) against GPT-2 as shipped "
-                      f"(`NewGELUActivation`, unfused); `{twin}` is the same model with GPT-2's unfused GELU in every "
-                      f"MLP, so its ratio is the attention-only one (ALiBi's attention and no position table)."]
+            lines += [
+                "",
+                f"`{shipped}` is hf_alibi as shipped (its MLP's tanh GELU fused) against GPT-2 as shipped "
+                f"(`NewGELUActivation`, unfused); `{twin}` is the same model with GPT-2's unfused GELU in every "
+                f"MLP, so its ratio is the attention-only one (ALiBi's attention and no position table).",
+            ]
     for suite in settings["suites"]:
         cells = [cell for cell in report["cells"] if cell["suite"] == suite]
         if not cells:
@@ -329,8 +400,13 @@ def render_markdown(report: dict) -> str:
     if report["targets"]:
         alibi = sorted({row["contestant"] for row in report["targets"]}, key=names.index)
         title = "Parity targets" if report.get("target_set") == "parity" else "Budget targets"
-        lines += ["", f"## {title}", "", "| target | " + " | ".join(f"`{n}`" for n in alibi) + " |",
-                  "|---" * (len(alibi) + 1) + "|"]
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            "| target | " + " | ".join(f"`{n}`" for n in alibi) + " |",
+            "|---" * (len(alibi) + 1) + "|",
+        ]
         for target in dict.fromkeys(row["target"] for row in report["targets"]):
             by_name = {row["contestant"]: row for row in report["targets"] if row["target"] == target}
             cells = [f"{by_name[n]['status']} ({by_name[n]['detail']})" for n in alibi]
@@ -341,12 +417,16 @@ def render_markdown(report: dict) -> str:
 def _method(settings: dict) -> str:
     processes, reference = settings.get("processes"), settings.get("reference", REFERENCE)
     if not processes:
-        return (f"Timing: {settings['warmup']} warm-up call(s), then {settings['repeats']} repeats interleaved across "
-                f"contestants (ABCABC...), median. Ratios are against `{reference}` in the same cell. Memory: "
-                f"{settings['memory_method']}.")
-    return (f"Each cell ran in {processes} fresh processes per contestant, interleaved (round by round over all "
-            f"cells, the contestants' order rotating each round); in each process {settings['warmup']} warm-up "
-            f"call(s), one memory probe, then {settings['repeats']} timed call(s) (their median). A cell shows the "
-            f"median over its processes [min, max over processes] · ratio · the whole-process peak memory (VmHWM: "
-            f"torch, model, build and calls) [min, max] · ratio · +the call's own peak growth "
-            f"({settings['memory_method']}). Ratios are of medians, against `{reference}` in the same cell.")
+        return (
+            f"Timing: {settings['warmup']} warm-up call(s), then {settings['repeats']} repeats interleaved across "
+            f"contestants (ABCABC...), median. Ratios are against `{reference}` in the same cell. Memory: "
+            f"{settings['memory_method']}."
+        )
+    return (
+        f"Each cell ran in {processes} fresh processes per contestant, interleaved (round by round over all "
+        f"cells, the contestants' order rotating each round); in each process {settings['warmup']} warm-up "
+        f"call(s), one memory probe, then {settings['repeats']} timed call(s) (their median). A cell shows the "
+        f"median over its processes [min, max over processes] · ratio · the whole-process peak memory (VmHWM: "
+        f"torch, model, build and calls) [min, max] · ratio · +the call's own peak growth "
+        f"({settings['memory_method']}). Ratios are of medians, against `{reference}` in the same cell."
+    )

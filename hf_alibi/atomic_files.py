@@ -8,7 +8,8 @@ system, where `os.replace` is atomic), and a failure, an interrupt included, rem
     with staged_file(path) as staging: ...       # a writer that opens a path itself (gguf's)
     write_folder_atomically(destination, write)  # `write(folder)` fills a whole folder: converted checkpoints
 
-One place for this (STYLE.md 12): each copy of it used to differ in what it left behind when it failed.
+One place for this, so that a fix reaches every writer: each copy of it used to differ in what it left behind when it
+failed.
 """
 
 from __future__ import annotations

@@ -109,8 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("source", help="ALiBi GPT-2 folder (its tokenizer comes along)")
     export.add_argument("destination", help="folder to write (bloom, mpt, jais, btlm) or a .gguf file (gguf)")
     export.add_argument("--to", required=True, choices=("bloom", "mpt", "jais", "btlm", "gguf"), help="target layout")
-    export.add_argument("--max-seq-len", type=int, help="mpt, jais, btlm: longest input served (their loaders refuse "
-                        "more); gguf: the context length recorded (default: the model's n_positions)")
+    export.add_argument(
+        "--max-seq-len",
+        type=int,
+        help="mpt, jais, btlm: longest input served (their loaders refuse "
+        "more); gguf: the context length recorded (default: the model's n_positions)",
+    )
     bias = commands.add_parser("plot-bias", help="draw the ALiBi bias of a few heads and the slope schedule")
     bias.add_argument("model", nargs="?", help="saved ALiBi model folder or its config.json")
     bias.add_argument("--n-head", type=int, help="instead of a model: the paper's slopes for this many heads")
@@ -121,8 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     bias.add_argument("--eps", type=float, default=0.01, help="attention mass beyond the marked window")
     from .serving import add_arguments as add_serve_arguments  # the options' dataclass only: nothing heavy
 
-    add_serve_arguments(commands.add_parser("serve", help="serve a checkpoint with transformers' OpenAI-compatible "
-                                            "server (/v1/completions, /v1/chat/completions)"))  # fmt: skip
+    add_serve_arguments(
+        commands.add_parser(
+            "serve",
+            help="serve a checkpoint with transformers' OpenAI-compatible "
+            "server (/v1/completions, /v1/chat/completions)",
+        )
+    )
     # train and evaluate parse their own arguments (HfArgumentParser dataclasses, --config YAML): see their --help
     commands.add_parser("train", add_help=False, help="train short, test long (--config NAME_OR_YAML; see --help)")
     commands.add_parser("evaluate", add_help=False, help="evaluate checkpoints at multiples of their training length")

@@ -10,12 +10,17 @@ import importlib.util
 
 # extra -> {module imported: distribution installed}
 EXTRAS = {
-    "experiments": {"datasets": "datasets", "evaluate": "evaluate", "accelerate": "accelerate",
-                    "matplotlib": "matplotlib", "yaml": "pyyaml"},
+    "experiments": {
+        "datasets": "datasets",
+        "evaluate": "evaluate",
+        "accelerate": "accelerate",
+        "matplotlib": "matplotlib",
+        "yaml": "pyyaml",
+    },
     "gguf": {"gguf": "gguf"},
     # `hf-alibi serve` runs transformers' own server: its `serving` extra (transformers' is_serve_available)
     "serve": {module: "transformers[serving]" for module in ("fastapi", "uvicorn", "pydantic", "openai")},
-}  # fmt: skip
+}
 
 
 def require_extra(extra: str, feature: str) -> None:

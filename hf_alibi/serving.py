@@ -48,7 +48,8 @@ class ServeOptions:
         default=False, metadata={"help": "batch concurrent requests on transformers' paged attention cache"}
     )
     cb_max_batch_tokens: int | None = field(
-        default=None, metadata={"help": f"continuous batching: tokens per batch (default {DEFAULT_CB_MAX_BATCH_TOKENS})"}
+        default=None,
+        metadata={"help": f"continuous batching: tokens per batch (default {DEFAULT_CB_MAX_BATCH_TOKENS})"},
     )
     cb_num_blocks: int | None = field(
         default=None,
@@ -61,8 +62,10 @@ class ServeOptions:
         default=None, metadata={"help": f"one of {', '.join(ATTN_IMPLEMENTATIONS)} (default: the model's own)"}
     )
     alibi_skip_eps: str | None = field(
-        default=None, metadata={"help": "ALiBi models only: 'auto' (the default) or skip keys of softmax mass <= this "
-                                        "(in [0, 1); 0: dense)"}  # fmt: skip
+        default=None,
+        metadata={
+            "help": "ALiBi models only: 'auto' (the default) or skip keys of softmax mass <= this (in [0, 1); 0: dense)"
+        },
     )
     device: str = field(default="auto", metadata={"help": "device_map for loading: auto, cpu, cuda:0, ..."})
     dtype: str = field(default="auto", metadata={"help": f"one of {', '.join(DTYPES)} (auto: the weights' own)"})
@@ -87,7 +90,9 @@ class ServeOptions:
                 object.__setattr__(self, "alibi_skip_eps", eps)  # frozen: the number the text names
             except ValueError:
                 raise ValueError(f"alibi_skip_eps must be 'auto' or a number in [0, 1), got {eps!r}") from None
-        if eps not in (None, "auto") and (isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < 1):
+        if eps not in (None, "auto") and (
+            isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 <= eps < 1
+        ):
             raise ValueError(f"alibi_skip_eps must be 'auto' or a number in [0, 1), got {eps!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -106,8 +111,11 @@ class ServeOptions:
         default, so the cache is never sized from the machine's free memory."""
         page_size = self.cb_block_size or DEFAULT_CB_BLOCK_SIZE
         num_blocks = self.cb_num_blocks or math.ceil(DEFAULT_CB_CACHE_TOKENS / page_size)
-        return {"max_batch_tokens": self.cb_max_batch_tokens or DEFAULT_CB_MAX_BATCH_TOKENS, "num_blocks": num_blocks,
-                "page_size": page_size}  # fmt: skip
+        return {
+            "max_batch_tokens": self.cb_max_batch_tokens or DEFAULT_CB_MAX_BATCH_TOKENS,
+            "num_blocks": num_blocks,
+            "page_size": page_size,
+        }
 
 
 def _is_int(value) -> bool:
@@ -125,8 +133,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             kind = {int: int, float: float, str: str}[next(t for t in (int, float, str) if t in _types(option))]
             shown = "" if option.default is None or "default" in help_text else f" (default: {option.default})"
-            parser.add_argument(f"--{option.name.replace('_', '-')}", type=kind, default=option.default,
-                                help=help_text + shown)  # fmt: skip
+            parser.add_argument(
+                f"--{option.name.replace('_', '-')}", type=kind, default=option.default, help=help_text + shown
+            )
 
 
 def _types(option) -> tuple:
@@ -176,8 +185,9 @@ def _check_generation_config(text, max_tokens_limit: int) -> None:
     for name in ("max_new_tokens", "max_length"):
         value = settings.get(name)
         if value is not None and (not _is_int(value) or not 1 <= value <= max_tokens_limit):
-            raise HTTPException(400, f"generation_config's {name} must be an integer in 1-{max_tokens_limit}, "
-                                     f"got {value!r}")  # fmt: skip
+            raise HTTPException(
+                400, f"generation_config's {name} must be an integer in 1-{max_tokens_limit}, got {value!r}"
+            )
 
 
 def _is_message(message) -> bool:
@@ -186,8 +196,10 @@ def _is_message(message) -> bool:
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         return False
     content = message.get("content")
-    return content is None or isinstance(content, str) or (
-        isinstance(content, list) and all(isinstance(part, dict) and "type" in part for part in content)
+    return (
+        content is None
+        or isinstance(content, str)
+        or (isinstance(content, list) and all(isinstance(part, dict) and "type" in part for part in content))
     )
 
 
@@ -221,9 +233,11 @@ def chat_refusal(tokenizer, model: str) -> str | None:
     as every checkpoint the recipe trains), whose messages transformers' handlers would fail to format (a bare 500)."""
     if getattr(tokenizer, "chat_template", None):
         return None
-    return (f"{model} has no chat template, so chat messages cannot be made into a prompt: send a prompt to "
-            "/v1/completions instead, or give the checkpoint a template (tokenizer.chat_template = '...', then "
-            "tokenizer.save_pretrained(folder))")  # fmt: skip
+    return (
+        f"{model} has no chat template, so chat messages cannot be made into a prompt: send a prompt to "
+        "/v1/completions instead, or give the checkpoint a template (tokenizer.chat_template = '...', then "
+        "tokenizer.save_pretrained(folder))"
+    )
 
 
 def _model_manager_class():
@@ -248,10 +262,15 @@ def _model_manager_class():
         def _load_model(self, model_id_and_revision, tqdm_class=None, progress_callback=None, gguf_file=None):
             model_id, revision = split_revision(model_id_and_revision)
             return AutoModelForCausalLM.from_pretrained(
-                model_id, revision=revision, attn_implementation=self.attn_implementation, dtype=self.dtype,
-                device_map=self.device, trust_remote_code=self.trust_remote_code, tqdm_class=tqdm_class,
+                model_id,
+                revision=revision,
+                attn_implementation=self.attn_implementation,
+                dtype=self.dtype,
+                device_map=self.device,
+                trust_remote_code=self.trust_remote_code,
+                tqdm_class=tqdm_class,
                 **self.model_kwargs,
-            )  # fmt: skip
+            )
 
     return AutoLoadingModelManager
 
@@ -281,14 +300,19 @@ def build_app(options: ServeOptions):
     model_kwargs = {}
     if options.alibi_skip_eps is not None:
         if config.model_type != "alibi_gpt2":
-            raise ValueError(f"alibi_skip_eps={options.alibi_skip_eps} needs an ALiBi GPT-2 (alibi_gpt2) checkpoint; "
-                             f"{options.model} is model_type {config.model_type!r}")  # fmt: skip
+            raise ValueError(
+                f"alibi_skip_eps={options.alibi_skip_eps} needs an ALiBi GPT-2 (alibi_gpt2) checkpoint; "
+                f"{options.model} is model_type {config.model_type!r}"
+            )
         model_kwargs["alibi_skip_eps"] = options.alibi_skip_eps
     manager = _model_manager_class()(
-        model_kwargs=model_kwargs, device=options.device, dtype=options.dtype,
-        attn_implementation=options.attn_implementation, continuous_batching=options.continuous_batching,
+        model_kwargs=model_kwargs,
+        device=options.device,
+        dtype=options.dtype,
+        attn_implementation=options.attn_implementation,
+        continuous_batching=options.continuous_batching,
         force_model=options.model,
-    )  # fmt: skip
+    )
     _, tokenizer = manager.load_model_and_processor(manager.process_model_name(options.model))  # the preloaded one
     refusal = chat_refusal(tokenizer, options.model)
     cb_settings = options.continuous_batching_settings()
@@ -338,14 +362,17 @@ def serve(options: ServeOptions) -> None:
     import uvicorn
 
     app = build_app(options)
-    config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
+    config = uvicorn.Config(
+        app, host=options.host, port=options.port, log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+    )
     print(f"serving {options.model} on http://{options.host}:{options.port}/v1", flush=True)
     if options.continuous_batching:
         cache = options.continuous_batching_settings()
-        print(f"continuous batching: a paged cache of {cache['num_blocks']} blocks x {cache['page_size']} tokens, "
-              f"{cache['max_batch_tokens']} tokens per batch (--cb-num-blocks, --cb-block-size, --cb-max-batch-tokens)",
-              flush=True)  # fmt: skip
+        print(
+            f"continuous batching: a paged cache of {cache['num_blocks']} blocks x {cache['page_size']} tokens, "
+            f"{cache['max_batch_tokens']} tokens per batch (--cb-num-blocks, --cb-block-size, --cb-max-batch-tokens)",
+            flush=True,
+        )
     try:
         uvicorn.Server(config).run()
     except KeyboardInterrupt:

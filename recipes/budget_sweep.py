@@ -1,6 +1,6 @@
 """When does position use set in? The clone's name for `hf-alibi sweep` (`hf_alibi.experiments.budget_sweep`).
 
-    HF_HUB_OFFLINE=1 python -m recipes.budget_sweep --config hf_alibi/experiments/configs/budget_sweep.yaml   # or: budget_sweep
+HF_HUB_OFFLINE=1 python -m recipes.budget_sweep --config hf_alibi/experiments/configs/budget_sweep.yaml   # or: budget_sweep
 """
 
 import sys

@@ -50,8 +50,21 @@ def _conv1d(x, weights, name):
     return out + weights[name + ".bias"] if name + ".bias" in weights else out
 
 
-def reference_logits(weights, input_ids, *, n_layer, n_head, slopes, attn_scale, activation="gelu_new", gated=False,
-                     embedding_scale=1.0, logit_scale=1.0, eps=1e-5, attention_mask=None):  # fmt: skip
+def reference_logits(
+    weights,
+    input_ids,
+    *,
+    n_layer,
+    n_head,
+    slopes,
+    attn_scale,
+    activation="gelu_new",
+    gated=False,
+    embedding_scale=1.0,
+    logit_scale=1.0,
+    eps=1e-5,
+    attention_mask=None,
+):
     """Float64 logits `(B, L, V)` of a pre-LayerNorm GPT-2 with ALiBi, from a state dict in GPT-2's names and layout
     (`transformer.h.N.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_fc2, mlp.c_proj}`, `transformer.wte`,
     `transformer.ln_f`, `lm_head` or the tied `wte`): ALiBi GPT-2's names and Jais's/BTLM's alike.

@@ -8,12 +8,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before huggingface_hub is imported: nothin
 import pytest
 import torch
 
-import hf_alibi  # noqa: F401  (registers "alibi_gpt2" with the Auto classes)
+from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel  # importing hf_alibi registers "alibi_gpt2" (Auto classes)
 
 # Tiny models: one thread is fastest, and on a shared 2-core machine several threads spin against other jobs
 # (measured here: a 10-token generate() took 2.8 s with 2 threads, 0.13 s with 1).
 torch.set_num_threads(1)
-from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
 PAD = 0  # pad_token_id of the tiny configs; random_ids never draws it
 
@@ -88,13 +87,22 @@ def make_evaluation():
     from hf_alibi.experiments.length_eval import DocumentSelection, LengthResult, ModelEvaluation
 
     def make(name: str, perplexities: dict[int, float], train_length: int) -> ModelEvaluation:
-        selection = DocumentSelection(documents=1, skipped=0, min_tokens=1, tokens_used=1000, tokens_dropped=0,
-                                      fingerprint="0" * 64)  # fmt: skip
-        lengths = [LengthResult(length=n, factor=n / train_length, ppl_nonoverlapping=p,
-                                nll_nonoverlapping=math.log(p) * 999, tokens_nonoverlapping=999)
-                   for n, p in sorted(perplexities.items())]  # fmt: skip
-        return ModelEvaluation(model=name, train_length=train_length, max_length=None, selection=selection,
-                               lengths=lengths)  # fmt: skip
+        selection = DocumentSelection(
+            documents=1, skipped=0, min_tokens=1, tokens_used=1000, tokens_dropped=0, fingerprint="0" * 64
+        )
+        lengths = [
+            LengthResult(
+                length=n,
+                factor=n / train_length,
+                ppl_nonoverlapping=p,
+                nll_nonoverlapping=math.log(p) * 999,
+                tokens_nonoverlapping=999,
+            )
+            for n, p in sorted(perplexities.items())
+        ]
+        return ModelEvaluation(
+            model=name, train_length=train_length, max_length=None, selection=selection, lengths=lengths
+        )
 
     return make
 

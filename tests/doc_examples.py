@@ -12,6 +12,7 @@ Any other marker, a marker that is not directly above a runnable block, or a rep
 the block is an `ExampleError` naming the page and line. tests/test_doc_examples.py runs this module's pages.
 """
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -37,7 +38,7 @@ MARKER = re.compile(r"^\s*<!--\s*example:(?P<body>.*?)-->\s*$")
 MARKER_START = re.compile(r"<!--\s*example\b")
 QUOTED = r'"(?P<{}>(?:[^"\\]|\\.)*)"'  # a double-quoted string; \" and \\ inside it are escapes
 DIRECTIVE = re.compile(
-    rf'\s*(?:skip,\s*(?P<reason>[^;]*?)|replace\s+{QUOTED.format("old")}\s+{QUOTED.format("new")})\s*(?:;|$)'
+    rf"\s*(?:skip,\s*(?P<reason>[^;]*?)|replace\s+{QUOTED.format('old')}\s+{QUOTED.format('new')})\s*(?:;|$)"
 )
 
 
@@ -69,8 +70,10 @@ def _directives(body: str, where: str) -> tuple[str | None, list[tuple[str, str]
     while position < len(body):
         match = DIRECTIVE.match(body, position)
         if match is None or match.end() == position:
-            raise ExampleError(f"{where}: cannot read the marker at {body[position:]!r}: write "
-                               f'"skip, <reason>" or replace "OLD" "NEW" (";"-separated)')  # fmt: skip
+            raise ExampleError(
+                f"{where}: cannot read the marker at {body[position:]!r}: write "
+                f'"skip, <reason>" or replace "OLD" "NEW" (";"-separated)'
+            )
         if match["reason"] is not None:
             if match["reason"] not in SKIP_REASONS:
                 raise ExampleError(f"{where}: skip reason {match['reason']!r} is not one of {SKIP_REASONS}")
@@ -105,7 +108,7 @@ def parse_examples(text: str, page: str) -> list[Example]:
         indent, mark, info = fence["indent"], fence["fence"], fence["info"].lower()
         body, index = [], index + 1  # the block ends at a fence of the same kind, at least as long
         while index < len(lines) and not re.match(rf"^\s*{re.escape(mark[0])}{{{len(mark)},}}\s*$", lines[index]):
-            body.append(lines[index][len(indent):] if lines[index].startswith(indent) else lines[index].lstrip())
+            body.append(lines[index][len(indent) :] if lines[index].startswith(indent) else lines[index].lstrip())
             index += 1
         if index == len(lines):
             raise ExampleError(f"{page}:{number}: the block opened here is never closed")
@@ -137,8 +140,9 @@ def page_examples(page: str) -> list[Example]:
 
 
 def example_environment() -> dict[str, str]:
-    environment = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPOSITORY),
-                       HF_ALIBI_EXAMPLE_PORT=str(free_port()))  # fmt: skip
+    environment = dict(
+        os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPOSITORY), HF_ALIBI_EXAMPLE_PORT=str(free_port())
+    )
     environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment.get('PATH', '')}"
     # Tiny models: one thread is fastest on a shared 2-core machine (tests/conftest.py's measurement).
     environment.setdefault("OMP_NUM_THREADS", "1")
@@ -176,13 +180,22 @@ class PageRun:
                 (self.directory / entry.name).symlink_to(entry)
         self.environment = example_environment()
         self.log_path = self.directory / ".example-output.log"
-        self.log = open(self.log_path, "ab")  # append mode: background jobs' writes never overwrite a block's
+        # Open for the page's whole life (closed in close()); append mode: background jobs' writes never overwrite
+        # a block's.
+        self.log = open(self.log_path, "ab")  # noqa: SIM115
         self.processes: list[subprocess.Popen] = []  # each leads a process group killed when the page ends
         self.python = None
 
     def _start(self, command: list[str], **kwargs) -> subprocess.Popen:
-        process = subprocess.Popen(command, cwd=self.directory, env=self.environment, stdout=self.log,
-                                   stderr=subprocess.STDOUT, start_new_session=True, **kwargs)  # fmt: skip
+        process = subprocess.Popen(
+            command,
+            cwd=self.directory,
+            env=self.environment,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **kwargs,
+        )
         self.processes.append(process)  # a session of its own: its pid is its jobs' process group
         return process
 
@@ -210,8 +223,9 @@ class PageRun:
     def _run_python(self, example: Example) -> str | None:
         if self.python is None:
             read, write = os.pipe()
-            self.python = self._start([sys.executable, "-c", DRIVER, str(write)], stdin=subprocess.PIPE,
-                                      pass_fds=(write,))  # fmt: skip
+            self.python = self._start(
+                [sys.executable, "-c", DRIVER, str(write)], stdin=subprocess.PIPE, pass_fds=(write,)
+            )
             os.close(write)
             self.results = os.fdopen(read)
         payload = example.code.encode()
@@ -229,10 +243,8 @@ class PageRun:
         """Ends the Python process and kills every process group the page started, background jobs included."""
         if self.python is not None and self.python.poll() is None:
             self.python.stdin.close()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.python.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         groups = [process.pid for process in self.processes]
         for sig in (signal.SIGTERM, signal.SIGKILL):  # SIGKILL what is left 5 s after SIGTERM
             groups = [group for group in groups if _signal_group(group, sig)]

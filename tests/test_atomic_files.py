@@ -46,7 +46,7 @@ def test_an_existing_file_is_replaced_whole(tmp_path):
     target = tmp_path / "out.txt"
     write_text_atomically(target, "a much longer old text than the new one\n" * 100)
     assert write_text_atomically(target, "néw\n") == target
-    assert target.read_bytes() == "néw\n".encode("utf-8") and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+    assert target.read_bytes() == "néw\n".encode() and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
 
 
 def test_missing_parent_folders_are_created_and_permissions_follow_the_umask(tmp_path):

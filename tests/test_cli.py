@@ -60,21 +60,43 @@ CASES = [
     ("export_gguf_refused", ["export", "{src}/alibi_bloomish", "{out}/x.gguf", "--to", "gguf"], "embedding_layernorm"),
     ("export_gguf_suffix", ["export", "{src}/alibi", "{out}/x.bin", "--to", "gguf"], "x.bin' should end in .gguf"),
     ("export_destination_taken", ["export", "{src}/alibi", "{src}/taken", "--to", "mpt"], "taken' exists"),
-    ("export_bloom_max_seq_len", ["export", "{src}/alibi", "{out}/x", "--to", "bloom", "--max-seq-len", "8"],
-     "max_seq_len=8"),
+    (
+        "export_bloom_max_seq_len",
+        ["export", "{src}/alibi", "{out}/x", "--to", "bloom", "--max-seq-len", "8"],
+        "max_seq_len=8",
+    ),
     ("export_unknown_layout", ["export", "{src}/alibi", "{out}/x", "--to", "onnx"], "'onnx'"),
     ("plot_bias_no_source", ["plot-bias", "--output", "{out}/x.png"], "not both or neither"),
     ("plot_bias_not_alibi", ["plot-bias", "{src}/gpt2", "--output", "{out}/x.png"], "'gpt2' config"),
     ("train_unknown_config", ["train", "--config", "no_such_config"], "'no_such_config'"),
     ("train_unknown_option", ["train", "--config", "smoke", "--train_lenght", "3"], "--train_lenght"),
-    ("train_bad_value", ["train", "--config", "smoke", "--models", "transformer-xl", "--output_dir", "{out}/run"],
-     "'transformer-xl'"),
-    ("train_missing_init_from", ["train", "--config", "smoke", "--models", "alibi", "--output_dir", "{out}/run",
-                                 "--init_from", "{src}/no_such_model"], "no_such_model"),
-    ("evaluate_missing_model", ["evaluate", "--model", "{src}/no_such_folder", "--output_dir", "{out}/eval"],
-     "no_such_folder"),
+    (
+        "train_bad_value",
+        ["train", "--config", "smoke", "--models", "transformer-xl", "--output_dir", "{out}/run"],
+        "'transformer-xl'",
+    ),
+    (
+        "train_missing_init_from",
+        [
+            "train",
+            "--config",
+            "smoke",
+            "--models",
+            "alibi",
+            "--output_dir",
+            "{out}/run",
+            "--init_from",
+            "{src}/no_such_model",
+        ],
+        "no_such_model",
+    ),
+    (
+        "evaluate_missing_model",
+        ["evaluate", "--model", "{src}/no_such_folder", "--output_dir", "{out}/eval"],
+        "no_such_folder",
+    ),
     ("unknown_command", ["bogus"], "'bogus'"),
-]  # fmt: skip
+]
 
 
 def _argv(template: list[str], sources: Path, out: Path) -> list[str]:
@@ -142,17 +164,48 @@ def test_train_and_evaluate_help_list_their_arguments_and_exit_0(capsys):
 @pytest.mark.parametrize("spelling", ["snake", "kebab"])
 def test_trainer_commands_take_snake_and_kebab_case_flags_alike(sources, tmp_path, capfd, spelling):
     """The Trainer family documents --snake_case; HfArgumentParser's --kebab-case spellings keep working (cli.py)."""
+
     def flag(name):
         return f"--{name}" if spelling == "snake" else f"--{name.replace('_', '-')}"
 
     runs = {  # each parses every option, then refuses the value its test names: nothing is trained or written
-        "train": (["train", "--config", "smoke", flag("output_dir"), str(tmp_path / "run"), flag("train_length"), "64",
-                   flag("max_steps"), "2", flag("eval_factors"), "1", "0"], "eval_factors must all be >= 1"),
-        "evaluate": (["evaluate", "--model", str(sources / "no_such_folder"), flag("output_dir"), str(tmp_path / "e"),
-                      flag("length_factors"), "1", "2", flag("batch_tokens"), "64"], "no_such_folder"),
-        "sweep": (["sweep", "--config", "smoke", flag("output_dir"), str(tmp_path / "s"), "--budgets", "0"],
-                  "budgets must be distinct positive step counts"),
-    }  # fmt: skip
+        "train": (
+            [
+                "train",
+                "--config",
+                "smoke",
+                flag("output_dir"),
+                str(tmp_path / "run"),
+                flag("train_length"),
+                "64",
+                flag("max_steps"),
+                "2",
+                flag("eval_factors"),
+                "1",
+                "0",
+            ],
+            "eval_factors must all be >= 1",
+        ),
+        "evaluate": (
+            [
+                "evaluate",
+                "--model",
+                str(sources / "no_such_folder"),
+                flag("output_dir"),
+                str(tmp_path / "e"),
+                flag("length_factors"),
+                "1",
+                "2",
+                flag("batch_tokens"),
+                "64",
+            ],
+            "no_such_folder",
+        ),
+        "sweep": (
+            ["sweep", "--config", "smoke", flag("output_dir"), str(tmp_path / "s"), "--budgets", "0"],
+            "budgets must be distinct positive step counts",
+        ),
+    }
     for argv, message in runs.values():
         assert main(argv) == 2
         error = capfd.readouterr().err
@@ -174,8 +227,12 @@ def test_console_command_prints_one_line_and_a_traceback_only_with_debug(tmp_pat
 
 
 # A mistyped checkpoint folder that is a valid Hub id ("typo"): every command that reads a checkpoint.
-TYPO_COMMANDS = {"evaluate": ["evaluate", "--model", "typo", "--output_dir", "{out}/eval"], "serve": ["serve", "typo"],
-                 "convert": ["convert", "typo", "{out}/x"], "export": ["export", "typo", "{out}/x", "--to", "mpt"]}  # fmt: skip
+TYPO_COMMANDS = {
+    "evaluate": ["evaluate", "--model", "typo", "--output_dir", "{out}/eval"],
+    "serve": ["serve", "typo"],
+    "convert": ["convert", "typo", "{out}/x"],
+    "export": ["export", "typo", "{out}/x", "--to", "mpt"],
+}
 
 
 @pytest.mark.parametrize("template", TYPO_COMMANDS.values(), ids=TYPO_COMMANDS.keys())
@@ -199,7 +256,9 @@ def test_a_typo_that_names_no_folder_fails_in_one_line_at_once_when_the_hub_cann
     status = main(_argv(template, tmp_path, tmp_path / "out"))
     elapsed = time.monotonic() - start
     captured = capfd.readouterr()
-    expected = (f"hf-alibi: error: 'typo': no such folder, and the Hub (http://127.0.0.1:{closed}) cannot be reached "
-                "to look for a model of that id")  # fmt: skip
+    expected = (
+        f"hf-alibi: error: 'typo': no such folder, and the Hub (http://127.0.0.1:{closed}) cannot be reached "
+        "to look for a model of that id"
+    )
     assert status == 2 and captured.err.strip().splitlines() == [expected], captured
     assert elapsed < 10, f"{elapsed:.1f} s before the error"

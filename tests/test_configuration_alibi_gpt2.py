@@ -10,10 +10,24 @@ from hf_alibi import AlibiGPT2Config
 
 # GPT-2 arguments the ALiBi config keeps (position embeddings are gone, so nothing else differs)
 SHARED_WITH_GPT2 = (
-    "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function", "resid_pdrop",
-    "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "initializer_range", "scale_attn_weights", "use_cache",
-    "bos_token_id", "eos_token_id", "tie_word_embeddings",
-)  # fmt: skip
+    "vocab_size",
+    "n_positions",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "n_inner",
+    "activation_function",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "layer_norm_epsilon",
+    "initializer_range",
+    "scale_attn_weights",
+    "use_cache",
+    "bos_token_id",
+    "eos_token_id",
+    "tie_word_embeddings",
+)
 
 
 def test_defaults_are_gpt2s():

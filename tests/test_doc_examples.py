@@ -10,8 +10,14 @@ import pytest
 from doc_examples import ExampleError, PageRun, page_examples, pages, parse_examples, run_page
 
 # Pages whose examples take more than ~10 s on 2 cores (the whole suite's examples: ~3 minutes).
-SLOW_PAGES = {"README.md", "docs/checkpoints.md", "docs/serving.md", "docs/train-short-test-long.md",
-              "docs/scale-out.md", "docs/cli.md"}  # fmt: skip
+SLOW_PAGES = {
+    "README.md",
+    "docs/checkpoints.md",
+    "docs/serving.md",
+    "docs/train-short-test-long.md",
+    "docs/scale-out.md",
+    "docs/cli.md",
+}
 # Reference pages: no runnable block is expected there.
 REFERENCE_PAGES = {"docs/benchmarks.md", "docs/api.md"}
 
@@ -88,7 +94,7 @@ def test_parser_finds_python_and_bash_blocks_with_their_lines_and_replacements_a
 @pytest.mark.parametrize(
     "marker, message",
     [
-        ('<!-- example: skip, too slow -->', "skip reason 'too slow' is not one of"),
+        ("<!-- example: skip, too slow -->", "skip reason 'too slow' is not one of"),
         ('<!-- example: replace "absent" "x" -->', "replace 'absent': that text is not in the block"),
         ('<!-- example: replace "a" -->', "cannot read the marker"),
         ("<!-- example: run twice -->", "cannot read the marker"),
@@ -104,10 +110,10 @@ def test_parser_refuses_a_marker_it_cannot_honour(marker, message):
 @pytest.mark.parametrize(
     "text",
     [
-        '<!-- example: skip, needs a GPU -->\n\n```python\na = 1\n```\n',  # a blank line between
-        '<!-- example: skip, needs a GPU -->\n```yaml\na: 1\n```\n',  # above a display block
-        '<!-- example: skip, needs a GPU -->\nprose\n',  # above prose
-        '<!-- example: skip, needs a GPU -->\n',  # above the page's end
+        "<!-- example: skip, needs a GPU -->\n\n```python\na = 1\n```\n",  # a blank line between
+        "<!-- example: skip, needs a GPU -->\n```yaml\na: 1\n```\n",  # above a display block
+        "<!-- example: skip, needs a GPU -->\nprose\n",  # above prose
+        "<!-- example: skip, needs a GPU -->\n",  # above the page's end
     ],
 )
 def test_parser_refuses_a_marker_that_is_not_directly_above_a_runnable_block(text):
@@ -143,8 +149,10 @@ def test_python_blocks_of_a_page_share_one_namespace_and_bash_sees_the_repositor
 
 
 def test_a_failing_block_names_its_page_line_and_output_tail():
-    failures, _ = _run("```python\nprint('before')\nraise RuntimeError('boom')\n```\n\n"
-                       "```bash\necho 'on stdout'\nfalse\necho never\n```\n")  # fmt: skip
+    failures, _ = _run(
+        "```python\nprint('before')\nraise RuntimeError('boom')\n```\n\n"
+        "```bash\necho 'on stdout'\nfalse\necho never\n```\n"
+    )
     python_failure, bash_failure = failures
     assert python_failure.startswith("inline.md:1: the python block raised"), python_failure
     assert "before" in python_failure and "RuntimeError: boom" in python_failure, python_failure

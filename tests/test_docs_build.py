@@ -16,8 +16,11 @@ pytest.importorskip("mkdocs")
 def test_docs_site_builds_strict(tmp_path):
     build = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=REPOSITORY, capture_output=True, text=True, timeout=600,
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),  # Material's banner about MkDocs 2.0: not this build's news
-    )  # fmt: skip
+    )
     assert build.returncode == 0, f"mkdocs build --strict failed:\n{build.stdout}\n{build.stderr}"
     assert (tmp_path / "site" / "index.html").is_file()

@@ -102,8 +102,19 @@ def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "source"
     shutil.copytree(REPO, source, ignore=NOT_SOURCES)
-    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-               "-w", str(tmp / "dist"), str(source)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "-q",
+        "-w",
+        str(tmp / "dist"),
+        str(source),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     (wheel,) = (tmp / "dist").glob("hf_alibi-*.whl")
@@ -152,7 +163,7 @@ def test_wheel_core_needs_torch_transformers_safetensors_and_the_extras_hold_the
         assert requirements[extra] == set(modules.values()), (extra, requirements[extra])
     # dev: every extra, and the docs site's tools (no module of the package imports those: not in EXTRAS)
     assert f"hf_alibi[{','.join(sorted({*EXTRAS, 'docs'}))}]" in requirements["dev"], requirements["dev"]
-    assert {"pytest", "openai"} <= requirements["dev"], requirements["dev"]
+    assert {"pytest", "openai", "ruff"} <= requirements["dev"], requirements["dev"]
     assert "hf_alibi/experiments/configs/cpu_demo.yaml" in zipfile.ZipFile(wheel).namelist()
 
 
@@ -165,8 +176,18 @@ def venv(built, tmp_path_factory):
     venv = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
     python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
-               str(wheel)]  # fmt: skip
+    install = [
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        str(python),
+        "install",
+        "--no-deps",
+        "--no-index",
+        "-q",
+        str(wheel),
+    ]
     done = subprocess.run(install, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     # Dependencies (torch, transformers, ...) come from the running environment, listed after the venv's own
@@ -180,8 +201,7 @@ def venv(built, tmp_path_factory):
 def _run_elsewhere(venv_python: Path, folder: Path, argv: list[str], absent: tuple[str, ...] = ()):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env |= {"HF_HUB_OFFLINE": "1", "HF_ALIBI_ABSENT": ",".join(absent)}
-    return subprocess.run([str(venv_python), *argv], cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    return subprocess.run([str(venv_python), *argv], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_wheel_installed_alone_in_a_fresh_venv_imports_loads_converts_and_writes_cards(venv, tmp_path):

@@ -15,14 +15,12 @@ from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import (
     EXPORT_REFUSAL,
     IMPORT_REFUSAL,
-    NO_MUP_SWITCHES,
     TANH_GELUS,
     Requirement,
     build_exactly,
-    mlp_width_requirement,
+    export_requirements,
     require,
     shared_fields,
-    slopes_requirement,
 )
 from .weight_map import TRANSPOSE, Entry, WeightMap, map_weights, per_head_qkv
 
@@ -79,22 +77,23 @@ def convert_bloom(model: BloomForCausalLM) -> AlibiGPT2LMHeadModel:
         alibi_slopes=bloom_slopes(n_head).tolist(),
         embedding_layernorm=True,
     )
-    state = map_weights(bloom_weights(n_head), model.state_dict(), config.n_layer, to="ours",
-                        what="bloom -> alibi_gpt2")  # fmt: skip
+    state = map_weights(
+        bloom_weights(n_head), model.state_dict(), config.n_layer, to="ours", what="bloom -> alibi_gpt2"
+    )
     return build_exactly(AlibiGPT2LMHeadModel, alibi_config, state, model)
 
 
 # What BLOOM's architecture holds: anything else would change the function.
-_NEEDS = (
-    *NO_MUP_SWITCHES,
+_NEEDS = export_requirements(
     Requirement("embedding_layernorm", True),
     Requirement("bias", True),
     Requirement("clip_qkv", None),
     Requirement("scale_attn_weights", True),
     Requirement("activation_function", frozenset(TANH_GELUS), "BLOOM's MLP is the tanh GELU; {field}={value!r}"),
-    mlp_width_requirement("BLOOM's MLP"),
-    slopes_requirement(bloom_slopes, "BLOOM computes the paper's slopes for {config.n_head} heads"),
-)  # fmt: skip
+    mlp="BLOOM's MLP",
+    slopes=bloom_slopes,
+    rule="BLOOM computes the paper's slopes for {config.n_head} heads",
+)
 
 
 def check_bloom_exportable(config: AlibiGPT2Config) -> None:
@@ -115,16 +114,12 @@ def export_bloom(model: AlibiGPT2LMHeadModel) -> BloomForCausalLM:
         hidden_size=n_embd,
         n_layer=config.n_layer,
         n_head=n_head,
-        layer_norm_epsilon=config.layer_norm_epsilon,
-        initializer_range=config.initializer_range,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
         hidden_dropout=config.resid_pdrop,
         attention_dropout=config.attn_pdrop,
-        tie_word_embeddings=config.tie_word_embeddings,
+        **shared_fields(config),
         architectures=["BloomForCausalLM"],
     )
-    state = map_weights(bloom_weights(n_head), model.state_dict(), config.n_layer, to="theirs",
-                        what="alibi_gpt2 -> bloom")  # fmt: skip
+    state = map_weights(
+        bloom_weights(n_head), model.state_dict(), config.n_layer, to="theirs", what="alibi_gpt2 -> bloom"
+    )
     return build_exactly(BloomForCausalLM, bloom_config, state, model)

@@ -10,6 +10,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..atomic_files import check_destination, write_folder_atomically  # noqa: F401  (importable here: dispatch, cli)
+
 # The tanh GELU's names (BLOOM's, GPT-2's, llama.cpp's function): the model's own table, the one that runs it fused
 from ..models.alibi_gpt2.activations import TANH_GELUS  # noqa: F401  (importable here: bloom, gguf_export)
 from ..models.alibi_gpt2.alibi import slopes_from_config
@@ -17,8 +18,14 @@ from ..models.alibi_gpt2.alibi import slopes_from_config
 
 def shared_fields(config) -> dict:
     """The config fields every family names as GPT-2 does: norm epsilon, init range, special tokens, tied head."""
-    names = ("layer_norm_epsilon", "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id",
-             "tie_word_embeddings")
+    names = (
+        "layer_norm_epsilon",
+        "initializer_range",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "tie_word_embeddings",
+    )
     return {name: getattr(config, name) for name in names}
 
 
@@ -41,25 +48,13 @@ class Requirement(NamedTuple):
     read: Callable | None = None  # the value checked, when derived from the config (the slopes); None: the field
 
 
-def mlp_width_requirement(mlp: str) -> Requirement:
-    """The export refusal of an MLP that is not 4 * n_embd wide, which `mlp` (say "BLOOM's MLP") always is."""
-    return Requirement("n_inner", lambda config: 4 * config.n_embd,
-                       mlp + " is 4 * n_embd = {accepted} wide; n_inner={config.n_inner}",
-                       read=lambda config: config.n_inner or 4 * config.n_embd)  # fmt: skip
-
-
-def slopes_requirement(slopes: Callable[[int], torch.Tensor], rule: str) -> Requirement:
-    """The export refusal of slopes other than `slopes(n_head)`, the family's own rule (`rule` says it, with
-    `{config.n_head}` for the head count)."""
-    return Requirement("alibi_slopes", lambda config: slopes(config.n_head).tolist(),
-                       rule + "; this model's alibi_slopes/alibi_max_bias give {value}",
-                       read=lambda config: slopes_from_config(config).tolist())  # fmt: skip
-
-
 # A slope scale that changes with the key length (`alibi_scaling.train_seq_len`): only Jais's and BTLM's code has one
 LENGTH_DEPENDENT_SCALING = Requirement(
-    "alibi_scaling.train_seq_len", None, "{family} has no slope scale that changes with the key length; {field}="
-    "{value!r} (the length-dependent alibi_scaling) divides the slopes by K / {value} past {value} keys")  # fmt: skip
+    "alibi_scaling.train_seq_len",
+    None,
+    "{family} has no slope scale that changes with the key length; {field}="
+    "{value!r} (the length-dependent alibi_scaling) divides the slopes by K / {value} past {value} keys",
+)
 # The Jais/BTLM switches at their defaults: what a layout without a gated MLP, a 1/d attention scale or muP
 # multipliers (BLOOM, MPT, llama.cpp's mpt graph) needs. A static slope scale shows in the slopes those layouts
 # compare; the length-dependent one is refused by name.
@@ -70,6 +65,27 @@ NO_MUP_SWITCHES = (
     Requirement("logit_scale", 1.0),
     LENGTH_DEPENDENT_SCALING,
 )
+
+
+def export_requirements(
+    *specific: Requirement, mlp: str, slopes: Callable[[int], torch.Tensor], rule: str
+) -> tuple[Requirement, ...]:
+    """What an export to a family with a 4 * n_embd MLP, its own slopes and none of the muP switches needs, in the
+    order checked: `NO_MUP_SWITCHES`, the family's `specific` fields, the MLP's width (`mlp` says whose, e.g. "BLOOM's
+    MLP"), the slopes `slopes(n_head)` (`rule` says the family's rule, with `{config.n_head}` for the head count)."""
+    mlp_width = Requirement(
+        "n_inner",
+        lambda config: 4 * config.n_embd,
+        mlp + " is 4 * n_embd = {accepted} wide; n_inner={config.n_inner}",
+        read=lambda config: config.n_inner or 4 * config.n_embd,
+    )
+    own_slopes = Requirement(
+        "alibi_slopes",
+        lambda config: slopes(config.n_head).tolist(),
+        rule + "; this model's alibi_slopes/alibi_max_bias give {value}",
+        read=lambda config: slopes_from_config(config).tolist(),
+    )
+    return (*NO_MUP_SWITCHES, *specific, mlp_width, own_slopes)
 
 
 def require(config, requirements: tuple[Requirement, ...], family: str, message: str) -> None:
@@ -172,8 +188,10 @@ def check_hub_id(source: str | os.PathLike) -> None:
     if constants.HF_HUB_OFFLINE or isinstance(try_to_load_from_cache(str(source), "config.json"), str):
         return
     if not hub_reachable():
-        raise ValueError(f"{str(source)!r}: no such folder, and the Hub ({constants.ENDPOINT}) cannot be reached to "
-                         "look for a model of that id")  # fmt: skip
+        raise ValueError(
+            f"{str(source)!r}: no such folder, and the Hub ({constants.ENDPOINT}) cannot be reached to "
+            "look for a model of that id"
+        )
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:

@@ -144,8 +144,9 @@ def export(
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if layout == "bloom" and max_seq_len is not None:
-        raise ValueError(f"max_seq_len={max_seq_len} applies to the mpt, jais, btlm and gguf layouts; BLOOM has no "
-                         "length cap")  # fmt: skip
+        raise ValueError(
+            f"max_seq_len={max_seq_len} applies to the mpt, jais, btlm and gguf layouts; BLOOM has no length cap"
+        )
     if layout == "gguf" and destination is None:
         raise ValueError("a gguf export writes a file: pass destination='model.gguf'")
     if destination is not None:  # refused before the model loads
@@ -166,8 +167,9 @@ def export(
     return exported if destination is None else save_folder(exported, tokenizer, destination)
 
 
-def save_folder(model: PreTrainedModel, tokenizer, destination: str | os.PathLike,
-                tokenizer_files: Path | None = None) -> Path:  # fmt: skip
+def save_folder(
+    model: PreTrainedModel, tokenizer, destination: str | os.PathLike, tokenizer_files: Path | None = None
+) -> Path:
     """`model` (with its generation config) and `tokenizer`, if not None, saved to the folder `destination`,
     atomically: a failure leaves nothing there. Without a `tokenizer`, the tokenizer files of the folder
     `tokenizer_files` (if any) are copied unchanged."""

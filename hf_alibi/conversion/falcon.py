@@ -66,6 +66,7 @@ def convert_falcon(model: FalconForCausalLM) -> AlibiGPT2LMHeadModel:
     for key, weight in list(source.items()):  # bias=False Falcons have no linear biases: ours hold exact zeros
         if key.startswith("transformer.h.") and weight.ndim == 2:
             source.setdefault(key.removesuffix("weight") + "bias", weight.new_zeros(weight.shape[0]))
-    state = map_weights(falcon_weights(n_head), source, config.num_hidden_layers, to="ours",
-                        what="falcon -> alibi_gpt2")  # fmt: skip
+    state = map_weights(
+        falcon_weights(n_head), source, config.num_hidden_layers, to="ours", what="falcon -> alibi_gpt2"
+    )
     return build_exactly(AlibiGPT2LMHeadModel, alibi_config, state, model)

@@ -35,15 +35,22 @@ from .common import (
 # The pre-tokenizers llama.cpp implements that byte-level BPE tokenizers of these families use (llama-vocab.cpp).
 _BLOOM_SPLIT = " ?[^(\\s|[.,!?…。，、।۔،])]+"
 _LAYERS = {
-    "ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
-    "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down",
-}  # fmt: skip
+    "ln_1": "attn_norm",
+    "attn.c_attn": "attn_qkv",
+    "attn.c_proj": "attn_output",
+    "ln_2": "ffn_norm",
+    "mlp.c_fc": "ffn_up",
+    "mlp.c_proj": "ffn_down",
+}
 _JAIS_LAYERS = _LAYERS | {"mlp.c_fc2": "ffn_gate"}
 # architecture -> what llama.cpp's graph of that name holds exactly
 _NEEDS = {
     "mpt": (
-        Requirement("activation_function", frozenset(TANH_GELUS),
-                    "{family} uses the tanh GELU; {field}={value!r} would run approximately"),
+        Requirement(
+            "activation_function",
+            frozenset(TANH_GELUS),
+            "{family} uses the tanh GELU; {field}={value!r} would run approximately",
+        ),
         Requirement("embedding_layernorm", False),
         Requirement("scale_attn_weights", True),
         *NO_MUP_SWITCHES,
@@ -56,10 +63,13 @@ _NEEDS = {
         Requirement("scale_attn_weights", True),
         Requirement("attn_scale_power", 1.0, "{family} divides q.k by head_dim (a fixed 1/d); {field}={value!r}"),
         LENGTH_DEPENDENT_SCALING,
-        Requirement("alibi_scaling.factor", None, "{family} computes its slopes from max_alibi_bias alone (no slope "
-                    "scale); {field}={value!r}"),
+        Requirement(
+            "alibi_scaling.factor",
+            None,
+            "{family} computes its slopes from max_alibi_bias alone (no slope scale); {field}={value!r}",
+        ),
     ),
-}  # fmt: skip
+}
 
 
 def gguf_architecture(config: AlibiGPT2Config) -> str:
@@ -71,8 +81,12 @@ def check_gguf_exportable(config: AlibiGPT2Config) -> float:
     """The `max_alibi_bias` llama.cpp needs to compute the slopes of a model of `config`; `ValueError` naming what
     it cannot hold."""
     architecture = gguf_architecture(config)
-    require(config, _NEEDS[architecture], f"llama.cpp's {architecture} graph",
-            "{family} needs {field}={accepted!r}, the model has {value!r}")  # fmt: skip
+    require(
+        config,
+        _NEEDS[architecture],
+        f"llama.cpp's {architecture} graph",
+        "{family} needs {field}={accepted!r}, the model has {value!r}",
+    )
     slopes = slopes_from_config(config)
     if torch.all(slopes == 0):
         return 0.0  # llama.cpp: max_alibi_bias 0 means no ALiBi at all
@@ -204,8 +218,11 @@ def add_general_fields(writer, model: AlibiGPT2LMHeadModel) -> None:
     writer.add_name(checkpoint_name(source) if source else "alibi_gpt2")
     writer.add_size_label(gguf.size_label(sum(p.numel() for p in model.parameters()), 0, 0, 0))
     card = source_card_metadata(source) if source else {}
-    for field, add in (("license", writer.add_license), ("license_name", writer.add_license_name),
-                       ("license_link", writer.add_license_link)):  # fmt: skip
+    for field, add in (
+        ("license", writer.add_license),
+        ("license_name", writer.add_license_name),
+        ("license_link", writer.add_license_link),
+    ):
         if field in card:
             add(card[field])
     base_models = card.get("base_model", [])

@@ -13,10 +13,25 @@ from .common import Requirement, build_exactly, require
 
 # GPT-2 config fields that carry over unchanged (AlibiGPT2Config uses GPT-2's names).
 _SHARED_FIELDS = (
-    "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function", "resid_pdrop",
-    "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "initializer_range", "scale_attn_weights", "use_cache",
-    "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings",
-)  # fmt: skip
+    "vocab_size",
+    "n_positions",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "n_inner",
+    "activation_function",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "layer_norm_epsilon",
+    "initializer_range",
+    "scale_attn_weights",
+    "use_cache",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "tie_word_embeddings",
+)
 _DROPPED_KEYS = ("transformer.wpe.weight",)  # every other key is ours already
 _UNSUPPORTED = tuple(
     Requirement(flag, frozenset({False, None}))  # unset or off

@@ -43,27 +43,57 @@ from .weight_map import Entry, WeightMap, map_weights
 NAMES = {"jais": "Jais", "btlm": "BTLM"}
 # Their config classes' defaults, for keys a config.json leaves out (JAISConfig and BTLMConfig agree on these)
 _DEFAULTS = {
-    "vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None,
-    "activation_function": "gelu_new", "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1,
-    "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "scale_attn_weights": True, "use_cache": True,
-    "bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": None, "tie_word_embeddings": True,
-    "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False, "position_embedding_type": "learned",
-    "add_cross_attention": False, "alibi_scaling": None,
-}  # fmt: skip
-_ALIASES = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
-            "max_position_embeddings": "n_positions"}  # their attribute_map  # fmt: skip
+    "vocab_size": 50257,
+    "n_positions": 1024,
+    "n_embd": 768,
+    "n_layer": 12,
+    "n_head": 12,
+    "n_inner": None,
+    "activation_function": "gelu_new",
+    "resid_pdrop": 0.1,
+    "embd_pdrop": 0.1,
+    "attn_pdrop": 0.1,
+    "layer_norm_epsilon": 1e-5,
+    "initializer_range": 0.02,
+    "scale_attn_weights": True,
+    "use_cache": True,
+    "bos_token_id": 50256,
+    "eos_token_id": 50256,
+    "pad_token_id": None,
+    "tie_word_embeddings": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+    "position_embedding_type": "learned",
+    "add_cross_attention": False,
+    "alibi_scaling": None,
+}
+_ALIASES = {
+    "hidden_size": "n_embd",
+    "num_attention_heads": "n_head",
+    "num_hidden_layers": "n_layer",
+    "max_position_embeddings": "n_positions",
+}  # their attribute_map
 _REFUSED = (
-    Requirement("position_embedding_type", "alibi",
-                "{family} config has position_embedding_type={value!r}: a learned position table (wpe) is not ALiBi"),
-    Requirement("activation_function", frozenset({"swiglu", *ACT2FN}), "{family} config has activation_function="
-                "{value!r}, which neither their code nor ALiBi GPT-2 implements"),
+    Requirement(
+        "position_embedding_type",
+        "alibi",
+        "{family} config has position_embedding_type={value!r}: a learned position table (wpe) is not ALiBi",
+    ),
+    Requirement(
+        "activation_function",
+        frozenset({"swiglu", *ACT2FN}),
+        "{family} config has activation_function={value!r}, which neither their code nor ALiBi GPT-2 implements",
+    ),
     Requirement("scale_attn_by_inverse_layer_idx", False),
     Requirement("add_cross_attention", False),
-)  # fmt: skip
+)
 # The muP settings as each code generation reads them: ours <- (jais-13b's keys, the Jais-family's and BTLM's keys)
 _OLD_KEYS = {"logit_scale": "width_scale", "embedding_scale": "embeddings_scale", "scale_by_d": "scale_qk_dot_by_d"}
-_NEW_KEYS = {"logit_scale": "mup_output_alpha * mup_width_scale", "embedding_scale": "mup_embeddings_scale",
-             "scale_by_d": "mup_scale_qk_dot_by_d"}  # fmt: skip
+_NEW_KEYS = {
+    "logit_scale": "mup_output_alpha * mup_width_scale",
+    "embedding_scale": "mup_embeddings_scale",
+    "scale_by_d": "mup_scale_qk_dot_by_d",
+}
 _MASK_BUFFERS = ("attn.bias", "attn.masked_bias")  # causal-mask buffers older code saved; theirs ignores them on load
 SLOPES_KEY = "transformer.relative_pe.slopes"
 
@@ -79,11 +109,16 @@ def _with_defaults(config: dict) -> dict:
 def _mup_readings(config: dict) -> dict[str, dict]:
     """{generation: {setting: value}} for each key generation the config uses (the Jais-family's when it uses none:
     the defaults agree)."""
-    old = {"logit_scale": config.get("width_scale", 1.0), "embedding_scale": config.get("embeddings_scale", 1.0),
-           "scale_by_d": bool(config.get("scale_qk_dot_by_d", False))}  # fmt: skip
-    new = {"logit_scale": config.get("mup_output_alpha", 1.0) * config.get("mup_width_scale", 1.0),
-           "embedding_scale": config.get("mup_embeddings_scale", 1.0),
-           "scale_by_d": bool(config.get("mup_scale_qk_dot_by_d", False))}  # fmt: skip
+    old = {
+        "logit_scale": config.get("width_scale", 1.0),
+        "embedding_scale": config.get("embeddings_scale", 1.0),
+        "scale_by_d": bool(config.get("scale_qk_dot_by_d", False)),
+    }
+    new = {
+        "logit_scale": config.get("mup_output_alpha", 1.0) * config.get("mup_width_scale", 1.0),
+        "embedding_scale": config.get("mup_embeddings_scale", 1.0),
+        "scale_by_d": bool(config.get("mup_scale_qk_dot_by_d", False)),
+    }
     if config["model_type"] == "btlm":  # BTLM's code reads only the mup_* keys
         return {"new": new}
     uses_old = any(key in config for key in _OLD_KEYS.values())
@@ -131,11 +166,26 @@ def their_alibi_scaling(config: dict) -> dict | None:
 def cerebras_weights(gated: bool, tied: bool) -> WeightMap:
     """(ours, theirs) for every tensor: the same GPT-2 names and Conv1D layout on both sides; the gate `c_fc2` when
     the MLP is gated, `lm_head` when it is not tied. The slopes buffer is read into the config, not mapped."""
-    parts = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-             "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
-             "mlp.c_proj.bias"] + (["mlp.c_fc2.weight", "mlp.c_fc2.bias"] if gated else [])  # fmt: skip
-    names = ["transformer.wte.weight", *(f"transformer.h.{{i}}.{part}" for part in parts), "transformer.ln_f.weight",
-             "transformer.ln_f.bias"] + ([] if tied else ["lm_head.weight"])  # fmt: skip
+    parts = [
+        "ln_1.weight",
+        "ln_1.bias",
+        "attn.c_attn.weight",
+        "attn.c_attn.bias",
+        "attn.c_proj.weight",
+        "attn.c_proj.bias",
+        "ln_2.weight",
+        "ln_2.bias",
+        "mlp.c_fc.weight",
+        "mlp.c_fc.bias",
+        "mlp.c_proj.weight",
+        "mlp.c_proj.bias",
+    ] + (["mlp.c_fc2.weight", "mlp.c_fc2.bias"] if gated else [])
+    names = [
+        "transformer.wte.weight",
+        *(f"transformer.h.{{i}}.{part}" for part in parts),
+        "transformer.ln_f.weight",
+        "transformer.ln_f.bias",
+    ] + ([] if tied else ["lm_head.weight"])
     return tuple(Entry(name, name) for name in names)
 
 
@@ -150,8 +200,10 @@ def _their_tensors(checkpoint: Checkpoint, config: dict, family: str) -> tuple[d
     head = state.get("lm_head.weight")
     if config["tie_word_embeddings"] and head is not None:
         if not torch.equal(head, state["transformer.wte.weight"]):
-            raise ValueError(f"{family} checkpoint is tied (tie_word_embeddings) but its lm_head.weight differs from "
-                             "transformer.wte.weight: which one their code uses depends on load order")  # fmt: skip
+            raise ValueError(
+                f"{family} checkpoint is tied (tie_word_embeddings) but its lm_head.weight differs from "
+                "transformer.wte.weight: which one their code uses depends on load order"
+            )
         del state["lm_head.weight"]
     dtypes = sorted({str(tensor.dtype) for tensor in state.values() if tensor.is_floating_point()})
     if len(dtypes) != 1:
@@ -171,21 +223,36 @@ def convert_cerebras(checkpoint: Checkpoint) -> AlibiGPT2LMHeadModel:
     n_head, n_layer, swiglu = config["n_head"], config["n_layer"], config["activation_function"] == "swiglu"
     state, slopes = _their_tensors(checkpoint, config, family)
     if slopes is not None and slopes.numel() != n_head:
-        raise ValueError(f"{family} checkpoint's {SLOPES_KEY} has shape {tuple(slopes.shape)}, not one per head "
-                         f"({n_head})")  # fmt: skip
+        raise ValueError(
+            f"{family} checkpoint's {SLOPES_KEY} has shape {tuple(slopes.shape)}, not one per head ({n_head})"
+        )
     slopes = get_alibi_slopes(n_head) if slopes is None else slopes.float().flatten()  # (H,)
     alibi_config = AlibiGPT2Config(
-        vocab_size=config["vocab_size"], n_positions=config["n_positions"], n_embd=config["n_embd"],
-        n_layer=n_layer, n_head=n_head, n_inner=config["n_inner"],
+        vocab_size=config["vocab_size"],
+        n_positions=config["n_positions"],
+        n_embd=config["n_embd"],
+        n_layer=n_layer,
+        n_head=n_head,
+        n_inner=config["n_inner"],
         activation_function="silu" if swiglu else config["activation_function"],
-        resid_pdrop=config["resid_pdrop"], embd_pdrop=config["embd_pdrop"], attn_pdrop=config["attn_pdrop"],
-        layer_norm_epsilon=config["layer_norm_epsilon"], initializer_range=config["initializer_range"],
-        scale_attn_weights=config["scale_attn_weights"], use_cache=config["use_cache"],
-        bos_token_id=config["bos_token_id"], eos_token_id=config["eos_token_id"],
-        pad_token_id=config["pad_token_id"], tie_word_embeddings=config["tie_word_embeddings"],
-        alibi_slopes=slopes.tolist(), gated_mlp=swiglu, attn_scale_power=1.0 if mup["scale_by_d"] else 0.5,
-        embedding_scale=mup["embedding_scale"], logit_scale=mup["logit_scale"], alibi_scaling=scaling,
-    )  # fmt: skip
+        resid_pdrop=config["resid_pdrop"],
+        embd_pdrop=config["embd_pdrop"],
+        attn_pdrop=config["attn_pdrop"],
+        layer_norm_epsilon=config["layer_norm_epsilon"],
+        initializer_range=config["initializer_range"],
+        scale_attn_weights=config["scale_attn_weights"],
+        use_cache=config["use_cache"],
+        bos_token_id=config["bos_token_id"],
+        eos_token_id=config["eos_token_id"],
+        pad_token_id=config["pad_token_id"],
+        tie_word_embeddings=config["tie_word_embeddings"],
+        alibi_slopes=slopes.tolist(),
+        gated_mlp=swiglu,
+        attn_scale_power=1.0 if mup["scale_by_d"] else 0.5,
+        embedding_scale=mup["embedding_scale"],
+        logit_scale=mup["logit_scale"],
+        alibi_scaling=scaling,
+    )
     what = f"{config['model_type']} -> alibi_gpt2"
     ours = map_weights(cerebras_weights(swiglu, config["tie_word_embeddings"]), state, n_layer, to="ours", what=what)
     if config["tie_word_embeddings"]:
@@ -199,17 +266,30 @@ _NEEDS = (
     Requirement("bias", True),
     Requirement("embedding_layernorm", False),
     Requirement("clip_qkv", None),
-    Requirement("activation_function", "silu", "their gated MLP is SwiGLU; {field}={value!r} with gated_mlp",
-                read=lambda config: config.activation_function if config.gated_mlp else "silu"),
-    Requirement("attn_scale_power", frozenset({0.5, 1.0}),
-                "their attention divides q.k by head_dim or its square root; {field}={value!r}"),
-    Requirement("alibi_scaling.factor", True, "their config accepts an alibi_scaling.factor > 1 only (1: none); "
-                "{field}={config.alibi_scaling[factor]!r}",
-                read=lambda config: static_scaling_factor(config.alibi_scaling) >= 1.0),
-    Requirement("alibi_scaling.train_seq_len", True, "their config accepts an alibi_scaling.train_seq_len > 1 only; "
-                "{field}={config.alibi_scaling[train_seq_len]!r}",
-                read=lambda config: (train_seq_len(config.alibi_scaling) or 2) > 1),
-)  # fmt: skip
+    Requirement(
+        "activation_function",
+        "silu",
+        "their gated MLP is SwiGLU; {field}={value!r} with gated_mlp",
+        read=lambda config: config.activation_function if config.gated_mlp else "silu",
+    ),
+    Requirement(
+        "attn_scale_power",
+        frozenset({0.5, 1.0}),
+        "their attention divides q.k by head_dim or its square root; {field}={value!r}",
+    ),
+    Requirement(
+        "alibi_scaling.factor",
+        True,
+        "their config accepts an alibi_scaling.factor > 1 only (1: none); {field}={config.alibi_scaling[factor]!r}",
+        read=lambda config: static_scaling_factor(config.alibi_scaling) >= 1.0,
+    ),
+    Requirement(
+        "alibi_scaling.train_seq_len",
+        True,
+        "their config accepts an alibi_scaling.train_seq_len > 1 only; {field}={config.alibi_scaling[train_seq_len]!r}",
+        read=lambda config: (train_seq_len(config.alibi_scaling) or 2) > 1,
+    ),
+)
 
 
 def check_cerebras_exportable(config: AlibiGPT2Config, max_seq_len: int | None = None) -> int:
@@ -220,6 +300,58 @@ def check_cerebras_exportable(config: AlibiGPT2Config, max_seq_len: int | None =
         raise ValueError(f"max_seq_len must be a positive integer, got {max_seq_len!r}")
     require(config, _NEEDS, "Jais/BTLM", EXPORT_REFUSAL)
     return max_seq_len
+
+
+def cerebras_config(config: AlibiGPT2Config, model_type: str, n_positions: int, dtype: str) -> dict:
+    """Their config dict (`export_cerebras`) for a model of `config` stored in `dtype` (e.g. "float32")."""
+    scaling, by_d = config.alibi_scaling, config.attn_scale_power == 1.0
+    if scaling is not None and scaling.get("factor") == 1.0:
+        scaling = None  # their config refuses a factor of 1 (no scale at all)
+    module = "jais" if model_type == "jais" else "btlm"
+    prefix = "JAIS" if model_type == "jais" else "BTLM"
+    theirs = {
+        "model_type": model_type,
+        "architectures": [f"{prefix}LMHeadModel"],
+        "auto_map": {
+            "AutoConfig": f"configuration_{module}.{prefix}Config",
+            "AutoModel": f"modeling_{module}.{prefix}Model",
+            "AutoModelForCausalLM": f"modeling_{module}.{prefix}LMHeadModel",
+        },
+        "vocab_size": config.vocab_size,
+        "n_positions": n_positions,
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_inner": config.n_inner,
+        "activation_function": "swiglu" if config.gated_mlp else config.activation_function,
+        "resid_pdrop": config.resid_pdrop,
+        "embd_pdrop": config.embd_pdrop,
+        "attn_pdrop": config.attn_pdrop,
+        "layer_norm_epsilon": config.layer_norm_epsilon,
+        "initializer_range": config.initializer_range,
+        "scale_attn_weights": config.scale_attn_weights,
+        "use_cache": config.use_cache,
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": config.eos_token_id,
+        "pad_token_id": config.pad_token_id,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "position_embedding_type": "alibi",
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "mup_width_scale": 1.0,
+        "mup_output_alpha": config.logit_scale,
+        "mup_embeddings_scale": config.embedding_scale,
+        "mup_scale_qk_dot_by_d": by_d,
+        "alibi_scaling": None if scaling is None else dict(scaling),
+        "torch_dtype": dtype,
+    }
+    if model_type == "jais":
+        theirs |= {
+            "width_scale": config.logit_scale,
+            "embeddings_scale": config.embedding_scale,
+            "scale_qk_dot_by_d": by_d,
+        }
+    return theirs
 
 
 def export_cerebras(model: AlibiGPT2LMHeadModel, model_type: str, max_seq_len: int | None = None) -> Checkpoint:
@@ -235,35 +367,12 @@ def export_cerebras(model: AlibiGPT2LMHeadModel, model_type: str, max_seq_len: i
         raise ValueError(f"model_type must be one of {sorted(NAMES)}, got {model_type!r}")
     config = model.config
     n_positions = check_cerebras_exportable(config, max_seq_len)
-    slopes = (torch.tensor(config.alibi_slopes) if config.alibi_slopes is not None
-              else get_alibi_slopes(config.n_head, config.alibi_max_bias))  # fmt: skip
-    scaling, by_d = config.alibi_scaling, config.attn_scale_power == 1.0
-    if scaling is not None and scaling.get("factor") == 1.0:
-        scaling = None  # their config refuses a factor of 1 (no scale at all)
-    module = "jais" if model_type == "jais" else "btlm"
-    prefix = "JAIS" if model_type == "jais" else "BTLM"
-    theirs = {
-        "model_type": model_type, "architectures": [f"{prefix}LMHeadModel"],
-        "auto_map": {"AutoConfig": f"configuration_{module}.{prefix}Config",
-                     "AutoModel": f"modeling_{module}.{prefix}Model",
-                     "AutoModelForCausalLM": f"modeling_{module}.{prefix}LMHeadModel"},
-        "vocab_size": config.vocab_size, "n_positions": n_positions, "n_embd": config.n_embd,
-        "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": config.n_inner,
-        "activation_function": "swiglu" if config.gated_mlp else config.activation_function,
-        "resid_pdrop": config.resid_pdrop, "embd_pdrop": config.embd_pdrop, "attn_pdrop": config.attn_pdrop,
-        "layer_norm_epsilon": config.layer_norm_epsilon, "initializer_range": config.initializer_range,
-        "scale_attn_weights": config.scale_attn_weights, "use_cache": config.use_cache,
-        "bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id, "pad_token_id": config.pad_token_id,
-        "tie_word_embeddings": config.tie_word_embeddings, "position_embedding_type": "alibi",
-        "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
-        "mup_width_scale": 1.0, "mup_output_alpha": config.logit_scale, "mup_embeddings_scale": config.embedding_scale,
-        "mup_scale_qk_dot_by_d": by_d,
-        "alibi_scaling": None if scaling is None else dict(scaling),
-        "torch_dtype": str(model.dtype).removeprefix("torch."),
-    }  # fmt: skip
-    if model_type == "jais":
-        theirs |= {"width_scale": config.logit_scale, "embeddings_scale": config.embedding_scale,
-                   "scale_qk_dot_by_d": by_d}  # fmt: skip
+    slopes = (
+        torch.tensor(config.alibi_slopes)
+        if config.alibi_slopes is not None
+        else get_alibi_slopes(config.n_head, config.alibi_max_bias)
+    )
+    theirs = cerebras_config(config, model_type, n_positions, dtype=str(model.dtype).removeprefix("torch."))
     table = cerebras_weights(config.gated_mlp, config.tie_word_embeddings)
     ours = model.state_dict()
     if config.tie_word_embeddings:

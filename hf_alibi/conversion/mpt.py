@@ -17,13 +17,11 @@ from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import (
     EXPORT_REFUSAL,
     IMPORT_REFUSAL,
-    NO_MUP_SWITCHES,
     Requirement,
     build_exactly,
-    mlp_width_requirement,
+    export_requirements,
     require,
     shared_fields,
-    slopes_requirement,
 )
 from .weight_map import IDENTITY, TRANSPOSE, Entry, Transform, WeightMap, map_weights
 
@@ -118,15 +116,15 @@ def convert_mpt(model: MptForCausalLM) -> AlibiGPT2LMHeadModel:
 
 
 # What transformers' MPT architecture holds: anything else would change the function.
-_NEEDS = (
-    *NO_MUP_SWITCHES,
+_NEEDS = export_requirements(
     Requirement("bias", False),
     Requirement("embedding_layernorm", False),
     Requirement("activation_function", "gelu"),
     Requirement("tie_word_embeddings", True),
-    mlp_width_requirement("transformers' MPT MLP"),
-    slopes_requirement(mpt_slopes, "MPT computes its slopes for {config.n_head} heads at max bias 8"),
-)  # fmt: skip
+    mlp="transformers' MPT MLP",
+    slopes=mpt_slopes,
+    rule="MPT computes its slopes for {config.n_head} heads at max bias 8",
+)
 
 
 def check_mpt_exportable(config: AlibiGPT2Config, max_seq_len: int | None = None) -> int:
@@ -158,7 +156,6 @@ def export_mpt(model: AlibiGPT2LMHeadModel, max_seq_len: int | None = None) -> M
         vocab_size=config.vocab_size,
         resid_pdrop=config.resid_pdrop,
         emb_pdrop=config.embd_pdrop,
-        layer_norm_epsilon=config.layer_norm_epsilon,
         learned_pos_emb=False,
         no_bias=True,
         attn_config={
@@ -168,12 +165,8 @@ def export_mpt(model: AlibiGPT2LMHeadModel, max_seq_len: int | None = None) -> M
             "clip_qkv": config.clip_qkv,
             "softmax_scale": None if config.scale_attn_weights else 1.0,
         },
-        initializer_range=config.initializer_range,
         use_cache=config.use_cache,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-        tie_word_embeddings=True,
+        **shared_fields(config),  # tie_word_embeddings: True, as _NEEDS requires
         architectures=["MptForCausalLM"],
     )
     state = map_weights(mpt_weights(), model.state_dict(), config.n_layer, to="theirs", what="alibi_gpt2 -> mpt")

@@ -16,9 +16,15 @@ from .common import check_checkpoint_folder, check_hub_id
 
 # What the checkpoints' tokenizers are made of; copied through byte for byte, as the checkpoints ship them
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-    "added_tokens.json", "chat_template.jinja", "chat_template.json",
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 _WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
 
 
@@ -59,8 +65,10 @@ def read_config(source: str | os.PathLike) -> dict:
 
 def _weight_files(folder: Path) -> list[Path]:
     """The weight files of `folder`: the shards an index names, else the single file; safetensors first."""
-    for index_name, single in (("model.safetensors.index.json", "model.safetensors"),
-                               ("pytorch_model.bin.index.json", "pytorch_model.bin")):  # fmt: skip
+    for index_name, single in (
+        ("model.safetensors.index.json", "model.safetensors"),
+        ("pytorch_model.bin.index.json", "pytorch_model.bin"),
+    ):
         index = folder / index_name
         if index.is_file():
             return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]

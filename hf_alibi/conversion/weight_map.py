@@ -86,8 +86,11 @@ def map_weights(entries: WeightMap, state: StateDict, n_layer: int, *, to: Direc
     for entry in entries:
         for i in range(n_layer) if "{i}" in entry.ours + entry.theirs else (None,):
             ours, theirs = entry.ours.format(i=i), entry.theirs.format(i=i)
-            steps.append(_Step(theirs, ours, entry.transform.to_ours) if to == "ours" else
-                         _Step(ours, theirs, entry.transform.to_theirs))  # fmt: skip
+            steps.append(
+                _Step(theirs, ours, entry.transform.to_ours)
+                if to == "ours"
+                else _Step(ours, theirs, entry.transform.to_theirs)
+            )
     for side in ("read", "written"):
         twice = sorted(key for key, count in Counter(getattr(step, side) for step in steps).items() if count > 1)
         if twice:

@@ -91,7 +91,11 @@ def build_model(
     if name in ("alibi", "nope"):
         slopes = [0.0] * n_head if name == "nope" else None
         config = AlibiGPT2Config(
-            **shape, **dropouts, **ids, n_positions=train_length, alibi_slopes=slopes,
+            **shape,
+            **dropouts,
+            **ids,
+            n_positions=train_length,
+            alibi_slopes=slopes,
             initializer_range=INITIALIZER_RANGE,
         )
         model = AlibiGPT2LMHeadModel(config)

@@ -55,8 +55,14 @@ def position_use(evaluation: ModelEvaluation, train_tokens: int | None = None) -
     longest = max(r.length for r in evaluation.lengths if not r.unsupported)
     own = by_length[evaluation.train_length].ppl_nonoverlapping
     far = by_length[longest].ppl_nonoverlapping
-    return {"train_tokens": train_tokens, "train_length": evaluation.train_length, "longest": longest,
-            "ppl_train_length": own, "ppl_longest": far, "ratio": far / own}  # fmt: skip
+    return {
+        "train_tokens": train_tokens,
+        "train_length": evaluation.train_length,
+        "longest": longest,
+        "ppl_train_length": own,
+        "ppl_longest": far,
+        "ratio": far / own,
+    }
 
 
 def run_budget_sweep(experiment, training: TrainingArguments, sweep: SweepArguments) -> dict[int, dict[str, dict]]:

@@ -149,8 +149,13 @@ def _check_data_files(data_files: str | list[str] | dict[str, str | list[str]]) 
 
 def load_recipe_corpus(data) -> "DatasetDict":
     """The corpus and held-out split a recipe's `DataArguments` (or the `ExperimentArguments` holding them) name."""
-    return load_text_corpus(data.dataset_name, data.dataset_config, data_files=data.data_files,
-                            text_column=data.text_column, heldout_fraction=data.heldout_fraction)  # fmt: skip
+    return load_text_corpus(
+        data.dataset_name,
+        data.dataset_config,
+        data_files=data.data_files,
+        text_column=data.text_column,
+        heldout_fraction=data.heldout_fraction,
+    )
 
 
 def load_text_corpus(

@@ -40,10 +40,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import hf_alibi  # noqa: F401  (registers "alibi_gpt2" with the Auto classes before any checkpoint loads)
 from hf_alibi.conversion.common import load_config
 
-from .parsing import parse_args
 from .baselines import restore_position_encoding
 from .launch import output_dir_lock
 from .length_eval import ModelEvaluation, evaluate_model
+from .parsing import parse_args
 from .results import format_summary, write_results
 
 logger = logging.getLogger(__name__)

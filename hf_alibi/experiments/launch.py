@@ -144,8 +144,10 @@ def _acquire(folder: Path) -> int | None:
     if stale:
         logger.warning(
             "taking over the lock of %s left by a run that is no longer alive (pid %s on host %s)",
-            folder, stale.get("pid"), stale.get("host"),
-        )  # fmt: skip
+            folder,
+            stale.get("pid"),
+            stale.get("host"),
+        )
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)

@@ -286,7 +286,11 @@ def _evaluate_length(model, docs, length, train_length, stride, batch_tokens, li
     sliding_text = f"{result.ppl_sliding:.3f}" if result.ppl_sliding is not None else "-"
     logger.info(
         "length %d: perplexity %.3f nonoverlapping, %s sliding, %d tokens, %.1f s",
-        length, result.ppl_nonoverlapping, sliding_text, result.tokens_nonoverlapping, result.seconds,
+        length,
+        result.ppl_nonoverlapping,
+        sliding_text,
+        result.tokens_nonoverlapping,
+        result.seconds,
     )
     return result
 

@@ -115,12 +115,9 @@ def render_card(
     rows = {model_name: evaluation}
     for name, other in (compare_with or {}).items():
         rows[name] = other if isinstance(other, ModelEvaluation) else ModelEvaluation.from_dict(other)
-    measured = [r for r in evaluation.lengths if not r.unsupported]
-    if not measured:
+    if all(r.unsupported for r in evaluation.lengths):
         raise ValueError(f"{model_name}: the evaluation has no measured length (all unsupported): nothing to report")
-    licence = {"license": license}
-    if base_model is not None:
-        licence = dict(source_license or {}) or {"license": "other", "license_name": "unknown"}
+    licence = _card_licence(license, base_model, source_license)
     card_data = ModelCardData(
         model_name=model_name,
         base_model=base_model,
@@ -132,10 +129,6 @@ def render_card(
         metrics=["perplexity"],
         eval_results=card_eval_results(evaluation, dataset_name=dataset_name, dataset_type=dataset_type),
     )
-    has_sliding = any(r.ppl_sliding is not None for r in measured)
-    strides = ", ".join(f"stride {r.stride} at {r.length}" for r in measured if r.stride)
-    selection = evaluation.selection
-    factors = [r.factor for r in evaluation.lengths if r.factor]
     return ModelCard.from_template(
         card_data,
         template_path=str(find_template(template_path)),
@@ -143,6 +136,34 @@ def render_card(
         repo_id=repo_id or model_name,
         model_summary=model_summary or f"`{model_name}`: an ALiBi GPT-2 model trained with `hf_alibi`.",
         dataset_name=dataset_name,
+        **_evaluation_sections(evaluation, rows),
+        plot_file=plot_file,
+        bias_plot_file=bias_plot_file,
+        window_plot_file=window_plot_file,
+        window_table=window_table,
+        architecture=dict(architecture or {}),
+        training={key: _as_given(value) for key, value in (training or {}).items()},
+        base_model=base_model,
+        licence=licence.get("license_name") or licence["license"],
+    )
+
+
+def _card_licence(license: str, base_model: str | None, source_license: Mapping[str, str] | None) -> dict:
+    """The card's licence metadata: `license` for a model trained from scratch; a fine-tuned model's is its base's
+    (`source_license`), or `other`/`unknown` when the base's card names none."""
+    if base_model is None:
+        return {"license": license}
+    return dict(source_license or {}) or {"license": "other", "license_name": "unknown"}
+
+
+def _evaluation_sections(evaluation: ModelEvaluation, rows: dict[str, ModelEvaluation]) -> dict[str, str]:
+    """The template's evaluation variables: the training length, the extrapolation factors, the documents scored,
+    the perplexity tables of `rows` (the sliding one only when measured) and the sliding strides."""
+    measured = [r for r in evaluation.lengths if not r.unsupported]
+    factors = [r.factor for r in evaluation.lengths if r.factor]
+    selection = evaluation.selection
+    has_sliding = any(r.ppl_sliding is not None for r in measured)
+    return dict(
         train_length=evaluation.train_length or "?",
         min_factor=f"{min(factors):g}" if factors else "?",
         max_factor=f"{max(factors):g}" if factors else "?",
@@ -152,15 +173,7 @@ def render_card(
         ),
         table_nonoverlapping=perplexity_table(rows, "ppl_nonoverlapping"),
         table_sliding=perplexity_table(rows, "ppl_sliding") if has_sliding else "",
-        strides=strides,
-        plot_file=plot_file,
-        bias_plot_file=bias_plot_file,
-        window_plot_file=window_plot_file,
-        window_table=window_table,
-        architecture=dict(architecture or {}),
-        training={key: _as_given(value) for key, value in (training or {}).items()},
-        base_model=base_model,
-        licence=licence.get("license_name") or licence["license"],
+        strides=", ".join(f"stride {r.stride} at {r.length}" for r in measured if r.stride),
     )
 
 

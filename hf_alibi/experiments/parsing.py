@@ -29,8 +29,10 @@ def resolve_config(value: str) -> Path:
     names = ", ".join(shipped_configs())
     if len(path.parts) > 1:
         folder = "" if path.parent.is_dir() else f" (folder {str(path.parent)!r} does not exist)"
-        raise ValueError(f"config {value!r}: no such file{folder}. Shipped configs, by name (--config cpu_demo) "
-                         f"or in a clone as hf_alibi/experiments/configs/NAME.yaml: {names}")
+        raise ValueError(
+            f"config {value!r}: no such file{folder}. Shipped configs, by name (--config cpu_demo) "
+            f"or in a clone as hf_alibi/experiments/configs/NAME.yaml: {names}"
+        )
     if path.suffix in ("", ".yaml"):
         shipped = CONFIGS_DIR / f"{path.stem}.yaml"
         if shipped.is_file():

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 from pathlib import Path
@@ -39,10 +40,8 @@ def _status_kib(field: str) -> int | None:
 
 def _release_free_heap() -> None:
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
 
 
 class PeakMemory:

@@ -46,10 +46,13 @@ def write_cards(experiment, training, evaluations, metadata, windows=None) -> No
             repo_id=training.hub_model_id,
             architecture={k: getattr(config, k) for k in ("n_embd", "n_layer", "n_head", "vocab_size")},
             **fine_tuned_from(experiment.init_from),
-            training={**metadata["training"], **metadata.get(f"{name}_training", {}),
-                      "corpus_fingerprint": metadata["corpus_fingerprint"]},
+            training={
+                **metadata["training"],
+                **metadata.get(f"{name}_training", {}),
+                "corpus_fingerprint": metadata["corpus_fingerprint"],
+            },
             compare_with=others,
-        )  # fmt: skip
+        )
 
 
 def fine_tuned_from(init_from: str | None) -> dict:

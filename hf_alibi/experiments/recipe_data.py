@@ -37,8 +37,9 @@ def prepare_data(experiment: ExperimentArguments, state: PartialState):
             tokenizer = AutoTokenizer.from_pretrained(experiment.tokenizer_name)
         else:
             tokenizer = load_or_train_tokenizer(corpus["train"], experiment.vocab_size)
-        train_blocks = {length: pack_documents(corpus["train"], tokenizer, length)
-                        for length in experiment.train_lengths()}  # fmt: skip
+        train_blocks = {
+            length: pack_documents(corpus["train"], tokenizer, length) for length in experiment.train_lengths()
+        }
     if experiment.max_train_blocks is not None:
         tokens = experiment.max_train_blocks * experiment.train_length
         for length, blocks in train_blocks.items():

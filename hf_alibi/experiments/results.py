@@ -52,8 +52,11 @@ def run_caveat(metadata: Mapping[str, Any] | None) -> str | None:
     if not metadata.get("experiment", {}).get("smoke"):
         return None
     steps = metadata.get("training", {}).get("max_steps")
-    return (f"SMOKE RUN: tiny models trained {steps} steps, a check of the pipeline, not results" if steps else
-            "SMOKE RUN: tiny models barely trained, a check of the pipeline, not results")  # fmt: skip
+    return (
+        f"SMOKE RUN: tiny models trained {steps} steps, a check of the pipeline, not results"
+        if steps
+        else "SMOKE RUN: tiny models barely trained, a check of the pipeline, not results"
+    )
 
 
 def write_results(
@@ -80,8 +83,9 @@ def write_results(
     write_text_atomically(paths["csv"], results_csv(results))
     write_text_atomically(paths["markdown"], results_markdown(results, metadata=metadata))
     caveat = run_caveat(metadata)
-    plot_perplexity_vs_length(results, paths["plot"], bytes_per_token=(metadata or {}).get("bytes_per_token"),
-                              caveat=caveat)  # fmt: skip
+    plot_perplexity_vs_length(
+        results, paths["plot"], bytes_per_token=(metadata or {}).get("bytes_per_token"), caveat=caveat
+    )
     plot_loss_by_position(results, paths["position_plot"], caveat=caveat)
     return paths
 
@@ -117,8 +121,10 @@ def results_markdown(results: Mapping[str, ModelEvaluation], *, metadata: Mappin
         lines += [f"> **{caveat}.** `make demo` (the cpu_demo config) trains the models the docs report.", ""]
     if mixed_train_lengths(results):
         trained = ", ".join(f"{name} at {ev.train_length}" for name, ev in results.items())
-        lines.append(f"Models trained on sequences of different lengths ({trained}); columns are evaluation lengths, "
-                     f"factors relative to {train_length}.")  # fmt: skip
+        lines.append(
+            f"Models trained on sequences of different lengths ({trained}); columns are evaluation lengths, "
+            f"factors relative to {train_length}."
+        )
     elif train_length:
         lines.append(f"Models trained on {train_length}-token sequences; columns are evaluation lengths.")
     lines.extend(_selection_lines(results))
@@ -127,16 +133,26 @@ def results_markdown(results: Mapping[str, ModelEvaluation], *, metadata: Mappin
     bytes_per_token = (metadata or {}).get("bytes_per_token")
     unit = bits_unit(bytes_per_token).capitalize()
     ratio = f", divided by the evaluation text's {bytes_per_token:g} bytes per token" if bytes_per_token else ""
-    lines += [f"## {unit}, nonoverlapping", "", f"log2 of the perplexity{ratio}.", "",
-              bits_table(results, bytes_per_token), ""]
+    lines += [
+        f"## {unit}, nonoverlapping",
+        "",
+        f"log2 of the perplexity{ratio}.",
+        "",
+        bits_table(results, bytes_per_token),
+        "",
+    ]
     if any(r.ppl_sliding is not None for ev in results.values() for r in ev.lengths):
         strides = sorted({(r.length, r.stride) for ev in results.values() for r in ev.lengths if r.stride})
         stride_text = ", ".join(f"{stride} at {length}" for length, stride in strides)
         lines += ["## Sliding window", "", f"Stride (tokens scored per window): {stride_text}.", ""]
         lines += [perplexity_table(results, "ppl_sliding"), ""]
     unsupported = sorted(
-        {f"{name}: {r.unsupported.removeprefix('unsupported: ')}" for name, ev in results.items() for r in ev.lengths
-         if r.unsupported}
+        {
+            f"{name}: {r.unsupported.removeprefix('unsupported: ')}"
+            for name, ev in results.items()
+            for r in ev.lengths
+            if r.unsupported
+        }
     )
     if unsupported:
         lines += [f"{NOT_AVAILABLE}: not run at that length ({'; '.join(unsupported)}).", ""]
@@ -182,34 +198,49 @@ def training_cost_table(results: Mapping[str, ModelEvaluation], metadata: Mappin
         length = facts.get("train_length", results[name].train_length)
         tokens = facts.get("train_tokens")
         if isinstance(cost, Mapping):
-            speed, step, peak, source = (cost["tokens_per_second"], cost["step_seconds_median"],
-                                         cost.get("peak_memory_mib"), "")  # fmt: skip
+            speed, step, peak, source = (
+                cost["tokens_per_second"],
+                cost["step_seconds_median"],
+                cost.get("peak_memory_mib"),
+                "",
+            )
             protocols.add(cost.get("protocol"))
         else:
-            speed, step, peak, source = (facts["train_tokens_per_second"], facts.get("step_seconds_median"),
-                                         facts.get("peak_memory_mib"), " (run clock)")  # fmt: skip
+            speed, step, peak, source = (
+                facts["train_tokens_per_second"],
+                facts.get("step_seconds_median"),
+                facts.get("peak_memory_mib"),
+                " (run clock)",
+            )
         reference = reference if reference is not None else (name, step)
         relative = "-" if not step or not reference[1] else f"{step / reference[1]:.3f}"
-        rows.append(f"| {name} | {length} | {facts.get('per_device_train_batch_size', '-')} | "
-                    f"{'-' if tokens is None else f'{tokens:,}'} | {speed:,.0f}{source} | "
-                    f"{'-' if step is None else f'{step * 1000:.1f}'} | {relative} | "
-                    f"{'-' if peak is None else f'{peak:,.0f}'} | {facts.get('train_seconds', '-')} |")  # fmt: skip
+        rows.append(
+            f"| {name} | {length} | {facts.get('per_device_train_batch_size', '-')} | "
+            f"{'-' if tokens is None else f'{tokens:,}'} | {speed:,.0f}{source} | "
+            f"{'-' if step is None else f'{step * 1000:.1f}'} | {relative} | "
+            f"{'-' if peak is None else f'{peak:,.0f}'} | {facts.get('train_seconds', '-')} |"
+        )
     if not rows:
         return ""
-    header = (f"| Model | train length | batch | training tokens | tokens/s | step (ms) | step time / {reference[0]} | "
-              "peak memory (MiB) | train seconds |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")  # fmt: skip
+    header = (
+        f"| Model | train length | batch | training tokens | tokens/s | step (ms) | step time / {reference[0]} | "
+        "peak memory (MiB) | train seconds |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
     protocols.discard(None)
     note = ""
     if protocols:
-        note = ("\n\nTokens/s, step time and peak memory: every model measured the same way after training (fresh "
-                f"models, {'; '.join(sorted(protocols))}; peak memory: process growth while building the model "
-                "and running its warm-up steps). Train seconds: the training run's own wall clock (checkpoints and "
-                "logging included; whatever else ran on the machine then, too).")  # fmt: skip
+        note = (
+            "\n\nTokens/s, step time and peak memory: every model measured the same way after training (fresh "
+            f"models, {'; '.join(sorted(protocols))}; peak memory: process growth while building the model "
+            "and running its warm-up steps). Train seconds: the training run's own wall clock (checkpoints and "
+            "logging included; whatever else ran on the machine then, too)."
+        )
     return "\n".join([header, *rows]) + note
 
 
-def bits_table(results: Mapping[str, ModelEvaluation], bytes_per_token: float | None,
-               key: str = "ppl_nonoverlapping") -> str:
+def bits_table(
+    results: Mapping[str, ModelEvaluation], bytes_per_token: float | None, key: str = "ppl_nonoverlapping"
+) -> str:
     """Markdown table of bits per byte (`log2(ppl) / bytes_per_token`), or bits per token when it is unknown."""
 
     def cell(r: LengthResult | None) -> str:
@@ -237,8 +268,12 @@ def format_summary(results: Mapping[str, ModelEvaluation | dict], output_dir: st
     rows = []
     for evaluation in results.values():
         by_length = evaluation.by_length()
-        rows.append([f"{_cell(by_length.get(n), 'ppl_nonoverlapping')} / {_cell(by_length.get(n), 'ppl_sliding')}"
-                     for n in lengths])
+        rows.append(
+            [
+                f"{_cell(by_length.get(n), 'ppl_nonoverlapping')} / {_cell(by_length.get(n), 'ppl_sliding')}"
+                for n in lengths
+            ]
+        )
     labels = [_length_label(length, train_length, not mixed_train_lengths(results)) for length in lengths]
     cell = max(len(text) for text in labels + [c for row in rows for c in row]) + 2
     width = max(len(name) for name in results)

@@ -48,13 +48,34 @@ from .training import StepClock, final_dir, make_model, measure_costs, model_tra
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ExperimentArguments", "apply_smoke", "run_experiment", "train_one", "write_cards", "push_alibi_model",
-           # defined in training, recipe_data and publish; still importable from here (module docstring)
-           "StepClock", "fine_tuned_from", "heldout_bytes_per_token", "make_model", "measure_costs",
-           "model_training_args", "prepare_data"]  # fmt: skip
+__all__ = [
+    "ExperimentArguments",
+    "apply_smoke",
+    "run_experiment",
+    "train_one",
+    "write_cards",
+    "push_alibi_model",
+    # defined in training, recipe_data and publish; still importable from here (module docstring)
+    "StepClock",
+    "fine_tuned_from",
+    "heldout_bytes_per_token",
+    "make_model",
+    "measure_costs",
+    "model_training_args",
+    "prepare_data",
+]
 # The `TrainingArguments` values a run's metadata (results.md, model cards) records.
-RECORDED_TRAINING = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
-                     "lr_scheduler_type", "warmup_steps", "weight_decay", "bf16", "seed")  # fmt: skip
+RECORDED_TRAINING = (
+    "max_steps",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "weight_decay",
+    "bf16",
+    "seed",
+)
 
 
 RUN_ARGUMENTS = "run_arguments.json"  # what a run was started with: a rerun with the same resumes it
@@ -83,11 +104,15 @@ def check_output_dir(experiment: ExperimentArguments, training: TrainingArgument
     if record.exists() and not training.resume_from_checkpoint:
         recorded, arguments = json.loads(record.read_text()), run_arguments(experiment, training)
         if recorded != arguments:
-            raise ValueError(f"{output_dir} holds a run started with other arguments ({_differences(recorded, arguments)}"
-                             "): choose another --output_dir")  # fmt: skip
+            raise ValueError(
+                f"{output_dir} holds a run started with other arguments ({_differences(recorded, arguments)}"
+                "): choose another --output_dir"
+            )
         if (output_dir / "results.json").exists():
-            raise ValueError(f"{output_dir} holds a finished run (results in {output_dir / 'results.md'}): choose "
-                             "another --output_dir, or pass --resume_from_checkpoint true to redo its results")  # fmt: skip
+            raise ValueError(
+                f"{output_dir} holds a finished run (results in {output_dir / 'results.md'}): choose "
+                "another --output_dir, or pass --resume_from_checkpoint true to redo its results"
+            )
         training.resume_from_checkpoint = "true"
         return [f"{output_dir}: resuming the interrupted run of the same arguments"] + [
             f"  {name}: {_resume_state(output_dir / name, name in finished)}" for name in experiment.models
@@ -111,11 +136,15 @@ def _resume_state(model_dir: Path, finished: bool) -> str:
 
 def _differences(recorded: dict, arguments: dict) -> str:
     """`section.name: recorded -> now` for every argument that differs."""
-    return ", ".join(
-        f"{section}.{name}: {recorded.get(section, {}).get(name)!r} -> {value!r}"
-        for section, values in arguments.items() for name, value in values.items()
-        if recorded.get(section, {}).get(name) != value
-    ) or "its record differs"
+    return (
+        ", ".join(
+            f"{section}.{name}: {recorded.get(section, {}).get(name)!r} -> {value!r}"
+            for section, values in arguments.items()
+            for name, value in values.items()
+            if recorded.get(section, {}).get(name) != value
+        )
+        or "its record differs"
+    )
 
 
 def run_experiment(

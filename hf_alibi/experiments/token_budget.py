@@ -14,11 +14,22 @@ if TYPE_CHECKING:  # arguments imports this module: the annotations name its cla
     from .arguments import ExperimentArguments
 
 SMOKE_OVERRIDES = {
-    "experiment": dict(train_length=32, eval_factors=[1, 2, 4], n_embd=64, n_layer=2, n_head=4, vocab_size=512,
-                       eval_max_documents=4, max_train_documents=60, max_train_blocks=256, window_length=128,
-                       cost_steps=2, cost_warmup_steps=1),
+    "experiment": dict(
+        train_length=32,
+        eval_factors=[1, 2, 4],
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        vocab_size=512,
+        eval_max_documents=4,
+        max_train_documents=60,
+        max_train_blocks=256,
+        window_length=128,
+        cost_steps=2,
+        cost_warmup_steps=1,
+    ),
     "training": dict(max_steps=8, per_device_train_batch_size=8, logging_steps=4, save_steps=4, warmup_steps=0),
-}  # fmt: skip
+}
 
 
 def apply_smoke(experiment: ExperimentArguments, training: TrainingArguments) -> None:

@@ -82,8 +82,11 @@ def model_training_args(name: str, experiment, training) -> tuple[str, int, int,
     """`(encoding, training length, per-device batch, TrainingArguments)` of model `name` (`encoding[@length]`)."""
     encoding, length = parse_model_spec(name, experiment.train_length)
     batch = batch_size_at(experiment, training, length)
-    overrides = {"output_dir": str(Path(training.output_dir) / name), "push_to_hub": False,
-                 "per_device_train_batch_size": batch}  # fmt: skip
+    overrides = {
+        "output_dir": str(Path(training.output_dir) / name),
+        "push_to_hub": False,
+        "per_device_train_batch_size": batch,
+    }
     if experiment.sharded:  # Trainer 5.24 checkpoints no optimizer state of a model sharded at load time (it refuses)
         overrides["save_only_model"] = True
     return encoding, length, batch, TrainingArguments(**{**training.to_dict(), **overrides})
@@ -136,9 +139,7 @@ def train_one(
         "train_loss": result.training_loss,
         "final_logged_loss": next((log["loss"] for log in reversed(trainer.state.log_history) if "loss" in log), None),
         "train_seconds": round(seconds, 1),
-        "train_tokens_per_second": round(
-            result.metrics.get("train_samples_per_second", 0) * length, 1
-        ),
+        "train_tokens_per_second": round(result.metrics.get("train_samples_per_second", 0) * length, 1),
         "step_seconds_median": round(statistics.median(steady), 5) if steady else None,
         "step_seconds_mean": round(statistics.fmean(steady), 5) if steady else None,  # > median: slow steps (load)
         "seconds_outside_steps": round(seconds - sum(clock.seconds), 1),

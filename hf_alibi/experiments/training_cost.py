@@ -44,7 +44,11 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batc
 
 
 def measure_training_costs(
-    builders: Mapping[str, Builder], *, steps: int = 10, warmup: int = 2, max_grad_norm: float = 1.0,
+    builders: Mapping[str, Builder],
+    *,
+    steps: int = 10,
+    warmup: int = 2,
+    max_grad_norm: float = 1.0,
     device: torch.device | str = "cpu",
 ) -> dict[str, dict]:
     """`{name: {"tokens_per_second", "step_seconds_median", "step_seconds", "peak_memory_mib", ...}}` (module doc)."""

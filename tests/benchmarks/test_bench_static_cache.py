@@ -9,10 +9,14 @@ def test_table_has_medians_spreads_and_static_over_dynamic_ratio_per_prompt():
     runs = [
         {"cache": cache, "prompt": prompt, "process_peak_bytes": peak * MIB, "call_growth_bytes": growth * MIB}
         for cache, prompt, peak, growth in [
-            ("static", 4096, 460, 100), ("static", 4096, 470, 90), ("static", 4096, 465, 95),
-            ("dynamic", 4096, 450, 90), ("dynamic", 4096, 455, 80), ("dynamic", 4096, 440, 85),
+            ("static", 4096, 460, 100),
+            ("static", 4096, 470, 90),
+            ("static", 4096, 465, 95),
+            ("dynamic", 4096, 450, 90),
+            ("dynamic", 4096, 455, 80),
+            ("dynamic", 4096, 440, 85),
         ]
-    ]  # fmt: skip
+    ]
     (row,) = bench_static_cache.summarise(runs, [4096])
     assert row["static_process_peak_bytes"] == 465 * MIB and row["dynamic_process_peak_bytes"] == 450 * MIB
     assert row["static_process_peak_bytes_range"] == [460 * MIB, 470 * MIB]

@@ -27,10 +27,32 @@ def tiny_run(tmp_path_factory):
     """gpt2-sdpa + alibi-sdpa (fails every forward cell) + alibi-flash (unsupported on CPU), all suites, 1 repeat."""
     out = tmp_path_factory.mktemp("bench")
     argv = [
-        "--preset", "tiny", "--suite", "train,forward,generate", "--contestants", "alibi-sdpa,alibi-flash",
-        "--train-lengths", "32", "--lengths", "32,64", "--prefill", "8", "--decode", "8", "--gen-batches", "1,2",
-        "--repeats", "1", "--threads", "1", "--settle", "0", "--out", str(out / "results.json"),
-        "--markdown", str(out / "table.md"),
+        "--preset",
+        "tiny",
+        "--suite",
+        "train,forward,generate",
+        "--contestants",
+        "alibi-sdpa,alibi-flash",
+        "--train-lengths",
+        "32",
+        "--lengths",
+        "32,64",
+        "--prefill",
+        "8",
+        "--decode",
+        "8",
+        "--gen-batches",
+        "1,2",
+        "--repeats",
+        "1",
+        "--threads",
+        "1",
+        "--settle",
+        "0",
+        "--out",
+        str(out / "results.json"),
+        "--markdown",
+        str(out / "table.md"),
     ]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_HUB_OFFLINE", "1")
@@ -45,8 +67,11 @@ def test_results_json_has_every_cell_and_contestant(tiny_run):
     assert results == json.loads(json.dumps(returned))  # the file is the final report
     assert results["contestants"] == ["gpt2-sdpa", "alibi-sdpa", "alibi-flash"]
     assert [cell["name"] for cell in results["cells"]] == [
-        "train L=32 B=4", "forward L=32 B=1", "forward L=64 B=1",
-        "generate B=1 prefill 8 decode 8", "generate B=2 prefill 8 decode 8",
+        "train L=32 B=4",
+        "forward L=32 B=1",
+        "forward L=64 B=1",
+        "generate B=1 prefill 8 decode 8",
+        "generate B=2 prefill 8 decode 8",
     ]
     for cell in results["cells"]:
         assert set(cell["results"]) == {"gpt2-sdpa", "alibi-sdpa", "alibi-flash"}, cell["name"]
@@ -107,9 +132,15 @@ def _result(median_s, peak, status="ok"):
 
 
 def test_targets_met_and_not_met_from_known_numbers():
-    forward = {"suite": "forward", "length": 8192, "results": {
-        "gpt2-sdpa": _result(1.0, 100), "bloom-eager": _result(4.0, 300), "alibi-sdpa": _result(1.2, 140),
-    }}
+    forward = {
+        "suite": "forward",
+        "length": 8192,
+        "results": {
+            "gpt2-sdpa": _result(1.0, 100),
+            "bloom-eager": _result(4.0, 300),
+            "alibi-sdpa": _result(1.2, 140),
+        },
+    }
     report.add_ratios(forward["results"])
     rows = {row["target"]: row for row in report.evaluate_targets([forward], "alibi-sdpa")}
     assert rows["forward L=8192 <= 1.3x gpt2-sdpa time"]["status"] == "met"
@@ -204,16 +235,24 @@ def test_ratios_and_targets_follow_the_named_reference():
 
 
 def _run(median_s, growth, process_peak, seconds=None):
-    return {"status": "ok", "median_s": median_s, "seconds": seconds or [median_s], "peak_mem_bytes": growth,
-            "process_peak_bytes": process_peak}
+    return {
+        "status": "ok",
+        "median_s": median_s,
+        "seconds": seconds or [median_s],
+        "peak_mem_bytes": growth,
+        "process_peak_bytes": process_peak,
+    }
 
 
 def test_processes_combine_to_medians_with_their_spread():
     cell = {"suite": "forward", "length": 4096, "batch": 1}
     rounds = [
         {"gpt2-sdpa": _run(1.0, 10, 100), "alibi-sdpa": _run(1.2, 8, 90), "bloom-eager": {"status": "oom"}},
-        {"gpt2-sdpa": _run(1.2, 12, 104), "alibi-sdpa": _run(1.1, 9, 95),
-         "bloom-eager": {"status": "skipped", "reason": "oom at forward L=4096 B=1"}},
+        {
+            "gpt2-sdpa": _run(1.2, 12, 104),
+            "alibi-sdpa": _run(1.1, 9, 95),
+            "bloom-eager": {"status": "skipped", "reason": "oom at forward L=4096 B=1"},
+        },
         {"gpt2-sdpa": _run(0.9, 11, 102), "alibi-sdpa": _run(1.0, 7, 99), "bloom-eager": {"status": "skipped"}},
     ]
     combined = report.combine_processes(cell, rounds)
@@ -244,9 +283,12 @@ def test_parity_targets_need_time_and_whole_process_memory_within_5_percent():
     ]
     rows = {row["target"]: row for row in report.evaluate_targets(cells, "alibi-sdpa", "parity")}
     assert set(rows) == {
-        "forward L=512 B=1 within 1.05x gpt2-sdpa", "forward L=4096 B=1 within 1.05x gpt2-sdpa",
-        "forward L=4096 B=1: bloom-eager >= 3x slower", "forward L=16384 B=1 within 1.05x gpt2-sdpa",
-        "forward L=16384 B=1: bloom-eager >= 3x slower", "train L=2048 B=1 within 1.05x gpt2-sdpa",
+        "forward L=512 B=1 within 1.05x gpt2-sdpa",
+        "forward L=4096 B=1 within 1.05x gpt2-sdpa",
+        "forward L=4096 B=1: bloom-eager >= 3x slower",
+        "forward L=16384 B=1 within 1.05x gpt2-sdpa",
+        "forward L=16384 B=1: bloom-eager >= 3x slower",
+        "train L=2048 B=1 within 1.05x gpt2-sdpa",
     }
     assert rows["forward L=512 B=1 within 1.05x gpt2-sdpa"]["status"] == "met"
     assert rows["forward L=4096 B=1 within 1.05x gpt2-sdpa"]["status"] == "not met"  # time 1.06x
@@ -259,9 +301,32 @@ def test_parity_targets_need_time_and_whole_process_memory_within_5_percent():
 @pytest.mark.slow
 def test_processes_mode_measures_each_cell_in_fresh_processes(tmp_path):
     out = tmp_path / "results.json"
-    argv = ["--preset", "tiny", "--suite", "forward", "--contestants", "alibi-sdpa", "--lengths", "32",
-            "--repeats", "1", "--warmup", "0", "--threads", "1", "--settle", "0", "--processes", "2",
-            "--targets", "parity", "--out", str(out), "--markdown", str(tmp_path / "table.md")]
+    argv = [
+        "--preset",
+        "tiny",
+        "--suite",
+        "forward",
+        "--contestants",
+        "alibi-sdpa",
+        "--lengths",
+        "32",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--settle",
+        "0",
+        "--processes",
+        "2",
+        "--targets",
+        "parity",
+        "--out",
+        str(out),
+        "--markdown",
+        str(tmp_path / "table.md"),
+    ]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_HUB_OFFLINE", "1")
         results = bench_alibi.main(argv)

@@ -41,9 +41,14 @@ def test_issue_8_targets_read_bloom_eager_of_the_same_cell():
     def result(seconds, mib):
         return {"status": "ok", "median_s": seconds, "peak_mem_bytes": mib * 2**20}
 
-    cells = [{"suite": "forward", "length": 8192, "results": {"bloom-eager": result(4.4, 800),
-                                                              "alibi-from-bloom": result(1.0, 90)}},
-             {"suite": "forward", "length": 16384, "results": {"alibi-from-bloom": result(2.0, 180)}}]  # fmt: skip
+    cells = [
+        {
+            "suite": "forward",
+            "length": 8192,
+            "results": {"bloom-eager": result(4.4, 800), "alibi-from-bloom": result(1.0, 90)},
+        },
+        {"suite": "forward", "length": 16384, "results": {"alibi-from-bloom": result(2.0, 180)}},
+    ]
     rows = {row["target"]: row for row in report.evaluate_targets(cells, "alibi-from-bloom")}
     assert rows["forward L=8192 >= 4x faster than bloom-eager, <= 1/8 its memory"]["status"] == "met"
     assert rows["forward L=16384 runs"]["status"] == "met"
@@ -64,10 +69,26 @@ def test_attention_only_twin_is_alibi_sdpa_with_gpt2s_unfused_gelu():
 
 
 def test_markdown_says_which_ratio_is_the_model_and_which_attention_only():
-    machine = {"cpu": "cpu", "cpu_count": 2, "device": "cpu", "threads": 1, "torch": "t", "transformers": "t",
-               "python": "p", "date": "d"}
-    settings = {"shape": {"n_embd": 8, "n_layer": 1, "n_head": 1, "vocab_size": 8}, "dtype": "fp32", "suites": [],
-                "processes": 0, "warmup": 0, "repeats": 1, "memory_method": "m", "reference": "gpt2-sdpa"}
+    machine = {
+        "cpu": "cpu",
+        "cpu_count": 2,
+        "device": "cpu",
+        "threads": 1,
+        "torch": "t",
+        "transformers": "t",
+        "python": "p",
+        "date": "d",
+    }
+    settings = {
+        "shape": {"n_embd": 8, "n_layer": 1, "n_head": 1, "vocab_size": 8},
+        "dtype": "fp32",
+        "suites": [],
+        "processes": 0,
+        "warmup": 0,
+        "repeats": 1,
+        "memory_method": "m",
+        "reference": "gpt2-sdpa",
+    }
     document = {"command": "c", "machine": machine, "settings": settings, "cells": [], "targets": []}
     names = ["gpt2-sdpa", "alibi-sdpa", "alibi-sdpa-gpt2-gelu"]
     text = report.render_markdown({**document, "contestants": names})
@@ -90,9 +111,19 @@ def test_jais_eager_computes_what_the_float64_reference_of_their_code_does():
     ids, mask = torch.randint(3, 512, (2, 40)), torch.ones(2, 40, dtype=torch.long)
     mask[0, :6] = 0
     slopes = jais.transformer.relative_pe.slopes.double().flatten()
-    expected = reference_logits(jais.state_dict(), ids, n_layer=2, n_head=6, slopes=slopes, attn_scale=1 / 8,
-                                activation="silu", gated=True, embedding_scale=EMBEDDINGS_SCALE,
-                                logit_scale=WIDTH_SCALE, attention_mask=mask)  # fmt: skip
+    expected = reference_logits(
+        jais.state_dict(),
+        ids,
+        n_layer=2,
+        n_head=6,
+        slopes=slopes,
+        attn_scale=1 / 8,
+        activation="silu",
+        gated=True,
+        embedding_scale=EMBEDDINGS_SCALE,
+        logit_scale=WIDTH_SCALE,
+        attention_mask=mask,
+    )
     with torch.no_grad():
         got = jais.eval()(ids, attention_mask=mask).logits
     error = (got.double() - expected)[mask.bool()].abs().max().item()

@@ -5,25 +5,43 @@ import json
 import math
 
 import torch
-from alibi_reference import cached_row_slopes, reference_logits
 from safetensors.torch import save_file
 from tokenizers import ByteLevelBPETokenizer
 from transformers import PreTrainedTokenizerFast
 
+from alibi_reference import cached_row_slopes, reference_logits
 from hf_alibi.conversion.remote_code import Checkpoint
 
 VOCAB, N_EMBD, N_HEAD, N_LAYER, N_INNER, N_POSITIONS = 96, 48, 6, 2, 100, 32  # 6 heads: the interleaved slopes
 # The muP keys of each generation, at the shapes of the released configs (jais-13b: 14.6, 0.111; BTLM-3B-8K: 14.6,
 # 2.22 * 0.1): jais-13b's code, the Jais-family code and BTLM's code
 GENERATIONS = {
-    "jais_13b": {"model_type": "jais", "architectures": ["JAISLMHeadModel"], "embeddings_scale": 14.6,
-                 "width_scale": 0.111, "scale_qk_dot_by_d": True},
-    "jais_family": {"model_type": "jais", "architectures": ["JAISLMHeadModel"], "mup_embeddings_scale": 9.17,
-                    "mup_output_alpha": 1.1, "mup_width_scale": 0.25, "mup_scale_qk_dot_by_d": True,
-                    "alibi_scaling": None},
-    "btlm": {"model_type": "btlm", "architectures": ["BTLMLMHeadModel"], "mup_embeddings_scale": 14.6,
-             "mup_output_alpha": 2.22, "mup_width_scale": 0.1, "mup_scale_qk_dot_by_d": True, "alibi_scaling": None},
-}  # fmt: skip
+    "jais_13b": {
+        "model_type": "jais",
+        "architectures": ["JAISLMHeadModel"],
+        "embeddings_scale": 14.6,
+        "width_scale": 0.111,
+        "scale_qk_dot_by_d": True,
+    },
+    "jais_family": {
+        "model_type": "jais",
+        "architectures": ["JAISLMHeadModel"],
+        "mup_embeddings_scale": 9.17,
+        "mup_output_alpha": 1.1,
+        "mup_width_scale": 0.25,
+        "mup_scale_qk_dot_by_d": True,
+        "alibi_scaling": None,
+    },
+    "btlm": {
+        "model_type": "btlm",
+        "architectures": ["BTLMLMHeadModel"],
+        "mup_embeddings_scale": 14.6,
+        "mup_output_alpha": 2.22,
+        "mup_width_scale": 0.1,
+        "mup_scale_qk_dot_by_d": True,
+        "alibi_scaling": None,
+    },
+}
 
 
 def paper_slopes(n: int) -> list[float]:
@@ -42,12 +60,26 @@ def paper_slopes(n: int) -> list[float]:
 def their_config(generation: str, **overrides) -> dict:
     """A config.json of `generation` at the tiny sizes; an override of `...` removes that key."""
     config = {
-        "vocab_size": VOCAB, "n_embd": N_EMBD, "n_head": N_HEAD, "n_layer": N_LAYER, "n_inner": N_INNER,
-        "n_positions": N_POSITIONS, "activation_function": "swiglu", "position_embedding_type": "alibi",
-        "scale_attn_weights": True, "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, "tie_word_embeddings": True,
-        "use_cache": True, "torch_dtype": "float32",
-    }  # fmt: skip
+        "vocab_size": VOCAB,
+        "n_embd": N_EMBD,
+        "n_head": N_HEAD,
+        "n_layer": N_LAYER,
+        "n_inner": N_INNER,
+        "n_positions": N_POSITIONS,
+        "activation_function": "swiglu",
+        "position_embedding_type": "alibi",
+        "scale_attn_weights": True,
+        "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": 0,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "torch_dtype": "float32",
+    }
     return {key: value for key, value in (config | GENERATIONS[generation] | overrides).items() if value is not ...}
 
 
@@ -66,8 +98,12 @@ def tiny_checkpoint(generation: str, seed: int = 0, mask_buffers: bool = True, *
     n_positions = config["n_positions"]
     for i in range(config["n_layer"]):
         block = f"transformer.h.{i}."
-        shapes = {"attn.c_attn": (width, 3 * width), "attn.c_proj": (width, width), "mlp.c_fc": (width, inner),
-                  "mlp.c_proj": (inner, width)} | ({"mlp.c_fc2": (width, inner)} if gated else {})  # fmt: skip
+        shapes = {
+            "attn.c_attn": (width, 3 * width),
+            "attn.c_proj": (width, width),
+            "mlp.c_fc": (width, inner),
+            "mlp.c_proj": (inner, width),
+        } | ({"mlp.c_fc2": (width, inner)} if gated else {})
         for name, shape in shapes.items():
             state[block + name + ".weight"] = rand(*shape, std=0.15)
             state[block + name + ".bias"] = rand(shape[1], std=0.05)
@@ -121,16 +157,28 @@ def their_logits(checkpoint: Checkpoint, input_ids, attention_mask=None, forward
     slopes = cached_row_slopes(state["transformer.relative_pe.slopes"].flatten(), forward_lengths, **scaling)
     gated = config["activation_function"] == "swiglu"
     return reference_logits(
-        state, input_ids, n_layer=config["n_layer"], n_head=config["n_head"], slopes=slopes,
-        attn_scale=1 / head_dim if by_d else head_dim**-0.5, gated=gated,
-        activation="silu" if gated else config["activation_function"], embedding_scale=embedding_scale,
-        logit_scale=logit_scale, eps=config["layer_norm_epsilon"], attention_mask=attention_mask,
-    )  # fmt: skip
+        state,
+        input_ids,
+        n_layer=config["n_layer"],
+        n_head=config["n_head"],
+        slopes=slopes,
+        attn_scale=1 / head_dim if by_d else head_dim**-0.5,
+        gated=gated,
+        activation="silu" if gated else config["activation_function"],
+        embedding_scale=embedding_scale,
+        logit_scale=logit_scale,
+        eps=config["layer_norm_epsilon"],
+        attention_mask=attention_mask,
+    )
 
 
 def byte_level_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE (Jais's and BTLM's kind) trained on a little Arabic and English: ~290 ids."""
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(["مرحبا بالعالم hello world"] * 20, vocab_size=VOCAB + 200,
-                            special_tokens=["<|endoftext|>"], show_progress=False)  # fmt: skip
+    bpe.train_from_iterator(
+        ["مرحبا بالعالم hello world"] * 20,
+        vocab_size=VOCAB + 200,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+    )
     return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>")

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from family_checks import BACKENDS, VOCAB, assert_same_logits, assert_same_weights, perturb
 from transformers import AutoModelForCausalLM, BloomConfig, BloomForCausalLM
 
+from family_checks import BACKENDS, VOCAB, assert_same_logits, assert_same_weights, perturb
 from hf_alibi import convert, export, get_alibi_slopes
 from hf_alibi.conversion import convert_bloom, export_bloom
 
@@ -74,4 +74,3 @@ def test_a_refused_export_writes_nothing(make_model, tmp_path):
     with pytest.raises(ValueError, match="embedding_layernorm"):
         export(make_model(), "bloom", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
-

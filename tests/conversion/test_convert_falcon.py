@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
-from family_checks import BACKENDS, VOCAB, assert_same_logits, perturb
 from transformers import FalconConfig, FalconForCausalLM
 
+from family_checks import BACKENDS, VOCAB, assert_same_logits, perturb
 from hf_alibi import convert, get_alibi_slopes
 from hf_alibi.conversion import convert_falcon
 

@@ -6,14 +6,22 @@ import json
 
 import pytest
 import torch
-from family_checks import left_padded_batch
-from jais_checkpoints import GENERATIONS, N_POSITIONS, VOCAB, byte_level_tokenizer, paper_slopes, save_source
-from jais_checkpoints import their_logits, tiny_checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from family_checks import left_padded_batch
 from hf_alibi import AlibiGPT2LMHeadModel, convert, get_alibi_slopes
 from hf_alibi.cli import run
 from hf_alibi.conversion import convert_cerebras
+from jais_checkpoints import (
+    GENERATIONS,
+    N_POSITIONS,
+    VOCAB,
+    byte_level_tokenizer,
+    paper_slopes,
+    save_source,
+    their_logits,
+    tiny_checkpoint,
+)
 
 ATOL = 2e-5  # fp32 against float64, logits of order 10; measured up to 4e-6
 BACKENDS = ("eager", "sdpa", "flex_attention")
@@ -48,8 +56,10 @@ def test_imported_checkpoint_matches_their_code_padded_and_cached(tmp_path, gene
 
 def test_import_sets_the_switches_their_keys_name():
     switches = ("gated_mlp", "activation_function", "attn_scale_power", "embedding_scale", "logit_scale")
-    got = {generation: tuple(getattr(convert_cerebras(tiny_checkpoint(generation)).config, name) for name in switches)
-           for generation in GENERATIONS}  # fmt: skip
+    got = {
+        generation: tuple(getattr(convert_cerebras(tiny_checkpoint(generation)).config, name) for name in switches)
+        for generation in GENERATIONS
+    }
     assert got == {
         "jais_13b": (True, "silu", 1.0, 14.6, 0.111),
         "jais_family": (True, "silu", 1.0, 9.17, 1.1 * 0.25),
@@ -108,8 +118,9 @@ def test_plain_gelu_jais_imports_without_a_gate():
 
 def test_bf16_checkpoint_imports_in_bf16_bit_for_bit():
     checkpoint = tiny_checkpoint("btlm")
-    checkpoint = checkpoint._replace(state_dict={k: v.to(torch.bfloat16) if v.is_floating_point() else v
-                                                 for k, v in checkpoint.state_dict.items()})  # fmt: skip
+    checkpoint = checkpoint._replace(
+        state_dict={k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in checkpoint.state_dict.items()}
+    )
     model = convert_cerebras(checkpoint)
     assert model.dtype == torch.bfloat16 and model.transformer.alibi_slopes.dtype == torch.float32
     state = model.state_dict()
@@ -122,17 +133,22 @@ def refusal(name, generation="jais_family", **overrides):
     return pytest.param(generation, overrides, name, id=name.split(".")[0] if "=" not in name else name)
 
 
-@pytest.mark.parametrize("generation, overrides, named", [
-    refusal("position_embedding_type", position_embedding_type="learned"),
-    refusal("activation_function", activation_function="geglu"),
-    refusal("scale_attn_by_inverse_layer_idx", scale_attn_by_inverse_layer_idx=True),
-    refusal("add_cross_attention", add_cross_attention=True),
-    refusal("alibi_scaling.type", alibi_scaling={"type": "dynamic", "factor": 2.0}),
-    refusal("alibi_scaling.train_seq_len", alibi_scaling={"type": "linear", "train_seq_len": 0}),
-    refusal("alibi_scaling", "jais_13b", alibi_scaling={"type": "linear", "factor": 2.0}),  # jais-13b's code ignores it
-    refusal("width_scale", "jais_13b", mup_output_alpha=1.0, mup_width_scale=0.5),  # the generations disagree
-    refusal("output_logits_scale", "btlm", output_logits_scale=0.1),  # not what BTLM's code multiplies by
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "generation, overrides, named",
+    [
+        refusal("position_embedding_type", position_embedding_type="learned"),
+        refusal("activation_function", activation_function="geglu"),
+        refusal("scale_attn_by_inverse_layer_idx", scale_attn_by_inverse_layer_idx=True),
+        refusal("add_cross_attention", add_cross_attention=True),
+        refusal("alibi_scaling.type", alibi_scaling={"type": "dynamic", "factor": 2.0}),
+        refusal("alibi_scaling.train_seq_len", alibi_scaling={"type": "linear", "train_seq_len": 0}),
+        refusal(
+            "alibi_scaling", "jais_13b", alibi_scaling={"type": "linear", "factor": 2.0}
+        ),  # jais-13b's code ignores it
+        refusal("width_scale", "jais_13b", mup_output_alpha=1.0, mup_width_scale=0.5),  # the generations disagree
+        refusal("output_logits_scale", "btlm", output_logits_scale=0.1),  # not what BTLM's code multiplies by
+    ],
+)
 def test_what_their_code_does_that_ours_cannot_is_refused_by_name(generation, overrides, named):
     with pytest.raises(ValueError, match=named.replace(".", r"\.")):
         convert_cerebras(tiny_checkpoint(generation, **overrides))

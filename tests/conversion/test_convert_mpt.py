@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from family_checks import BACKENDS, VOCAB, assert_same_logits, assert_same_weights, left_padded_batch, perturb
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, MptConfig, MptForCausalLM
 
+from family_checks import BACKENDS, VOCAB, assert_same_logits, assert_same_weights, left_padded_batch, perturb
 from hf_alibi import convert, export
 from hf_alibi.conversion import convert_mpt, export_mpt
 
@@ -15,9 +15,14 @@ MAX_SEQ_LEN = 32
 
 def tiny_mpt(n_head: int, attn_config: dict | None = None, **overrides) -> MptForCausalLM:
     config = MptConfig(
-        vocab_size=VOCAB, d_model=8 * n_head, n_layers=2, n_heads=n_head, max_seq_len=MAX_SEQ_LEN,
-        attn_config=attn_config or {}, **overrides,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        d_model=8 * n_head,
+        n_layers=2,
+        n_heads=n_head,
+        max_seq_len=MAX_SEQ_LEN,
+        attn_config=attn_config or {},
+        **overrides,
+    )
     return perturb(MptForCausalLM(config))
 
 

@@ -5,7 +5,6 @@ import warnings
 
 import pytest
 import torch
-from family_checks import VOCAB, perturb
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
@@ -22,6 +21,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from family_checks import VOCAB, perturb
 from hf_alibi import AlibiGPT2LMHeadModel, convert
 from hf_alibi.cli import run
 
@@ -29,11 +29,19 @@ SOURCES = {
     "bloom": lambda: BloomForCausalLM(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)),
     "mpt": lambda: MptForCausalLM(MptConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, max_seq_len=16)),
     "falcon": lambda: FalconForCausalLM._from_config(
-        FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True,
-                     bias=True, parallel_attn=False, multi_query=False),
+        FalconConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            alibi=True,
+            bias=True,
+            parallel_attn=False,
+            multi_query=False,
+        ),
         attn_implementation="sdpa",
     ),
-}  # fmt: skip
+}
 
 
 def save_with_tokenizer(model, folder):
@@ -85,8 +93,9 @@ def test_convert_with_a_destination_writes_the_folder_as_export_does(tmp_path):
 
 
 def test_convert_refuses_an_unknown_family_by_model_type(tmp_path):
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
-                                         num_attention_heads=4, intermediate_size=64))  # fmt: skip
+    llama = LlamaForCausalLM(
+        LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    )
     with pytest.raises(ValueError, match="llama"):
         convert(llama)
     llama.save_pretrained(tmp_path / "llama")

@@ -7,14 +7,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from family_checks import left_padded_batch
-from jais_checkpoints import GENERATIONS, byte_level_tokenizer, save_source, their_logits, tiny_checkpoint
-from test_gguf_export import both_logits, llama_cpp_model, read_fields
 
+from family_checks import left_padded_batch
 from hf_alibi import convert, export
 from hf_alibi.cli import run
 from hf_alibi.conversion import convert_cerebras, export_bloom, export_cerebras, export_mpt
 from hf_alibi.conversion.remote_code import Checkpoint
+from jais_checkpoints import GENERATIONS, byte_level_tokenizer, save_source, their_logits, tiny_checkpoint
+from test_gguf_export import both_logits, llama_cpp_model, read_fields
 
 MODEL_TYPES = {"jais_13b": "jais", "jais_family": "jais", "btlm": "btlm"}
 
@@ -27,8 +27,12 @@ def without_mask_buffers(state: dict) -> dict:
 @pytest.mark.parametrize("generation", sorted(GENERATIONS))
 def test_their_checkpoint_to_ours_and_back_gives_every_tensor_back_bit_for_bit(generation, dtype):
     source = tiny_checkpoint(generation)
-    source = source._replace(state_dict={name: tensor.to(dtype) if tensor.is_floating_point() else tensor
-                                         for name, tensor in source.state_dict.items()})  # fmt: skip
+    source = source._replace(
+        state_dict={
+            name: tensor.to(dtype) if tensor.is_floating_point() else tensor
+            for name, tensor in source.state_dict.items()
+        }
+    )
     back = export_cerebras(convert_cerebras(source), MODEL_TYPES[generation]).state_dict
     expected = without_mask_buffers(source.state_dict)  # their code rebuilds those buffers and ignores saved ones
     assert set(back) == set(expected), set(back) ^ set(expected)
@@ -38,9 +42,17 @@ def test_their_checkpoint_to_ours_and_back_gives_every_tensor_back_bit_for_bit(g
 
 @pytest.mark.parametrize("model_type", ["jais", "btlm"])
 def test_ours_to_their_layout_and_back_gives_the_same_model(make_model, random_ids, model_type):
-    model = make_model(n_head=6, n_embd=48, gated_mlp=True, activation_function="silu", n_inner=100,
-                       attn_scale_power=1.0, embedding_scale=7.5, logit_scale=0.3,
-                       alibi_scaling={"type": "linear", "factor": 2.0})  # fmt: skip
+    model = make_model(
+        n_head=6,
+        n_embd=48,
+        gated_mlp=True,
+        activation_function="silu",
+        n_inner=100,
+        attn_scale_power=1.0,
+        embedding_scale=7.5,
+        logit_scale=0.3,
+        alibi_scaling={"type": "linear", "factor": 2.0},
+    )
     back = convert_cerebras(export_cerebras(model, model_type))
     for name in ("gated_mlp", "attn_scale_power", "embedding_scale", "logit_scale", "alibi_scaling"):
         assert getattr(back.config, name) == getattr(model.config, name), name
@@ -84,30 +96,43 @@ def test_export_folder_reimports_exactly_with_n_positions_from_max_seq_len(tmp_p
     assert all(torch.equal(again.state_dict()[name], tensor) for name, tensor in original.state_dict().items())
 
 
-@pytest.mark.parametrize("field, overrides", [
-    ("activation_function", dict(gated_mlp=True, activation_function="gelu_new")),
-    ("attn_scale_power", dict(gated_mlp=True, activation_function="silu", attn_scale_power=0.75)),
-    ("alibi_scaling.factor", dict(gated_mlp=True, activation_function="silu",
-                                  alibi_scaling={"type": "linear", "factor": 0.5})),
-    ("alibi_scaling.train_seq_len", dict(gated_mlp=True, activation_function="silu",
-                                         alibi_scaling={"type": "linear", "train_seq_len": 1})),
-    ("bias", dict(bias=False)),
-    ("embedding_layernorm", dict(embedding_layernorm=True)),
-    ("clip_qkv", dict(clip_qkv=2.0)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, overrides",
+    [
+        ("activation_function", dict(gated_mlp=True, activation_function="gelu_new")),
+        ("attn_scale_power", dict(gated_mlp=True, activation_function="silu", attn_scale_power=0.75)),
+        (
+            "alibi_scaling.factor",
+            dict(gated_mlp=True, activation_function="silu", alibi_scaling={"type": "linear", "factor": 0.5}),
+        ),
+        (
+            "alibi_scaling.train_seq_len",
+            dict(gated_mlp=True, activation_function="silu", alibi_scaling={"type": "linear", "train_seq_len": 1}),
+        ),
+        ("bias", dict(bias=False)),
+        ("embedding_layernorm", dict(embedding_layernorm=True)),
+        ("clip_qkv", dict(clip_qkv=2.0)),
+    ],
+)
 def test_export_to_their_layout_refuses_what_their_code_cannot_run(make_model, tmp_path, field, overrides):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         export(make_model(**overrides), "jais", tmp_path / "jais")
     assert not (tmp_path / "jais").exists()
 
 
-@pytest.mark.parametrize("field", ["gated_mlp", "attn_scale_power", "embedding_scale", "logit_scale", "alibi_slopes",
-                                   "alibi_scaling.train_seq_len"])  # fmt: skip
+@pytest.mark.parametrize(
+    "field",
+    ["gated_mlp", "attn_scale_power", "embedding_scale", "logit_scale", "alibi_slopes", "alibi_scaling.train_seq_len"],
+)
 def test_bloom_and_mpt_exports_refuse_the_jais_switches(make_model, field):
-    switch = {"gated_mlp": dict(gated_mlp=True), "attn_scale_power": dict(attn_scale_power=1.0),
-              "embedding_scale": dict(embedding_scale=2.0), "logit_scale": dict(logit_scale=0.5),
-              "alibi_slopes": dict(alibi_scaling={"type": "linear", "factor": 2.0}),
-              "alibi_scaling.train_seq_len": dict(alibi_scaling={"type": "linear", "train_seq_len": 8})}[field]
+    switch = {
+        "gated_mlp": dict(gated_mlp=True),
+        "attn_scale_power": dict(attn_scale_power=1.0),
+        "embedding_scale": dict(embedding_scale=2.0),
+        "logit_scale": dict(logit_scale=0.5),
+        "alibi_slopes": dict(alibi_scaling={"type": "linear", "factor": 2.0}),
+        "alibi_scaling.train_seq_len": dict(alibi_scaling={"type": "linear", "train_seq_len": 8}),
+    }[field]
     field = field.replace(".", r"\.")
     with pytest.raises(ValueError, match=field):
         export_bloom(make_model(embedding_layernorm=True, **switch))
@@ -127,8 +152,9 @@ def test_hf_alibi_export_writes_alibi_scaling_back_and_it_reimports_to_the_same_
     assert original.config.alibi_scaling == again.config.alibi_scaling == scaling
     ids, mask = left_padded_batch(14)  # past train_seq_len: the scale of K = 14
     with torch.no_grad():
-        torch.testing.assert_close(again(ids, attention_mask=mask).logits, original(ids, attention_mask=mask).logits,
-                                   atol=0, rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            again(ids, attention_mask=mask).logits, original(ids, attention_mask=mask).logits, atol=0, rtol=0
+        )
 
 
 def gguf_jais(generation="btlm", vocab=None):
@@ -151,16 +177,22 @@ def test_gguf_of_a_gated_model_is_llama_cpps_jais_with_the_multipliers_folded(tm
         assert np.array_equal(tensors[f"blk.1.{theirs}.weight"], state[f"transformer.h.1.{ours}.weight"].T), theirs
         assert np.array_equal(tensors[f"blk.1.{theirs}.bias"], state[f"transformer.h.1.{ours}.bias"]), theirs
     assert {name for name in tensors if name.startswith("blk.0.")} == {
-        f"blk.0.{name}.{part}" for name in ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_gate",
-                                            "ffn_down") for part in ("weight", "bias")}  # fmt: skip
+        f"blk.0.{name}.{part}"
+        for name in ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_gate", "ffn_down")
+        for part in ("weight", "bias")
+    }
 
 
-@pytest.mark.parametrize("field, overrides", [
-    ("attn_scale_power", dict(attn_scale_power=0.5)),
-    ("alibi_scaling.factor", dict(alibi_scaling={"type": "linear", "factor": 2.0})),
-    ("alibi_scaling.train_seq_len", dict(alibi_scaling={"type": "linear", "train_seq_len": 8})),
-    ("activation_function", dict(activation_function="gelu_new")), ("bias", dict(bias=False)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field, overrides",
+    [
+        ("attn_scale_power", dict(attn_scale_power=0.5)),
+        ("alibi_scaling.factor", dict(alibi_scaling={"type": "linear", "factor": 2.0})),
+        ("alibi_scaling.train_seq_len", dict(alibi_scaling={"type": "linear", "train_seq_len": 8})),
+        ("activation_function", dict(activation_function="gelu_new")),
+        ("bias", dict(bias=False)),
+    ],
+)
 def test_gguf_refuses_gated_models_llama_cpps_jais_cannot_hold(make_model, tmp_path, field, overrides):
     settings = dict(gated_mlp=True, activation_function="silu", attn_scale_power=1.0) | overrides
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):

@@ -15,10 +15,17 @@ from hf_alibi.conversion.gguf_export import _pre_tokenizer_name
 
 TEXT = ["the quick brown fox jumps over the lazy dog. ", "def add(x, y):\n    return x + y\n", "hello world! "]
 KEYS = {
-    "general.architecture": "mpt", "mpt.context_length": 64, "mpt.embedding_length": 96, "mpt.block_count": 2,
-    "mpt.feed_forward_length": 384, "mpt.attention.head_count": 12, "mpt.attention.head_count_kv": 12,
-    "mpt.attention.max_alibi_bias": 8.0, "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
-}  # fmt: skip
+    "general.architecture": "mpt",
+    "mpt.context_length": 64,
+    "mpt.embedding_length": 96,
+    "mpt.block_count": 2,
+    "mpt.feed_forward_length": 384,
+    "mpt.attention.head_count": 12,
+    "mpt.attention.head_count_kv": 12,
+    "mpt.attention.max_alibi_bias": 8.0,
+    "tokenizer.ggml.model": "gpt2",
+    "tokenizer.ggml.pre": "gpt-2",
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +68,14 @@ def test_gguf_has_every_key_and_tensor_llama_cpp_mpt_needs(make_model, tokenizer
         "output_norm.weight": state["transformer.ln_f.weight"],
         "output_norm.bias": state["transformer.ln_f.bias"],
     }
-    names = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
-             "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}  # fmt: skip
+    names = {
+        "ln_1": "attn_norm",
+        "attn.c_attn": "attn_qkv",
+        "attn.c_proj": "attn_output",
+        "ln_2": "ffn_norm",
+        "mlp.c_fc": "ffn_up",
+        "mlp.c_proj": "ffn_down",
+    }
     for i in range(2):
         for ours, theirs in names.items():
             weight = state[f"transformer.h.{i}.{ours}.weight"]
@@ -96,13 +109,17 @@ def test_bloom_pre_tokenizer_is_named_and_unknown_ones_refused():
 
 @pytest.mark.parametrize(
     "field, overrides",
-    [("activation_function", {"activation_function": "gelu"}), ("embedding_layernorm", {"embedding_layernorm": True}),
-     ("scale_attn_weights", {"scale_attn_weights": False}),
-     ("alibi_slopes", {"alibi_slopes": [0.5] * 12}),
-     ("alibi_scaling.train_seq_len", {"alibi_scaling": {"type": "linear", "train_seq_len": 8}})],
-)  # fmt: skip
-def test_gguf_refuses_what_llama_cpp_cannot_run_exactly_and_writes_nothing(make_model, tokenizer, tmp_path, field,
-                                                                           overrides):  # fmt: skip
+    [
+        ("activation_function", {"activation_function": "gelu"}),
+        ("embedding_layernorm", {"embedding_layernorm": True}),
+        ("scale_attn_weights", {"scale_attn_weights": False}),
+        ("alibi_slopes", {"alibi_slopes": [0.5] * 12}),
+        ("alibi_scaling.train_seq_len", {"alibi_scaling": {"type": "linear", "train_seq_len": 8}}),
+    ],
+)
+def test_gguf_refuses_what_llama_cpp_cannot_run_exactly_and_writes_nothing(
+    make_model, tokenizer, tmp_path, field, overrides
+):
     with pytest.raises(ValueError, match=field):
         export(make_model(vocab_size=272, **overrides), "gguf", tmp_path / "model.gguf", tokenizer=tokenizer)
     assert list(tmp_path.iterdir()) == []
@@ -153,8 +170,18 @@ def test_zero_slopes_are_written_as_max_alibi_bias_zero(make_model, tokenizer, t
 def llama_cpp_model(llama_cpp, path):
     """llama.cpp on CPU with an F32 KV cache (its default F16 cache adds its own rounding) and no flash attention."""
     f32 = llama_cpp.GGML_TYPE_F32
-    return llama_cpp.Llama(str(path), n_ctx=512, n_batch=512, n_ubatch=512, logits_all=True, verbose=False,
-                           n_threads=1, flash_attn=False, type_k=f32, type_v=f32)  # fmt: skip
+    return llama_cpp.Llama(
+        str(path),
+        n_ctx=512,
+        n_batch=512,
+        n_ubatch=512,
+        logits_all=True,
+        verbose=False,
+        n_threads=1,
+        flash_attn=False,
+        type_k=f32,
+        type_v=f32,
+    )
 
 
 def both_logits(llm, model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from family_checks import VOCAB, assert_same_weights, perturb
 from transformers import BloomConfig, BloomForCausalLM, MptConfig, MptForCausalLM
 
+from family_checks import VOCAB, assert_same_weights, perturb
 from hf_alibi.conversion import convert_bloom, convert_mpt, export_bloom, export_mpt
 from hf_alibi.conversion.common import Requirement, require
 from hf_alibi.conversion.weight_map import TRANSPOSE, Entry, map_weights, per_head_qkv
@@ -32,8 +32,13 @@ def their_state(n_layer: int = 2) -> dict[str, torch.Tensor]:
 def test_a_map_applied_both_ways_gives_back_every_tensor_bit_for_bit():
     theirs = their_state()
     ours = map_weights(TABLE, theirs, 2, to="ours", what="toy")
-    assert sorted(ours) == ["h.0.c_attn.bias", "h.0.c_attn.weight", "h.1.c_attn.bias", "h.1.c_attn.weight",
-                            "wte.weight"]  # fmt: skip
+    assert sorted(ours) == [
+        "h.0.c_attn.bias",
+        "h.0.c_attn.weight",
+        "h.1.c_attn.bias",
+        "h.1.c_attn.weight",
+        "wte.weight",
+    ]
     assert ours["h.1.c_attn.weight"].shape == (6, 18)  # Conv1D (in, out)
     back = map_weights(TABLE, ours, 2, to="theirs", what="toy")
     assert sorted(back) == sorted(theirs)
@@ -95,8 +100,9 @@ def tiny_bloom() -> BloomForCausalLM:
 
 
 def tiny_mpt() -> MptForCausalLM:
-    config = MptConfig(vocab_size=VOCAB, d_model=48, n_layers=2, n_heads=6, max_seq_len=16,
-                       attn_config={"clip_qkv": 2.0})  # fmt: skip
+    config = MptConfig(
+        vocab_size=VOCAB, d_model=48, n_layers=2, n_heads=6, max_seq_len=16, attn_config={"clip_qkv": 2.0}
+    )
     return perturb(MptForCausalLM(config))
 
 

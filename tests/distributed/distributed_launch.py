@@ -20,10 +20,24 @@ def run_workers(nproc: int, case: str, out: Path, timeout: float = 600, expect_f
     saved dict (rank order), or, with `expect_failure`, the combined output of the failed launch."""
     out.mkdir(parents=True, exist_ok=True)
     args = [f"--{key}={value}" for key, value in options.items()]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               str(WORKER), case, f"--out={out}", *args]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
-           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(WORKER),
+        case,
+        f"--out={out}",
+        *args,
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=out)
     if expect_failure:
         assert result.returncode != 0, f"{case} was expected to fail but ran:\n{result.stdout[-3000:]}"
@@ -36,7 +50,6 @@ def save_model_and_rows(folder: Path) -> torch.Tensor:
     """What the workers load: a tiny ALiBi model (seed 0) at `folder/model` and 4 training rows of 16 tokens at
     `folder/in.pt`; returns the rows."""
     from conftest import tiny_config_kwargs
-
     from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
     torch.manual_seed(0)

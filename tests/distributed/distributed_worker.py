@@ -27,8 +27,9 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def attention_heads(model) -> list:
-    return [(block.attn.heads.start, block.attn.heads.stop) if block.attn.heads else None
-            for block in model.transformer.h]  # fmt: skip
+    return [
+        (block.attn.heads.start, block.attn.heads.stop) if block.attn.heads else None for block in model.transformer.h
+    ]
 
 
 def tensor_parallel(args) -> dict:
@@ -49,9 +50,12 @@ def tensor_parallel(args) -> dict:
             out["padded"] = model(inputs["ids"], attention_mask=inputs["mask"]).logits
             out["packed"] = model(inputs["packed"], position_ids=inputs["positions"]).logits
             out["generated"] = model.generate(
-                inputs["ids"], attention_mask=inputs["mask"], max_new_tokens=6, do_sample=False,
+                inputs["ids"],
+                attention_mask=inputs["mask"],
+                max_new_tokens=6,
+                do_sample=False,
                 pad_token_id=model.config.pad_token_id,
-            )  # fmt: skip
+            )
         if backend != "flex_attention":  # no FlexAttention backward on CPU
             loss = model(inputs["ids"], attention_mask=inputs["mask"], labels=inputs["labels"]).loss
             loss.backward()
@@ -74,8 +78,10 @@ def fsdp(args) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     if args.resume:
         load_optimizer_distributed(model, optimizer, f"{args.resume}/optimizer")
-    out = {"slopes": model.transformer.alibi_slopes.clone(), "sharded": {
-        name: tuple(p.to_local().shape) for name, p in model.named_parameters() if isinstance(p, DTensor)}}
+    out = {
+        "slopes": model.transformer.alibi_slopes.clone(),
+        "sharded": {name: tuple(p.to_local().shape) for name, p in model.named_parameters() if isinstance(p, DTensor)},
+    }
     out["losses"] = train_steps(model, optimizer, rows, args.steps)
     if args.save:
         model.save_pretrained(args.save, distributed_checkpoint=True)
@@ -124,18 +130,26 @@ def trainer(args) -> dict:
     size = int(os.environ["WORLD_SIZE"])
     fsdp = dict(fsdp="full_shard", fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["AlibiGPT2Block"]})
     training = TrainingArguments(
-        output_dir=str(args.out / "trainer"), use_cpu=True, max_steps=args.steps, learning_rate=1e-3,
+        output_dir=str(args.out / "trainer"),
+        use_cpu=True,
+        max_steps=args.steps,
+        learning_rate=1e-3,
         per_device_train_batch_size=rows.shape[0] // size if args.mode != "tp" else rows.shape[0],  # TP: one batch
-        lr_scheduler_type="constant", max_grad_norm=0.0, report_to="none", save_strategy="no", logging_steps=1,
+        lr_scheduler_type="constant",
+        max_grad_norm=0.0,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
         **(fsdp if args.mode == "accelerate" else {}),
-    )  # fmt: skip
+    )
     sizes = {"fsdp": {"fsdp_size": size}, "tp": {"tp_size": size}}.get(args.mode)
     loading = {"distributed_config": DistributedConfig(**sizes)} if sizes else {}
     model = AutoModelForCausalLM.from_pretrained(args.folder, **loading)
     run = Trainer(model=model, args=training, train_dataset=[{"input_ids": row, "labels": row} for row in rows])
     run.train()
     return {
-        "distributed_type": str(run.accelerator.distributed_type), "is_fsdp_enabled": run.is_fsdp_enabled,
+        "distributed_type": str(run.accelerator.distributed_type),
+        "is_fsdp_enabled": run.is_fsdp_enabled,
         "slopes": run.model.transformer.alibi_slopes.clone(),
         "losses": [log["loss"] for log in run.state.log_history if "loss" in log],
         "final": {name: full(p) for name, p in run.model.named_parameters()},
@@ -153,7 +167,13 @@ def ram_efficient_loading(args) -> dict:
     return {"slopes": model.transformer.alibi_slopes.clone(), "fsdp_loading": is_fsdp_enabled()}
 
 
-CASES = {"tp": tensor_parallel, "fsdp": fsdp, "tp_fsdp": tp_fsdp, "trainer": trainer, "ram_efficient_loading": ram_efficient_loading}
+CASES = {
+    "tp": tensor_parallel,
+    "fsdp": fsdp,
+    "tp_fsdp": tp_fsdp,
+    "trainer": trainer,
+    "ram_efficient_loading": ram_efficient_loading,
+}
 
 
 def main() -> None:

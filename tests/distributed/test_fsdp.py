@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 import torch
-from distributed_launch import max_difference, run_workers, save_model_and_rows, train_steps
 from transformers import AutoModelForCausalLM
 from transformers.distributed import consolidate_distributed_checkpoint
 
+from distributed_launch import max_difference, run_workers, save_model_and_rows, train_steps
 from hf_alibi import get_alibi_slopes
 
 STEPS, MORE_STEPS = 2, 2  # before and after the sharded checkpoint
@@ -31,8 +31,16 @@ def fsdp_run(tmp_path_factory):
     """2 ranks: STEPS steps, a sharded checkpoint (model and optimizer), MORE_STEPS steps."""
     tmp = tmp_path_factory.mktemp("fsdp")
     save_model_and_rows(tmp)
-    ranks = run_workers(2, "fsdp", tmp / "out", folder=tmp / "model", inputs=tmp / "in.pt", steps=STEPS,
-                        more_steps=MORE_STEPS, save=tmp / "sharded")  # fmt: skip
+    ranks = run_workers(
+        2,
+        "fsdp",
+        tmp / "out",
+        folder=tmp / "model",
+        inputs=tmp / "in.pt",
+        steps=STEPS,
+        more_steps=MORE_STEPS,
+        save=tmp / "sharded",
+    )
     return tmp, ranks
 
 
@@ -95,8 +103,9 @@ def test_tensor_parallel_times_fsdp_on_four_processes_trains_like_one_process(tm
     equal one process's. (The trained weights are compared through their logits: `full_tensor()` of c_attn's bias,
     sharded twice on one dimension (strided q|k|v by TP, then by FSDP), does not reassemble it in this torch.)"""
     rows = save_model_and_rows(tmp_path)
-    ranks = run_workers(4, "tp_fsdp", tmp_path / "out", folder=tmp_path / "model", inputs=tmp_path / "in.pt",
-                        steps=STEPS)  # fmt: skip
+    ranks = run_workers(
+        4, "tp_fsdp", tmp_path / "out", folder=tmp_path / "model", inputs=tmp_path / "in.pt", steps=STEPS
+    )
     assert [r["heads"][0] for r in ranks] == [(0, 6), (6, 12), (0, 6), (6, 12)], "TP pairs must hold both halves"
     losses, model = one_process_training(tmp_path / "model", rows, STEPS)
     with torch.no_grad():

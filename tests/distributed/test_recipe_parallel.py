@@ -29,9 +29,26 @@ def test_sharding_refuses_the_baselines_naming_the_models():
 
 def recipe(tmp_path: Path, *options: str) -> subprocess.CompletedProcess:
     """The smoke recipe, ALiBi only, on 2 gloo processes."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-               "recipes.train_short_test_long", "--config", "smoke", "--use_cpu", "true", "--models", "alibi",
-               "--cost_steps", "0", "--output_dir", str(tmp_path), *options]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "recipes.train_short_test_long",
+        "--config",
+        "smoke",
+        "--use_cpu",
+        "true",
+        "--models",
+        "alibi",
+        "--cost_steps",
+        "0",
+        "--output_dir",
+        str(tmp_path),
+        *options,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
 
@@ -52,4 +69,6 @@ def test_recipe_with_tp_size_2_is_refused_by_accelerate_on_cpu(tmp_path):
     run = recipe(tmp_path, "--tp_size", "2")
     assert run.returncode != 0
     output = run.stdout + run.stderr
-    assert "ParallelismConfig is only compatible" in output and "got DistributedType.MULTI_CPU" in output, output[-3000:]
+    assert "ParallelismConfig is only compatible" in output and "got DistributedType.MULTI_CPU" in output, output[
+        -3000:
+    ]

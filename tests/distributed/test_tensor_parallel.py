@@ -7,10 +7,10 @@ Run: `HF_HUB_OFFLINE=1 python -m pytest -q tests/distributed/test_tensor_paralle
 
 import pytest
 import torch
-from conftest import tiny_config_kwargs
-from distributed_launch import max_difference, run_workers
 from transformers import AutoModelForCausalLM, BloomConfig, BloomForCausalLM, MptConfig, MptForCausalLM
 
+from conftest import tiny_config_kwargs
+from distributed_launch import max_difference, run_workers
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, convert, get_alibi_slopes
 
 BACKENDS = ("eager", "sdpa", "flex_attention")
@@ -36,9 +36,14 @@ def one_process(folder, inputs: dict, backend: str, source=None) -> dict:
         out = {
             "padded": reference(inputs["ids"], attention_mask=inputs["mask"]).logits,
             "packed": model(inputs["packed"], position_ids=inputs["positions"]).logits,
-            "generated": model.generate(inputs["ids"], attention_mask=inputs["mask"], max_new_tokens=6,
-                                        do_sample=False, pad_token_id=model.config.pad_token_id),
-        }  # fmt: skip
+            "generated": model.generate(
+                inputs["ids"],
+                attention_mask=inputs["mask"],
+                max_new_tokens=6,
+                do_sample=False,
+                pad_token_id=model.config.pad_token_id,
+            ),
+        }
     if backend != "flex_attention":
         model(inputs["ids"], attention_mask=inputs["mask"], labels=inputs["labels"]).loss.backward()
         out["grads"] = {name: p.grad for name, p in model.named_parameters()}
@@ -50,8 +55,15 @@ def sharded_run(tmp_path, model, nproc: int, backends=BACKENDS, **options):
     folder, inputs = tmp_path / "model", make_inputs(model.config.vocab_size)
     model.save_pretrained(folder)
     torch.save(inputs, tmp_path / "inputs.pt")
-    ranks = run_workers(nproc, "tp", tmp_path / "out", folder=folder, inputs=tmp_path / "inputs.pt",
-                        backends=",".join(backends), **options)  # fmt: skip
+    ranks = run_workers(
+        nproc,
+        "tp",
+        tmp_path / "out",
+        folder=folder,
+        inputs=tmp_path / "inputs.pt",
+        backends=",".join(backends),
+        **options,
+    )
     return folder, inputs, ranks
 
 
@@ -134,8 +146,17 @@ def test_imported_bloom_and_mpt_shard_and_match_their_source(tmp_path, family):
     if family == "bloom":  # 12 heads: interleaved slopes; BLOOM's per-head interleaved qkv, its embedding norm
         source = BloomForCausalLM(BloomConfig(vocab_size=96, hidden_size=96, n_layer=2, n_head=12, pad_token_id=0))
     else:  # no biases anywhere, erf GELU, clip_qkv
-        source = MptForCausalLM(MptConfig(vocab_size=96, d_model=96, n_layers=2, n_heads=12, max_seq_len=64,
-                                          attn_config={"clip_qkv": 0.5}, pad_token_id=0))  # fmt: skip
+        source = MptForCausalLM(
+            MptConfig(
+                vocab_size=96,
+                d_model=96,
+                n_layers=2,
+                n_heads=12,
+                max_seq_len=64,
+                attn_config={"clip_qkv": 0.5},
+                pad_token_id=0,
+            )
+        )
     source = perturbed(source)
     folder, inputs, ranks = sharded_run(tmp_path, convert(source), nproc=2, backends=("sdpa", "eager"))
     assert_matches_one_process(folder, inputs, ranks, backends=("sdpa", "eager"), source=source)
@@ -144,11 +165,22 @@ def test_imported_bloom_and_mpt_shard_and_match_their_source(tmp_path, family):
 @pytest.mark.slow
 def test_gated_mlp_and_mup_switches_shard_c_fc2_like_c_fc_and_match_one_process(tmp_path):
     torch.manual_seed(0)
-    config = AlibiGPT2Config(**tiny_config_kwargs(n_head=6, n_embd=48, gated_mlp=True, activation_function="silu",
-                                                  n_inner=100, attn_scale_power=1.0, embedding_scale=3.0,
-                                                  logit_scale=0.4, alibi_scaling={"type": "linear", "factor": 2.0}))  # fmt: skip
-    folder, inputs, ranks = sharded_run(tmp_path, perturbed(AlibiGPT2LMHeadModel(config)), nproc=2,
-                                        backends=("sdpa", "eager"))  # fmt: skip
+    config = AlibiGPT2Config(
+        **tiny_config_kwargs(
+            n_head=6,
+            n_embd=48,
+            gated_mlp=True,
+            activation_function="silu",
+            n_inner=100,
+            attn_scale_power=1.0,
+            embedding_scale=3.0,
+            logit_scale=0.4,
+            alibi_scaling={"type": "linear", "factor": 2.0},
+        )
+    )
+    folder, inputs, ranks = sharded_run(
+        tmp_path, perturbed(AlibiGPT2LMHeadModel(config)), nproc=2, backends=("sdpa", "eager")
+    )
     assert_matches_one_process(folder, inputs, ranks, backends=("sdpa", "eager"))
 
 

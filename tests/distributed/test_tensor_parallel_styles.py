@@ -9,14 +9,22 @@ import pytest
 import torch
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.tensor_parallel_alibi_gpt2 import ALIBI_HEADS, CONV1D_COLWISE, CONV1D_QKV_COLWISE, CONV1D_ROWWISE
+from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.tensor_parallel_alibi_gpt2 import (
+    ALIBI_HEADS,
+    CONV1D_COLWISE,
+    CONV1D_QKV_COLWISE,
+    CONV1D_ROWWISE,
+)
 
 HEADS, DIM = 12, 8
 # (backend, SDPA path): the split, the bias bank in several chunks, eager's prebuilt bias, FlexAttention's score_mod
-PATHS = {"eager": ("eager", {}), "sdpa_split": ("sdpa", {}), "sdpa_bank": ("sdpa", dict(sdpa_split=False,
-         query_chunk=8)), "flex_attention": ("flex_attention", {})}  # fmt: skip
+PATHS = {
+    "eager": ("eager", {}),
+    "sdpa_split": ("sdpa", {}),
+    "sdpa_bank": ("sdpa", dict(sdpa_split=False, query_chunk=8)),
+    "flex_attention": ("flex_attention", {}),
+}
 # Rank 2 of 4 (slopes 2^-7, 2^-8, 2^-0.5: across the interleave) and rank 1 of 2.
 HEAD_SLICES = [slice(6, 9), slice(6, 12)]
 

@@ -12,9 +12,9 @@
 
 import pytest
 import torch
-from distributed_launch import max_difference, run_workers, save_model_and_rows, train_steps
 from transformers import AutoModelForCausalLM
 
+from distributed_launch import max_difference, run_workers, save_model_and_rows, train_steps
 from hf_alibi import get_alibi_slopes
 
 STEPS = 2
@@ -48,8 +48,9 @@ def assert_trained_like_one_process(tmp, ranks) -> None:
 
 
 def test_trainer_on_an_fsdp2_sharded_model_matches_one_process(saved):
-    ranks = run_workers(2, "trainer", saved / "fsdp", folder=saved / "model", inputs=saved / "in.pt", mode="fsdp",
-                        steps=STEPS)  # fmt: skip
+    ranks = run_workers(
+        2, "trainer", saved / "fsdp", folder=saved / "model", inputs=saved / "in.pt", mode="fsdp", steps=STEPS
+    )
     assert_trained_like_one_process(saved, ranks)
 
 
@@ -62,14 +63,31 @@ def test_slopes_are_real_and_right_on_every_rank_after_cpu_ram_efficient_loading
 
 @pytest.mark.slow
 def test_trainer_fsdp_flag_on_cpu_runs_ddp_instead(saved):
-    ranks = run_workers(2, "trainer", saved / "accelerate", folder=saved / "model", inputs=saved / "in.pt",
-                        mode="accelerate", steps=STEPS)  # fmt: skip
+    ranks = run_workers(
+        2,
+        "trainer",
+        saved / "accelerate",
+        folder=saved / "model",
+        inputs=saved / "in.pt",
+        mode="accelerate",
+        steps=STEPS,
+    )
     assert [(r["distributed_type"], r["is_fsdp_enabled"]) for r in ranks] == [("DistributedType.MULTI_CPU", False)] * 2
     assert_trained_like_one_process(saved, ranks)  # DDP: still one process's result, but nothing is sharded
 
 
 @pytest.mark.slow
 def test_trainer_refuses_a_tensor_parallel_model_on_cpu(saved):
-    output = run_workers(2, "trainer", saved / "tp", folder=saved / "model", inputs=saved / "in.pt", mode="tp",
-                         steps=STEPS, expect_failure=True)  # fmt: skip
-    assert "ParallelismConfig is only compatible" in output and "got DistributedType.MULTI_CPU" in output, output[-3000:]
+    output = run_workers(
+        2,
+        "trainer",
+        saved / "tp",
+        folder=saved / "model",
+        inputs=saved / "in.pt",
+        mode="tp",
+        steps=STEPS,
+        expect_failure=True,
+    )
+    assert "ParallelismConfig is only compatible" in output and "got DistributedType.MULTI_CPU" in output, output[
+        -3000:
+    ]

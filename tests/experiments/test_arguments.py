@@ -21,12 +21,38 @@ from hf_alibi.experiments.arguments import (
 from hf_alibi.experiments.budget_sweep import SweepArguments
 
 # The order results.md's "experiment:" line and results.json's metadata have always listed the fields in.
-RECORDED_ORDER = ["models", "all_models", "train_length", "eval_factors", "eval_stride", "eval_max_documents",
-                  "eval_batch_tokens", "eval_sliding", "window_eps", "window_length", "cost_steps",
-                  "cost_warmup_steps", "dataset_name", "dataset_config", "data_files", "text_column",
-                  "heldout_fraction", "tokenizer_name", "vocab_size", "n_embd", "n_layer", "n_head", "dropout",
-                  "init_from", "init_from_gpt2", "tp_size", "fsdp_size", "max_train_documents", "max_train_blocks",
-                  "smoke"]  # fmt: skip
+RECORDED_ORDER = [
+    "models",
+    "all_models",
+    "train_length",
+    "eval_factors",
+    "eval_stride",
+    "eval_max_documents",
+    "eval_batch_tokens",
+    "eval_sliding",
+    "window_eps",
+    "window_length",
+    "cost_steps",
+    "cost_warmup_steps",
+    "dataset_name",
+    "dataset_config",
+    "data_files",
+    "text_column",
+    "heldout_fraction",
+    "tokenizer_name",
+    "vocab_size",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "dropout",
+    "init_from",
+    "init_from_gpt2",
+    "tp_size",
+    "fsdp_size",
+    "max_train_documents",
+    "max_train_blocks",
+    "smoke",
+]
 
 
 def test_experiment_arguments_hold_every_part_s_fields_in_the_recorded_order():
@@ -49,8 +75,11 @@ def test_a_config_is_a_file_or_a_bare_shipped_name_never_a_missing_folder_mapped
     assert resolve_config("cpu_demo.yaml") == shipped
     assert shipped.parent.parts[-3:] == ("hf_alibi", "experiments", "configs")
     assert resolve_config(str(shipped)) == shipped  # an existing file: taken as given
-    with pytest.raises(ValueError, match=r"'recipes/configs/cpu_demo.yaml': no such file \(folder 'recipes/configs' "
-                                         r"does not exist\).*cpu_demo, cpu_demo_bpe8k"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"'recipes/configs/cpu_demo.yaml': no such file \(folder 'recipes/configs' "
+        r"does not exist\).*cpu_demo, cpu_demo_bpe8k",
+    ):
         resolve_config("recipes/configs/cpu_demo.yaml")
     with pytest.raises(ValueError, match=r"no such file\. Shipped configs.*smoke"):  # the folder exists, the file not
         resolve_config(str(tmp_path / "cpu_demo.yaml"))
@@ -59,11 +88,23 @@ def test_a_config_is_a_file_or_a_bare_shipped_name_never_a_missing_folder_mapped
 
 
 def test_snake_and_kebab_spellings_of_an_option_parse_the_same(tmp_path):
-    snake = ["--train_length", "64", "--eval_factors", "1", "2", "--no_eval_sliding", "--max_steps", "3",
-             "--per_device_train_batch_size", "4"]  # fmt: skip
+    snake = [
+        "--train_length",
+        "64",
+        "--eval_factors",
+        "1",
+        "2",
+        "--no_eval_sliding",
+        "--max_steps",
+        "3",
+        "--per_device_train_batch_size",
+        "4",
+    ]
     kebab = [option.replace("_", "-") for option in snake]
-    parsed = [parse_args(["--config", "smoke", "--output_dir", str(tmp_path), *argv], ExperimentArguments)
-              for argv in (snake, kebab)]  # fmt: skip
+    parsed = [
+        parse_args(["--config", "smoke", "--output_dir", str(tmp_path), *argv], ExperimentArguments)
+        for argv in (snake, kebab)
+    ]
     (experiment, training), (experiment_kebab, training_kebab) = parsed
     assert asdict(experiment) == asdict(experiment_kebab)
     assert experiment.train_length == 64 and experiment.eval_factors == [1, 2] and not experiment.eval_sliding
@@ -113,8 +154,9 @@ def test_checks_across_parts_are_made_by_the_whole():
 
 def test_init_from_gpt2_warns_that_it_is_deprecated_naming_the_caller_and_still_sets_init_from(tmp_path):
     with pytest.warns(FutureWarning, match="init_from_gpt2='gpt2' is deprecated.*use --init_from") as caught:
-        experiment, _ = parse_args(["--output_dir", str(tmp_path), "--models", "alibi", "--init_from_gpt2", "gpt2"],
-                                   ExperimentArguments)  # fmt: skip
+        experiment, _ = parse_args(
+            ["--output_dir", str(tmp_path), "--models", "alibi", "--init_from_gpt2", "gpt2"], ExperimentArguments
+        )
     assert experiment.init_from == "gpt2" and experiment.init_from_gpt2 == "gpt2"  # recorded as given
     assert [w.filename for w in caught] == [__file__]  # the line that used the old name, not hf_alibi's
     with warnings.catch_warnings():

@@ -29,9 +29,16 @@ def pure_bias_model(slopes=SLOPES, n_layer=2) -> AlibiGPT2LMHeadModel:
     """An ALiBi model whose q and k are zero (weights and biases): attention = softmax of the bias alone."""
     torch.manual_seed(0)
     config = AlibiGPT2Config(
-        vocab_size=64, n_embd=8 * len(slopes), n_layer=n_layer, n_head=len(slopes), n_positions=16,
-        alibi_slopes=list(slopes), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-    )  # fmt: skip
+        vocab_size=64,
+        n_embd=8 * len(slopes),
+        n_layer=n_layer,
+        n_head=len(slopes),
+        n_positions=16,
+        alibi_slopes=list(slopes),
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     model = AlibiGPT2LMHeadModel(config).eval()
     with torch.no_grad():
         for block in model.transformer.h:
@@ -115,8 +122,9 @@ def test_theoretical_window_rejects_eps_outside_zero_one(eps):
 
 
 def test_bias_heads_pick_the_steepest_middle_and_flattest_slope():
-    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625, 0.7071, 0.3536,
-                           0.1768, 0.0884])  # fmt: skip  (the paper's 12-head interleave)
+    slopes = torch.tensor(
+        [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625, 0.7071, 0.3536, 0.1768, 0.0884]
+    )  # the paper's 12-head interleave
     picks = bias_heads(slopes)
     assert picks[0] == 8 and picks[-1] == 7 and len(picks) == 3
 

@@ -72,10 +72,7 @@ def test_sinusoidal_table_equals_the_vaswani_formula():
     num_positions, dim = 50, 16
     expected = torch.tensor(
         [
-            [
-                (math.sin if i % 2 == 0 else math.cos)(p / 10000 ** ((i - i % 2) / dim))
-                for i in range(dim)
-            ]
+            [(math.sin if i % 2 == 0 else math.cos)(p / 10000 ** ((i - i % 2) / dim)) for i in range(dim)]
             for p in range(num_positions)
         ]
     )
@@ -91,8 +88,16 @@ def test_sinusoidal_table_is_not_changed_by_trainer(tmp_path):
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     rows = [{"input_ids": ids, "labels": ids} for ids in tokens(TRAIN, batch=8)]
     args = TrainingArguments(
-        output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2, weight_decay=0.1,
-        save_strategy="no", logging_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
+        output_dir=str(tmp_path),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        weight_decay=0.1,
+        save_strategy="no",
+        logging_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
     )
     trainer = Trainer(model=model, args=args, train_dataset=rows)
     trainer.train()

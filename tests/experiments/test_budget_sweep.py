@@ -4,21 +4,31 @@ table, figure and JSON; bad budgets refused; the recipe end to end on the smoke 
 import json
 
 import pytest
-
-from hf_alibi.experiments.budget_sweep import SweepArguments, budget_training_args, position_use
-from hf_alibi.experiments.budget_sweep import write_sweep
 from transformers import TrainingArguments
+
+from hf_alibi.experiments.budget_sweep import SweepArguments, budget_training_args, position_use, write_sweep
 
 
 def test_position_use_is_the_longest_over_the_training_length_perplexity(make_evaluation):
     row = position_use(make_evaluation("learned", {128: 8.0, 256: 12.0, 2048: 18.0}, train_length=128), 4096)
-    assert row == {"train_tokens": 4096, "train_length": 128, "longest": 2048, "ppl_train_length": 8.0,
-                   "ppl_longest": 18.0, "ratio": 2.25}  # fmt: skip
+    assert row == {
+        "train_tokens": 4096,
+        "train_length": 128,
+        "longest": 2048,
+        "ppl_train_length": 8.0,
+        "ppl_longest": 18.0,
+        "ratio": 2.25,
+    }
 
 
 def test_sweep_table_and_figure_hold_every_budget_and_model(make_evaluation, tmp_path):
-    table = {b: {n: position_use(make_evaluation(n, {128: 8.0, 2048: 8.0 * r}, 128), b * 4096)
-                 for n, r in (("alibi", 0.99), ("learned", 1.0 + b / 100))} for b in (60, 500)}  # fmt: skip
+    table = {
+        b: {
+            n: position_use(make_evaluation(n, {128: 8.0, 2048: 8.0 * r}, 128), b * 4096)
+            for n, r in (("alibi", 0.99), ("learned", 1.0 + b / 100))
+        }
+        for b in (60, 500)
+    }
     write_sweep(tmp_path, table)
     markdown = (tmp_path / "budget_sweep.md").read_text()
     assert "| Model | 60 steps (0.25M tokens) | 500 steps (2.05M tokens) |" in markdown

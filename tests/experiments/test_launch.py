@@ -69,9 +69,23 @@ def test_launcher_world_size_that_is_not_a_number_is_named():
 @pytest.mark.slow
 def test_real_two_process_torchrun_without_use_cpu_exits_non_zero_naming_the_fix_and_writes_nothing(tmp_path):
     output_dir = tmp_path / "ddp"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-               "-m", "recipes.train_short_test_long", "--config", SMOKE_YAML, "--output_dir", str(output_dir),
-               "--models", "alibi"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29531",
+        "-m",
+        "recipes.train_short_test_long",
+        "--config",
+        SMOKE_YAML,
+        "--output_dir",
+        str(output_dir),
+        "--models",
+        "alibi",
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "add --use_cpu true" in done.stderr, done.stderr[-3000:]
@@ -109,9 +123,8 @@ def test_lock_left_by_a_killed_run_is_taken_over_with_a_warning_and_released(liv
     holder.kill()  # SIGKILL: no cleanup runs, the lock file stays behind with the dead pid
     holder.wait()
     assert json.loads((folder / LOCK_FILE).read_text())["pid"] == holder.pid
-    with caplog.at_level(logging.WARNING, logger=launch.__name__):
-        with output_dir_lock(folder) as lock:
-            assert json.loads(lock.read_text())["pid"] == os.getpid()
+    with caplog.at_level(logging.WARNING, logger=launch.__name__), output_dir_lock(folder) as lock:
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert f"no longer alive (pid {holder.pid}" in caplog.text
     assert not (folder / LOCK_FILE).exists()
     assert folder.is_dir(), "a folder that existed before the run is kept"
@@ -119,10 +132,9 @@ def test_lock_left_by_a_killed_run_is_taken_over_with_a_warning_and_released(liv
 
 def test_lock_is_released_when_the_run_raises_and_a_folder_it_created_is_removed(tmp_path):
     folder = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        with output_dir_lock(folder):
-            assert (folder / LOCK_FILE).exists()
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), output_dir_lock(folder):
+        assert (folder / LOCK_FILE).exists()
+        raise KeyboardInterrupt
     assert not folder.exists()
     with output_dir_lock(folder):  # free again for the resuming run
         (folder / "kept.txt").write_text("x")

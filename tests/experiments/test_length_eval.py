@@ -10,7 +10,13 @@ import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_alibi.experiments import length_eval
-from hf_alibi.experiments.length_eval import ModelEvaluation, evaluate_model, nonoverlapping_windows, sliding_windows, token_nll
+from hf_alibi.experiments.length_eval import (
+    ModelEvaluation,
+    evaluate_model,
+    nonoverlapping_windows,
+    sliding_windows,
+    token_nll,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 50

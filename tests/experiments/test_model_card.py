@@ -8,8 +8,8 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hf_alibi.experiments.length_eval import evaluate_model
 from hf_alibi.experiments import model_card
+from hf_alibi.experiments.length_eval import evaluate_model
 from hf_alibi.experiments.model_card import find_template, render_card, save_card
 from hf_alibi.experiments.results import write_results
 
@@ -84,7 +84,10 @@ def test_template_ships_in_the_package_and_a_missing_one_fails_with_a_clear_erro
 def test_card_of_a_model_with_no_measured_length_is_refused(evaluations):
     short_only = evaluations["sinusoidal"]
     short_only = type(short_only)(
-        model="s", train_length=8, max_length=16, selection=short_only.selection,
+        model="s",
+        train_length=8,
+        max_length=16,
+        selection=short_only.selection,
         lengths=[r for r in short_only.lengths if r.unsupported],
     )
     with pytest.raises(ValueError, match="no measured length"):
@@ -96,8 +99,12 @@ def test_card_of_a_fine_tuned_model_names_its_base_and_says_when_the_licence_is_
     assert card.data.base_model == "org/source"
     assert (card.data.license, card.data.license_name) == ("other", "unknown")  # never this project's apache-2.0
     assert "licence:\nunknown" in card.text
-    card = render_card(evaluations["alibi-tiny"], model_name="alibi-tiny", base_model="org/source",
-                       source_license={"license": "openrail"})  # fmt: skip
+    card = render_card(
+        evaluations["alibi-tiny"],
+        model_name="alibi-tiny",
+        base_model="org/source",
+        source_license={"license": "openrail"},
+    )
     assert card.data.license == "openrail" and "`openrail`" in card.text
     assert render_card(evaluations["alibi-tiny"], model_name="alibi-tiny").data.license == "apache-2.0"
 

@@ -83,8 +83,11 @@ def test_markdown_table_matches_json_and_marks_unsupported_as_na(written):
     models = json.loads(paths["json"].read_text())["models"]
     markdown = paths["markdown"].read_text()
     table = markdown.split("## Nonoverlapping windows")[1].split("##")[0]
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()
-            if line.startswith("| long") or line.startswith("| short")}
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in table.splitlines()
+        if line.startswith("| long") or line.startswith("| short")
+    }
     header = next(line for line in table.splitlines() if line.startswith("| Model"))
     assert "8 (1x, train)" in header and "32 (4x)" in header
     for name, cells in rows.items():
@@ -139,7 +142,7 @@ def word_tokenizer(texts) -> PreTrainedTokenizerFast:
 def test_evaluate_length_recipe_writes_results_for_a_saved_checkpoint(tmp_path, capsys):
     from recipes.evaluate_length import main
 
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
     texts = [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(60 + 10 * i)) for i in range(6)]
     for i, text in enumerate(texts):
         (tmp_path / f"doc{i}.txt").write_text(text)
@@ -150,8 +153,24 @@ def test_evaluate_length_recipe_writes_results_for_a_saved_checkpoint(tmp_path, 
     model.resize_token_embeddings(len(tokenizer))
     model.save_pretrained(checkpoint)
     out = tmp_path / "eval"
-    main(["--model", str(checkpoint), "--data_files", str(tmp_path / "doc*.txt"), "--heldout_fraction", "0.99",
-          "--train_length", "8", "--length_factors", "1", "2", "4", "--output_dir", str(out)])
+    main(
+        [
+            "--model",
+            str(checkpoint),
+            "--data_files",
+            str(tmp_path / "doc*.txt"),
+            "--heldout_fraction",
+            "0.99",
+            "--train_length",
+            "8",
+            "--length_factors",
+            "1",
+            "2",
+            "4",
+            "--output_dir",
+            str(out),
+        ]
+    )
     loaded, metadata = load_results(out)
     result = loaded["tiny"].by_length()
     assert result[8].ppl_nonoverlapping > 1 and result[16].ppl_sliding > 1
@@ -164,10 +183,18 @@ def test_evaluate_length_recipe_writes_results_for_a_saved_checkpoint(tmp_path, 
 def test_models_trained_at_several_lengths_keep_their_own_length_in_every_file(tmp_path):
     torch.manual_seed(1)
     docs = [torch.randint(0, 50, (n,)) for n in (70, 101)]
-    mixed = {"long@8": evaluate_model(tiny_gpt2(64), docs, LENGTHS, name="long@8", train_length=8),
-             "long@16": evaluate_model(tiny_gpt2(64), docs, LENGTHS, name="long@16", train_length=16)}  # fmt: skip
-    facts = {"train_length": 16, "per_device_train_batch_size": 2, "train_tokens": 96, "train_tokens_per_second": 1e3,
-             "peak_memory_mib": 12.0, "train_seconds": 0.1}  # fmt: skip
+    mixed = {
+        "long@8": evaluate_model(tiny_gpt2(64), docs, LENGTHS, name="long@8", train_length=8),
+        "long@16": evaluate_model(tiny_gpt2(64), docs, LENGTHS, name="long@16", train_length=16),
+    }
+    facts = {
+        "train_length": 16,
+        "per_device_train_batch_size": 2,
+        "train_tokens": 96,
+        "train_tokens_per_second": 1e3,
+        "peak_memory_mib": 12.0,
+        "train_seconds": 0.1,
+    }
     paths = write_results(tmp_path, mixed, metadata={"long@16_training": facts})
     rows = list(csv.DictReader(paths["csv"].open()))
     assert {(row["model"], row["train_length"]) for row in rows} == {("long@8", "8"), ("long@16", "16")}
@@ -182,8 +209,7 @@ def test_models_trained_at_several_lengths_keep_their_own_length_in_every_file(t
     assert paths["plot"].read_bytes().startswith(PNG_MAGIC)
 
 
-def test_a_smoke_run_says_so_in_its_table_and_on_every_plot_and_a_real_run_does_not(evaluations, tmp_path,
-                                                                                     monkeypatch):  # fmt: skip
+def test_a_smoke_run_says_so_in_its_table_and_on_every_plot_and_a_real_run_does_not(evaluations, tmp_path, monkeypatch):
     """Untrained tiny models on auto-scaled axes look like results: a smoke run's files carry `run_caveat`."""
     from hf_alibi.experiments import plots
 

@@ -36,8 +36,15 @@ def smoke_run(tmp_path_factory):
 def test_smoke_run_writes_every_result_file_and_no_temporaries(smoke_run):
     output_dir, evaluations, experiment = smoke_run
     assert set(evaluations) == {"alibi", "learned", "sinusoidal", "rotary", "learned@64"}
-    for name in ("results.json", "results.csv", "results.md", "perplexity_vs_length.png", "loss_by_position.png",
-                 "effective_window.json", "effective_window.png"):  # fmt: skip
+    for name in (
+        "results.json",
+        "results.csv",
+        "results.md",
+        "perplexity_vs_length.png",
+        "loss_by_position.png",
+        "effective_window.json",
+        "effective_window.png",
+    ):
         assert (output_dir / name).stat().st_size > 0, name
     assert not list(output_dir.rglob("*.tmp")), "a temporary file was left behind"
     payload = json.loads((output_dir / "results.json").read_text())
@@ -94,9 +101,7 @@ def test_models_at_twice_the_length_see_the_same_tokens_and_report_their_cost(sm
 @pytest.mark.slow
 def test_finished_run_is_not_overwritten_without_resume(smoke_run):
     output_dir, _, _ = smoke_run
-    experiment, training = parse_args(
-        ["--config", SMOKE_YAML, "--output_dir", str(output_dir)], ExperimentArguments
-    )
+    experiment, training = parse_args(["--config", SMOKE_YAML, "--output_dir", str(output_dir)], ExperimentArguments)
     apply_smoke(experiment, training)
     with pytest.raises(ValueError, match="resume_from_checkpoint"):
         run_experiment(experiment, training)
@@ -143,8 +148,10 @@ def test_interrupted_run_rerun_as_it_was_started_resumes_past_its_stale_lock_and
     assert "alibi: finished earlier, kept" in printed and "learned: resumes from checkpoint-4" in printed, printed
     assert (output_dir / "alibi" / "evaluation.json").read_text() == finished_before, "a finished model was redone"
     for name in ("alibi", "learned"):
-        facts = [json.loads((Path(t.output_dir) / name / "evaluation.json").read_text())["training"]
-                 for t in (straight_train, train)]  # fmt: skip
+        facts = [
+            json.loads((Path(t.output_dir) / name / "evaluation.json").read_text())["training"]
+            for t in (straight_train, train)
+        ]
         assert facts[0]["steps"] == facts[1]["steps"] == 8
         assert facts[1]["final_logged_loss"] == pytest.approx(facts[0]["final_logged_loss"], rel=1e-3), name
         ppl = [e[name].lengths[0].ppl_nonoverlapping for e in (straight, resumed)]
@@ -214,8 +221,15 @@ def test_push_to_hub_uploads_exactly_the_final_alibi_folder(smoke_run, monkeypat
     folder = Path(calls["upload"]["folder_path"])
     assert folder == output_dir / "alibi" / "final"
     uploaded = {p.name for p in folder.iterdir()}
-    needed = {"config.json", "model.safetensors", "modeling_alibi_gpt2.py", "configuration_alibi_gpt2.py",
-              "README.md", "tokenizer.json", "perplexity_vs_length.png"}  # fmt: skip
+    needed = {
+        "config.json",
+        "model.safetensors",
+        "modeling_alibi_gpt2.py",
+        "configuration_alibi_gpt2.py",
+        "README.md",
+        "tokenizer.json",
+        "perplexity_vs_length.png",
+    }
     assert needed <= uploaded, needed - uploaded
 
 
@@ -224,9 +238,7 @@ def test_recipe_main_smoke_prints_the_summary(tmp_path, capsys, monkeypatch):
     from recipes import train_short_test_long
 
     monkeypatch.setattr(sys, "argv", ["train_short_test_long"])
-    train_short_test_long.main(
-        ["--config", SMOKE_YAML, "--output_dir", str(tmp_path / "main"), "--models", "alibi"]
-    )
+    train_short_test_long.main(["--config", SMOKE_YAML, "--output_dir", str(tmp_path / "main"), "--models", "alibi"])
     out = capsys.readouterr().out
     assert "alibi" in out and "results written to" in out
 
@@ -237,9 +249,25 @@ def test_two_process_ddp_training_runs_two_ranks(tmp_path):
     import subprocess
 
     output_dir = tmp_path / "ddp"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-               "-m", "recipes.train_short_test_long", "--config", SMOKE_YAML, "--output_dir", str(output_dir),
-               "--models", "alibi", "--use_cpu", "true"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29517",
+        "-m",
+        "recipes.train_short_test_long",
+        "--config",
+        SMOKE_YAML,
+        "--output_dir",
+        str(output_dir),
+        "--models",
+        "alibi",
+        "--use_cpu",
+        "true",
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     metadata = json.loads((output_dir / "results.json").read_text())["metadata"]
@@ -250,7 +278,9 @@ def test_two_process_ddp_training_runs_two_ranks(tmp_path):
 def test_headline_config_under_smoke_keeps_each_model_s_length_ratio_and_token_budget():
     from hf_alibi.experiments.arguments import batch_size_at
 
-    experiment, training = parse_args(["--config", str(REPO / "hf_alibi/experiments/configs/headline.yaml")], ExperimentArguments)
+    experiment, training = parse_args(
+        ["--config", str(REPO / "hf_alibi/experiments/configs/headline.yaml")], ExperimentArguments
+    )
     assert experiment.model_specs()["learned@512"] == ("learned", 4 * experiment.train_length)
     tokens = {batch_size_at(experiment, training, length) * length for length in experiment.train_lengths()}
     assert tokens == {training.per_device_train_batch_size * experiment.train_length}  # same tokens at every length

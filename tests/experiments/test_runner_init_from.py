@@ -1,6 +1,5 @@
 """The recipe fine-tunes any checkpoint `hf_alibi.convert` imports (here a BLOOM), not only GPT-2."""
 
-
 import pytest
 import torch
 from huggingface_hub import ModelCard
@@ -18,12 +17,18 @@ SMOKE_YAML = "smoke"  # the shipped config, by name
 def bloom_folder(tmp_path):
     """A tiny BLOOM checkpoint with a real byte-level BPE tokenizer, as a Hub BLOOM folder has."""
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(["def f(x):\n    return x + 1\n", "import os, sys\n"] * 30, vocab_size=300,
-                            special_tokens=["<pad>", "<s>", "</s>"], show_progress=False)  # fmt: skip
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<s>",
-                                        eos_token="</s>")  # fmt: skip
-    bloom = BloomForCausalLM(BloomConfig(vocab_size=320, hidden_size=32, n_layer=2, n_head=4, pad_token_id=0,
-                                         bos_token_id=1, eos_token_id=2))  # fmt: skip
+    bpe.train_from_iterator(
+        ["def f(x):\n    return x + 1\n", "import os, sys\n"] * 30,
+        vocab_size=300,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        show_progress=False,
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
+    bloom = BloomForCausalLM(
+        BloomConfig(vocab_size=320, hidden_size=32, n_layer=2, n_head=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    )
     folder = tmp_path / "bloom"
     bloom.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -34,10 +39,18 @@ def bloom_folder(tmp_path):
 @pytest.mark.slow
 def test_recipe_fine_tunes_an_imported_bloom_with_its_own_tokenizer_and_a_true_card(bloom_folder, tmp_path):
     experiment, training = parse_args(
-        ["--config", SMOKE_YAML, "--output_dir", str(tmp_path / "run"), "--models", "alibi",
-         "--init_from", str(bloom_folder)],
+        [
+            "--config",
+            SMOKE_YAML,
+            "--output_dir",
+            str(tmp_path / "run"),
+            "--models",
+            "alibi",
+            "--init_from",
+            str(bloom_folder),
+        ],
         ExperimentArguments,
-    )  # fmt: skip
+    )
     apply_smoke(experiment, training)
     training.warmup_steps = 0.0  # what argparse makes of "--warmup_steps 0"
     evaluations = run_experiment(experiment, training)
@@ -57,8 +70,9 @@ def test_recipe_fine_tunes_an_imported_bloom_with_its_own_tokenizer_and_a_true_c
 
 
 def test_old_init_from_gpt2_name_still_works_and_conflicts_are_refused(tmp_path):
-    experiment, _ = parse_args(["--output_dir", str(tmp_path), "--models", "alibi", "--init_from_gpt2", "gpt2"],
-                               ExperimentArguments)  # fmt: skip
+    experiment, _ = parse_args(
+        ["--output_dir", str(tmp_path), "--models", "alibi", "--init_from_gpt2", "gpt2"], ExperimentArguments
+    )
     assert experiment.init_from == "gpt2"
     with pytest.raises(ValueError, match="init_from"):
         ExperimentArguments(models=["alibi"], init_from="a", init_from_gpt2="b")

@@ -36,7 +36,6 @@ ARGUMENTS_MOVED = [
 ]
 
 
-
 @pytest.mark.parametrize(
     "module, name, home", [("runner", *moved) for moved in MOVED] + [("arguments", *moved) for moved in ARGUMENTS_MOVED]
 )

@@ -102,14 +102,28 @@ def test_bits_per_byte_is_log2_perplexity_over_bytes_per_token(make_evaluation):
 def test_cost_table_prefers_the_interleaved_measurement_and_states_its_protocol(make_evaluation):
     results = {n: make_evaluation(n, {128: 7.0}, train_length=128) for n in ("alibi", "learned")}
     metadata = {
-        f"{n}_training": {"train_length": 128, "per_device_train_batch_size": 32, "train_tokens": 4096,
-                          "train_tokens_per_second": 999.0, "train_seconds": 3.0, "peak_memory_mib": 1.0}
+        f"{n}_training": {
+            "train_length": 128,
+            "per_device_train_batch_size": 32,
+            "train_tokens": 4096,
+            "train_tokens_per_second": 999.0,
+            "train_seconds": 3.0,
+            "peak_memory_mib": 1.0,
+        }
         for n in results
-    }  # fmt: skip
-    metadata["alibi_cost"] = {"tokens_per_second": 4000.0, "step_seconds_median": 1.0, "peak_memory_mib": 400.0,
-                              "protocol": "10 interleaved steps"}  # fmt: skip
-    metadata["learned_cost"] = {"tokens_per_second": 3200.0, "step_seconds_median": 1.25, "peak_memory_mib": 380.0,
-                                "protocol": "10 interleaved steps"}  # fmt: skip
+    }
+    metadata["alibi_cost"] = {
+        "tokens_per_second": 4000.0,
+        "step_seconds_median": 1.0,
+        "peak_memory_mib": 400.0,
+        "protocol": "10 interleaved steps",
+    }
+    metadata["learned_cost"] = {
+        "tokens_per_second": 3200.0,
+        "step_seconds_median": 1.25,
+        "peak_memory_mib": 380.0,
+        "protocol": "10 interleaved steps",
+    }
     table = training_cost_table(results, metadata)
     assert "| alibi | 128 | 32 | 4,096 | 4,000 | 1000.0 | 1.000 | 400 | 3.0 |" in table
     assert "| learned | 128 | 32 | 4,096 | 3,200 | 1250.0 | 1.250 | 380 | 3.0 |" in table

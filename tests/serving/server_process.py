@@ -56,16 +56,31 @@ class ServerProcess:
     def __init__(self, model: Path, log: Path, *flags: str):
         self.port = free_port()
         self.log = log
-        command = [sys.executable, "-m", "hf_alibi.cli", "serve", str(model), "--host", "127.0.0.1",
-                   "--port", str(self.port), *flags]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "hf_alibi.cli",
+            "serve",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *flags,
+        ]
         # The hf_alibi these tests import, whatever the working folder (`-m` puts the working folder first).
         source = str(Path(hf_alibi.__file__).resolve().parents[1])
         path = os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
-        env = os.environ | {"PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-                            "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+        env = os.environ | {
+            "PYTHONPATH": path,
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
         with open(log, "wb") as output:
-            self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, cwd=log.parent,
-                                            start_new_session=True)  # fmt: skip
+            self.process = subprocess.Popen(
+                command, stdout=output, stderr=subprocess.STDOUT, env=env, cwd=log.parent, start_new_session=True
+            )
         self.pgid = self.process.pid  # start_new_session: the server leads its own process group
 
     def output(self) -> str:

@@ -3,9 +3,9 @@
 and transformers' own ModelManager still fails on an ALiBi checkpoint (the reason `AutoLoadingModelManager` exists)."""
 
 import pytest
-from tiny_checkpoint import checkpoint, save_tiny_checkpoint  # noqa: F401  (a fixture)
 
 from hf_alibi.cli import main
+from tiny_checkpoint import checkpoint, save_tiny_checkpoint  # noqa: F401  (a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -17,9 +17,19 @@ def test_serve_help_lists_every_option_and_exits_0(capsys):
     assert main(["serve", "--help"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("usage: hf-alibi serve")
-    for flag in ("--host", "--port", "--continuous-batching", "--cb-max-batch-tokens", "--cb-num-blocks",
-                 "--cb-block-size", "--attn-implementation", "--alibi-skip-eps", "--device", "--dtype",
-                 "--max-tokens-limit"):  # fmt: skip
+    for flag in (
+        "--host",
+        "--port",
+        "--continuous-batching",
+        "--cb-max-batch-tokens",
+        "--cb-num-blocks",
+        "--cb-block-size",
+        "--attn-implementation",
+        "--alibi-skip-eps",
+        "--device",
+        "--dtype",
+        "--max-tokens-limit",
+    ):
         assert flag in text, flag
 
 
@@ -36,7 +46,7 @@ CASES = [
     ("cb_flag_without_cb", ["--cb-block-size", "16"], "cb_block_size=16 needs continuous_batching"),
     ("negative_cb_blocks", ["--continuous-batching", "--cb-num-blocks", "-4"], "got -4"),
     ("extra_argument", ["surplus"], "surplus"),
-]  # fmt: skip
+]
 
 
 def _error_line(capfd) -> str:

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import openai
 import pytest
+
 from server_process import STOP_DEADLINE_S, ServerProcess, group_alive, request, started
 from tiny_checkpoint import MAX_TOKENS, checkpoint, reference  # noqa: F401  (fixtures)
 
@@ -30,8 +31,7 @@ def server(checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", timeout=TIMEOUT_S,
-                         max_retries=0)  # fmt: skip
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", timeout=TIMEOUT_S, max_retries=0)
 
 
 def test_health_answers_200_and_models_lists_the_served_folder(server, checkpoint, client):
@@ -45,17 +45,16 @@ def test_completion_is_the_offline_greedy_text(client, checkpoint, reference):
 
 
 def test_streamed_completion_chunks_join_to_the_offline_greedy_text(client, checkpoint, reference):
-    stream = client.completions.create(model=str(checkpoint), prompt="hello world", max_tokens=MAX_TOKENS,
-                                       stream=True)  # fmt: skip
+    stream = client.completions.create(model=str(checkpoint), prompt="hello world", max_tokens=MAX_TOKENS, stream=True)
     chunks = [chunk.choices[0].text for chunk in stream if chunk.choices]
     assert len(chunks) > 1 and "".join(chunks) == reference.completion("hello world"), chunks
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_chat_reply_is_the_offline_greedy_continuation_of_the_templated_messages(client, checkpoint, reference,
-                                                                                 stream):  # fmt: skip
-    answer = client.chat.completions.create(model=str(checkpoint), messages=MESSAGES, max_tokens=MAX_TOKENS,
-                                            stream=stream)  # fmt: skip
+def test_chat_reply_is_the_offline_greedy_continuation_of_the_templated_messages(client, checkpoint, reference, stream):
+    answer = client.chat.completions.create(
+        model=str(checkpoint), messages=MESSAGES, max_tokens=MAX_TOKENS, stream=stream
+    )
     if stream:
         text = "".join(chunk.choices[0].delta.content or "" for chunk in answer if chunk.choices)
     else:
@@ -87,27 +86,50 @@ BAD_REQUESTS = [
     ("malformed_json", "/v1/completions", b'{"model": "x", "prompt": ', "JSON decode error", "fastapi"),
     ("unknown_model", "/v1/completions", {**COMPLETION, "model": "no-such-model"}, "'no-such-model'", "transformers"),
     ("unknown_field", "/v1/completions", {**COMPLETION, "best_off": 2}, "best_off", "transformers"),
-    ("prompt_not_a_string", "/v1/completions", {**COMPLETION, "prompt": 123}, "prompt must be a string",
-     "transformers"),
+    (
+        "prompt_not_a_string",
+        "/v1/completions",
+        {**COMPLETION, "prompt": 123},
+        "prompt must be a string",
+        "transformers",
+    ),
     ("negative_max_tokens", "/v1/completions", {**COMPLETION, "max_tokens": -3}, "max_tokens", "hf_alibi"),
-    ("negative_max_tokens_streamed", "/v1/completions", {**COMPLETION, "max_tokens": -3, "stream": True},
-     "got -3", "hf_alibi"),
+    (
+        "negative_max_tokens_streamed",
+        "/v1/completions",
+        {**COMPLETION, "max_tokens": -3, "stream": True},
+        "got -3",
+        "hf_alibi",
+    ),
     ("huge_max_tokens", "/v1/completions", {**COMPLETION, "max_tokens": 10**9}, "got 1000000000", "hf_alibi"),
     ("max_tokens_not_an_integer", "/v1/completions", {**COMPLETION, "max_tokens": "ten"}, "got 'ten'", "hf_alibi"),
     ("temperature_not_a_number", "/v1/completions", {**COMPLETION, "temperature": "hot"}, "got 'hot'", "hf_alibi"),
-    ("huge_generation_config", "/v1/completions", {**COMPLETION, "generation_config": '{"max_new_tokens": 1000000}'},
-     "got 1000000", "hf_alibi"),
+    (
+        "huge_generation_config",
+        "/v1/completions",
+        {**COMPLETION, "generation_config": '{"max_new_tokens": 1000000}'},
+        "got 1000000",
+        "hf_alibi",
+    ),
     ("chat_without_messages", "/v1/chat/completions", {"max_tokens": 4}, "messages is required", "hf_alibi"),
     ("chat_messages_not_a_list", "/v1/chat/completions", {**CHAT, "messages": "hello"}, "got 'hello'", "hf_alibi"),
-    ("chat_message_without_role", "/v1/chat/completions", {**CHAT, "messages": [{"content": "hi"}]}, "role",
-     "hf_alibi"),
+    (
+        "chat_message_without_role",
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"content": "hi"}]},
+        "role",
+        "hf_alibi",
+    ),
     ("chat_huge_max_tokens", "/v1/chat/completions", {**CHAT, "max_tokens": 10**9}, "got 1000000000", "hf_alibi"),
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize("path, body, names, who", [case[1:] for case in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS])
-def test_bad_request_is_a_4xx_naming_the_field_and_the_server_keeps_serving(server, checkpoint, client, reference,
-                                                                           path, body, names, who):  # fmt: skip
+@pytest.mark.parametrize(
+    "path, body, names, who", [case[1:] for case in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS]
+)
+def test_bad_request_is_a_4xx_naming_the_field_and_the_server_keeps_serving(
+    server, checkpoint, client, reference, path, body, names, who
+):
     if isinstance(body, dict):
         body = {"model": str(checkpoint)} | body
     status, answer = request(server.port, "POST", path, body, timeout=TIMEOUT_S)
@@ -134,8 +156,13 @@ def test_client_leaving_mid_stream_does_not_disturb_another_clients_request(serv
     expected = reference.completion("how are")
     leaving = open_stream(server.port, checkpoint)
     with ThreadPoolExecutor(1) as pool:
-        other = pool.submit(lambda: client.completions.create(model=str(checkpoint), prompt="how are",
-                                                              max_tokens=MAX_TOKENS).choices[0].text)  # fmt: skip
+        other = pool.submit(
+            lambda: (
+                client.completions.create(model=str(checkpoint), prompt="how are", max_tokens=MAX_TOKENS)
+                .choices[0]
+                .text
+            )
+        )
         leaving.close()
         assert other.result(timeout=TIMEOUT_S) == expected
     assert request(server.port, "GET", "/health") == (200, {"status": "ok"})

@@ -4,6 +4,7 @@ same server answers completions as ever. Checked with the real `openai` client a
 
 import openai
 import pytest
+
 from server_process import request, started
 from tiny_checkpoint import MAX_TOKENS, Reference, save_tiny_checkpoint
 
@@ -17,8 +18,9 @@ def served(tmp_path_factory):
     """(folder, offline reference, openai client, server) for a base checkpoint."""
     folder = save_tiny_checkpoint(tmp_path_factory.mktemp("base") / "alibi-base", chat_template=False)
     for server in started(folder, tmp_path_factory.mktemp("server") / "server.log"):
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", timeout=TIMEOUT_S,
-                               max_retries=0)  # fmt: skip
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", timeout=TIMEOUT_S, max_retries=0
+        )
         yield folder, Reference(folder), client, server
 
 
@@ -34,8 +36,9 @@ def test_chat_without_a_chat_template_is_a_400_naming_the_cause_and_the_completi
 
 def test_responses_without_a_chat_template_is_the_same_400(served):
     folder, _, _, server = served
-    status, answer = request(server.port, "POST", "/v1/responses", {"model": str(folder), "input": "hello"},
-                             timeout=TIMEOUT_S)  # fmt: skip
+    status, answer = request(
+        server.port, "POST", "/v1/responses", {"model": str(folder), "input": "hello"}, timeout=TIMEOUT_S
+    )
     assert status == 400 and "no chat template" in str(answer), (status, answer)
 
 

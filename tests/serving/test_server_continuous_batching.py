@@ -11,14 +11,16 @@ from pathlib import Path
 
 import openai
 import pytest
+
 from server_process import started
 from tiny_checkpoint import MAX_TOKENS, Reference, checkpoint, save_tiny_checkpoint  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slow
 # A paged cache sized by flags (GPT-2), and by hf-alibi serve's defaults alone (ALiBi).
-CB_FLAGS = {"gpt2": ("--continuous-batching", "--cb-num-blocks", "64", "--cb-block-size", "16",
-                     "--cb-max-batch-tokens", "256"),
-            "alibi_gpt2": ("--continuous-batching",)}  # fmt: skip
+CB_FLAGS = {
+    "gpt2": ("--continuous-batching", "--cb-num-blocks", "64", "--cb-block-size", "16", "--cb-max-batch-tokens", "256"),
+    "alibi_gpt2": ("--continuous-batching",),
+}
 # The default cache of the tiny model is ~35 MB and its masks ~140 MB; torch, transformers and the server ~0.6 GB.
 # Sized from free memory (transformers' own default) it took GBs: 14.7 GB on a 2-layer model.
 PEAK_RESIDENT_LIMIT_GB = 2.0

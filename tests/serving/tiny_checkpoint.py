@@ -7,15 +7,24 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GPT2Config, GPT2LMHeadModel,
-                          PreTrainedTokenizerFast)  # fmt: skip
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
+)
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
 MAX_TOKENS = 12
 EOS = "<|endoftext|>"
-TEXT = ["the quick brown fox jumps over the lazy dog. ", "def add(x, y):\n    return x + y\n",
-        "hello world! user: assistant: system: how are you today?"]  # fmt: skip
+TEXT = [
+    "the quick brown fox jumps over the lazy dog. ",
+    "def add(x, y):\n    return x + y\n",
+    "hello world! user: assistant: system: how are you today?",
+]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
@@ -31,8 +40,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     bpe.decoder = decoders.ByteLevel()
     bpe.post_processor = processors.ByteLevel(trim_offsets=False)
     bpe.train_from_iterator(TEXT * 20, trainers.BpeTrainer(vocab_size=128, special_tokens=[EOS], show_progress=False))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS, bos_token=EOS, pad_token=EOS,
-                                        clean_up_tokenization_spaces=False)  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token=EOS, bos_token=EOS, pad_token=EOS, clean_up_tokenization_spaces=False
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -46,8 +56,9 @@ def save_tiny_checkpoint(folder: Path, family: str = "alibi_gpt2", chat_template
     tokenizer = tiny_tokenizer()
     if not chat_template:
         tokenizer.chat_template = None
-    special = dict(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+    special = dict(
+        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id
+    )
     config_class, model_class = FAMILIES[family]
     config = config_class(vocab_size=len(tokenizer), n_positions=64, n_embd=64, n_layer=2, n_head=4, **special)
     torch.manual_seed(0)
@@ -71,14 +82,15 @@ class Reference:
     def _greedy(self, inputs, max_new_tokens: int) -> str:
         with torch.no_grad():
             ids = self.model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
-        return self.tokenizer.decode(ids[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        return self.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
     def completion(self, prompt: str, max_new_tokens: int = MAX_TOKENS) -> str:
         return self._greedy(self.tokenizer(prompt, return_tensors="pt"), max_new_tokens)
 
     def chat(self, messages: list[dict], max_new_tokens: int = MAX_TOKENS) -> str:
-        inputs = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
-                                                    return_tensors="pt")  # fmt: skip
+        inputs = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+        )
         return self._greedy(inputs, max_new_tokens)
 
 

@@ -302,11 +302,14 @@ def checked_alibi_scaling(scaling) -> dict | None:
     if scaling is None:
         return None
     if not isinstance(scaling, dict):
-        raise ValueError(f"alibi_scaling must be None or a dict such as {{'type': 'linear', 'factor': 2.0}}, got "
-                         f"{scaling!r}")  # fmt: skip
+        raise ValueError(
+            f"alibi_scaling must be None or a dict such as {{'type': 'linear', 'factor': 2.0}}, got {scaling!r}"
+        )
     if scaling.get("type") != "linear":
-        raise ValueError(f"alibi_scaling.type must be 'linear' (the only type Jais and BTLM define), got "
-                         f"{scaling.get('type')!r} in {scaling!r}")  # fmt: skip
+        raise ValueError(
+            f"alibi_scaling.type must be 'linear' (the only type Jais and BTLM define), got "
+            f"{scaling.get('type')!r} in {scaling!r}"
+        )
     unknown = sorted(set(scaling) - {"type", *SCALING_KEYS})
     given = [key for key in SCALING_KEYS if key in scaling]
     if unknown or len(given) != 1:
@@ -337,8 +340,10 @@ def _folded_factor(factor, scaling: dict | None) -> dict | None:
     if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor == 1.0:
         return scaling
     if scaling is not None:
-        raise ValueError(f"alibi_scaling_factor={factor!r} and alibi_scaling={scaling!r} both given: set "
-                         "alibi_scaling alone (alibi_scaling_factor is its deprecated alias)")  # fmt: skip
+        raise ValueError(
+            f"alibi_scaling_factor={factor!r} and alibi_scaling={scaling!r} both given: set "
+            "alibi_scaling alone (alibi_scaling_factor is its deprecated alias)"
+        )
     logger.warning_once('`alibi_scaling_factor` is deprecated: use `alibi_scaling={"type": "linear", "factor": f}`')
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
         raise ValueError(f"alibi_scaling_factor must be a positive finite number, got {factor!r}")
