@@ -17,7 +17,7 @@ from transformers import initialization as init
 from transformers.utils.deprecation import deprecate_kwarg
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, AlibiGPT2Model, get_alibi_slopes
-from hf_alibi import modeling_alibi_gpt2
+from hf_alibi.models.alibi_gpt2 import modeling_alibi_gpt2
 
 
 def parameters(function) -> list[str]:

@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from transformers.masking_utils import find_packed_sequence_indices
 
 from .alibi import alibi_causal_bias
 
@@ -111,8 +112,6 @@ class AlibiAttentionPlan:
     # mask_mod reads it, since torch 2.13's inductor cannot lower a mask_mod that reads a tensor computed inside the
     # compiled graph (`.bool()` of it included)
     attention_mask: torch.Tensor | None = None
-    # on CPU outside tracing: the layers' kernels run with denormal floats flushed to zero (`denormals.py`)
-    flush_denormals: bool = False
     payload: object | None = None  # the path's data; `payload.for_heads(heads, plan)` slices it
 
     def for_heads(self, heads: slice) -> "AlibiAttentionPlan":
@@ -299,26 +298,21 @@ def _documents(position_ids, cu_seq_lens, attention_mask, batch, query_offset, q
         return None
     if position_ids.shape[-1] != query_length:
         raise ValueError(f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens")
-    return packed_documents(position_ids, batch, tracing)
+    return packed_documents(position_ids, batch)
 
 
-def packed_documents(position_ids: torch.Tensor, batch: int, tracing: bool = False) -> torch.Tensor | None:
+def packed_documents(position_ids: torch.Tensor, batch: int) -> torch.Tensor | None:
     """Document index of each token of rows whose `position_ids` restart (packed rows), as (B, L) int64, or None.
 
-    transformers' rule for packed sequences: a new document starts wherever a position is not its predecessor + 1.
-    Plain positions (0, 1, 2, ...) give None in eager mode; a traced graph keeps the (all-zero) indices rather than
-    branch on data.
+    transformers' own rule (`masking_utils.find_packed_sequence_indices`, which every model of theirs uses): a new
+    document starts wherever a position is not its predecessor + 1. Plain positions (0, 1, 2, ...) give None in eager
+    mode; a traced graph keeps the (all-zero) indices rather than branch on data.
     """
     if position_ids.dim() == 1:
         position_ids = position_ids[None]
     if position_ids.dim() != 2:
         raise ValueError(f"position_ids must be (batch, length) or (length,), got shape {tuple(position_ids.shape)}")
-    position_ids = position_ids.expand(batch, -1)  # (B, L); positions are sometimes given for one row only
-    step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)  # (B, L)
-    documents = (step != 1).cumsum(-1)  # (B, L)
-    if not tracing and not bool(documents[:, -1].any()):
-        return None
-    return documents
+    return find_packed_sequence_indices(position_ids.expand(batch, -1))  # positions may be given for one row only
 
 
 def documents_from_cu_seq_lens(cu_seq_lens: torch.Tensor, length: int, tracing: bool = False) -> torch.Tensor:

@@ -4,7 +4,6 @@ Parameter names and shapes are those of transformers' GPT-2 minus `transformer.w
 straight in. Classes in transformers' order: attention, MLP, block, pretrained base, model, heads.
 """
 
-import inspect
 import math
 
 import torch
@@ -30,7 +29,7 @@ from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention, plan_alibi_attention
 from .attention_paged import PAGED_KWARGS, is_paged_cache, plan_paged_attention
 from .attention_plan import SUPPORTED_ATTENTION, AlibiAttentionPlan
-from .attention_skip_ranges import RunningKeyNorms
+from .attention_skip_ranges import KeyNormSummaries, RunningKeyNorms
 from .configuration_alibi_gpt2 import AlibiGPT2Config
 from .tensor_parallel_alibi_gpt2 import ALIBI_HEADS  # noqa: F401  (registers the styles of the config's TP plan)
 
@@ -182,6 +181,8 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         # Fixed, never trained: a non-persistent buffer (not in checkpoints, not seen by optimizers).
         self.register_buffer("alibi_slopes", slopes_from_config(config), persistent=False)  # (H,)
+        # Per cache this model decodes with skipping, the running key-norm summary (attention_skip_ranges.py)
+        self.key_norms = KeyNormSummaries()
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -293,7 +294,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             dtype=_compute_dtype(inputs_embeds), dropout=self.config.attn_pdrop if self.training else 0.0,
             sdpa_split=self.config.alibi_sdpa_split, query_chunk=self.config.alibi_sdpa_query_chunk,
             skip_eps=self.config.alibi_skip_eps,
-            key_norms=RunningKeyNorms.for_forward(cache, past_length, query_length),  # before the layers write
+            key_norms=RunningKeyNorms.for_forward(self.key_norms, cache, past_length, query_length),  # before writes
         )  # fmt: skip
         return cache, alibi
 
@@ -526,12 +527,6 @@ class AlibiGPT2ForQuestionAnswering(AlibiGPT2PreTrainedModel):
         )
         return output if return_dict is not False else output.to_tuple()
 
-
-# generate() reads `inspect.signature(model.forward)` at every step for a model registered with the Auto classes
-# (transformers' `is_remote_code`); through `deprecate_kwarg`'s wrapper that is ~25 us a step (2% of a demo-sized
-# decoding step): the signature is computed once here instead.
-for _model_class in (AlibiGPT2Model, AlibiGPT2LMHeadModel):
-    _model_class.forward.__signature__ = inspect.signature(_model_class.forward)
 
 __all__ = [
     "AlibiGPT2PreTrainedModel",
