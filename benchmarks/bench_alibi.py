@@ -341,7 +341,7 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), help="weights and activations (cpu: fp32, cuda: bf16)")
     parser.add_argument("--native-flush", action="store_true", help="every worker runs inside "
-                        "hf_alibi.native_flush.flushing_denormals() (the opt-in switch: denormals flushed on all threads)")
+                        "hf_alibi.native_flush.flushing_denormals() (the opt-in switch: denormals flushed on every thread)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads in every worker (default: torch's own)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per measured call (warm-up, memory probe "
                         "or repeat) before the worker is killed and the result recorded as timeout (default 900)")

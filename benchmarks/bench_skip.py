@@ -211,7 +211,7 @@ def main(argv=None):
     parser.add_argument("--no-trim", action="store_true", help="every contestant's process with glibc's heap kept "
                         "(NO_TRIM): no page faults from trimming, whose count depends on each process's heap layout")
     parser.add_argument("--native-flush", action="store_true", help="every process runs inside "
-                        "hf_alibi.native_flush.flushing_denormals() (the opt-in switch: denormals flushed on all threads)")
+                        "hf_alibi.native_flush.flushing_denormals() (the opt-in switch: denormals flushed on every thread)")
     parser.add_argument("--out", default="results/skip/bench", help="writes <out>.json and <out>.md")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--suite", help=argparse.SUPPRESS)

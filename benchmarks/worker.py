@@ -204,7 +204,8 @@ def serve(spec: dict) -> None:
                     peak, method = peak_memory(contestant.call, contestant.device)
                     send({"ok": True, "peak_mem_bytes": peak, "mem_method": method})
                 elif request["op"] == "time":
-                    send({"ok": True, **contestant.timed_call(), "process_peak_bytes": process_peak_bytes(contestant.device)})
+                    timing = contestant.timed_call()
+                    send({"ok": True, **timing, "process_peak_bytes": process_peak_bytes(contestant.device)})
                 else:
                     raise ValueError(f"unknown op {request['op']!r}")
             except Exception as error:  # noqa: BLE001 - every failure is a result to record, not a crash

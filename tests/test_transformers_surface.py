@@ -262,3 +262,14 @@ def test_capture_outputs_and_can_return_tuple_record_what_the_model_no_longer_co
     assert isinstance(as_tuple, tuple)
     torch.testing.assert_close(as_tuple[0], out.logits)
 
+
+
+def test_generate_reads_the_forward_signature_through_deprecate_kwarg_and_finds_what_it_passes():
+    """`GenerationMixin` reads `inspect.signature(self.forward)` (every step, for a model registered with the Auto
+    classes): through `deprecate_kwarg`'s wrapper it must see the real parameters, as for transformers' own models
+    (no signature is patched on our forwards)."""
+    model = AlibiGPT2LMHeadModel(AlibiGPT2Config(vocab_size=16, n_embd=8, n_layer=1, n_head=2, n_positions=8))
+    assert "__signature__" not in vars(AlibiGPT2LMHeadModel.forward), "a signature is patched on the forward"
+    names = parameters(model.forward)
+    assert {"cache", "attention_mask", "position_ids", "logits_to_keep"} <= set(names), names
+    assert model.is_remote_code() and model._supports_logits_to_keep(), "generate() no longer finds logits_to_keep"

@@ -139,7 +139,8 @@ def test_a_summary_lives_as_long_as_its_cache_and_a_copied_model_starts_without_
     summaries = KeyNormSummaries()
     cache = DynamicCache()
     RunningKeyNorms.for_forward(summaries, cache, 0, 4)()
-    assert len(summaries) == 1 and len(copy.deepcopy(summaries)) == 0 and len(pickle.loads(pickle.dumps(summaries))) == 0
+    assert len(summaries) == 1
+    assert len(copy.deepcopy(summaries)) == 0 and len(pickle.loads(pickle.dumps(summaries))) == 0
     del cache
     gc.collect()
     assert len(summaries) == 0, "a dropped cache's summary outlived it"

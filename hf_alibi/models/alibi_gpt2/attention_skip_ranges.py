@@ -59,7 +59,7 @@ ROW_GROUP = 16
 #   8k: 0.70x (EPYC), 0.43x (Xeon). The threshold skips from 4k: the EPYC's loss at 2k is not taken;
 # - decoding (each step a few fixed operations per run of heads): kept 0.24 at 8k: 1.16x (EPYC), 1.52x (Xeon); 0.12
 #   at 16k: 0.84x (EPYC), 0.65x (Xeon). Both skip from ~12k-16k of context.
-# After attention flushed denormals on every thread (`denormals.py`: the dense path got faster), on the Intel Xeon:
+# With denormals flushed on every thread (then done by attention, now the opt-in `hf_alibi/native_flush.py`), Xeon:
 # prefill 1.11x at 2k, 0.88x at 4k, 0.58-0.65x at 8k; decoding 1.05x at 8k, 0.55x at 16k; a training step (forward
 # and backward: the prefill's rule) 0.73-0.83x at 4k, 0.55-0.59x at 8k. The thresholds still fall where it stops paying.
 AUTO_EPS = 1e-7
