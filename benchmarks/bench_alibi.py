@@ -178,7 +178,7 @@ class Bench:
     def _spec(self, name: str) -> dict:
         a = self.args
         return {"contestant": name, "shape": asdict(a.shape), "max_length": a.max_length, "device": a.device,
-                "dtype": a.dtype, "threads": a.threads, "optimizer": a.optimizer,
+                "dtype": a.dtype, "threads": a.threads, "optimizer": a.optimizer, "native_flush": a.native_flush,
                 "memory_limit_bytes": int(a.memory_limit_gb * 2**30) if a.device == "cpu" else 0}
 
     def start(self, names: list[str]) -> dict[str, dict]:
@@ -340,6 +340,8 @@ def parse_args(argv: list[str] | None = None):
                         help="training step: gradients only (none) or plus a plain SGD step (sgd)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), help="weights and activations (cpu: fp32, cuda: bf16)")
+    parser.add_argument("--native-flush", action="store_true", help="every worker runs inside "
+                        "hf_alibi.native_flush.flushing_denormals() (the opt-in switch: denormals flushed on every thread)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads in every worker (default: torch's own)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per measured call (warm-up, memory probe "
                         "or repeat) before the worker is killed and the result recorded as timeout (default 900)")

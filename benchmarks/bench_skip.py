@@ -33,6 +33,7 @@ Run alone: two cores, any other load shows in the figures.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -200,6 +201,7 @@ def run_cell(args, suite: str, length: int) -> dict:
             command = [sys.executable, "-m", "benchmarks.bench_skip", "--child", name, "--suite", suite,
                        "--length", str(length), "--checkpoint", args.checkpoint, "--eps", str(args.eps),
                        "--repeats", str(args.repeats), "--steps", str(args.steps)]  # fmt: skip
+            command += ["--native-flush"] if args.native_flush else []
             env = {**os.environ, **(NO_TRIM if args.no_trim else {})}
             done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
             line = done.stdout.strip().splitlines()[-1]
@@ -283,6 +285,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=16, help="decoding steps timed per call")
     parser.add_argument("--no-trim", action="store_true", help="every contestant's process with glibc's heap kept "
                         "(NO_TRIM): no page faults from trimming, whose count depends on each process's heap layout")
+    parser.add_argument("--native-flush", action="store_true", help="every process runs inside "
+                        "hf_alibi.native_flush.flushing_denormals() (the opt-in switch: denormals flushed on every thread)")
     parser.add_argument("--out", default="results/skip/bench", help="writes <out>.json and <out>.md")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--suite", help=argparse.SUPPRESS)
@@ -290,7 +294,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.child:
         args.contestant = args.child
-        print(json.dumps(child(args)))
+        from hf_alibi.native_flush import flushing_denormals
+
+        with flushing_denormals() if args.native_flush else contextlib.nullcontext():
+            print(json.dumps(child(args)))
         return
     from hf_alibi.atomic_files import write_text_atomically  # the parent only: children load just their model
 

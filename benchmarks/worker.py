@@ -16,6 +16,7 @@ fail for that contestant and suite with kind `error` (exception), `oom` (MemoryE
 or `hang` (never answers).
 """
 
+import contextlib
 import gc
 import json
 import os
@@ -176,35 +177,41 @@ def serve(spec: dict) -> None:
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
-    contestant = Contestant(spec)
-    device_name = torch.cuda.get_device_name() if contestant.device == "cuda" else None
-    send({
-        "event": "ready", "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "parameters": sum(p.numel() for p in contestant.model.parameters()), "build_s": contestant.build_s,
-        "device_name": device_name,
-    })
-    for line in sys.stdin:
-        request = json.loads(line)
-        if request["op"] == "exit":
-            break
-        try:
-            if request["op"] == "prepare":
-                cell = request["cell"]
+    with contextlib.ExitStack() as switches:
+        if spec.get("native_flush"):  # the opt-in switch for the whole worker (`--native-flush`)
+            from hf_alibi.native_flush import flushing_denormals
+
+            switches.enter_context(flushing_denormals())
+        contestant = Contestant(spec)
+        device_name = torch.cuda.get_device_name() if contestant.device == "cuda" else None
+        send({
+            "event": "ready", "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "parameters": sum(p.numel() for p in contestant.model.parameters()), "build_s": contestant.build_s,
+            "device_name": device_name,
+        })
+        for line in sys.stdin:
+            request = json.loads(line)
+            if request["op"] == "exit":
+                break
+            try:
+                if request["op"] == "prepare":
+                    cell = request["cell"]
+                    contestant.call = None
+                    _inject_fault(contestant.name, cell["suite"])
+                    contestant.prepare(cell)
+                    for _ in range(request.get("warmup", 1)):
+                        contestant.call()
+                    peak, method = peak_memory(contestant.call, contestant.device)
+                    send({"ok": True, "peak_mem_bytes": peak, "mem_method": method})
+                elif request["op"] == "time":
+                    timing = contestant.timed_call()
+                    send({"ok": True, **timing, "process_peak_bytes": process_peak_bytes(contestant.device)})
+                else:
+                    raise ValueError(f"unknown op {request['op']!r}")
+            except Exception as error:  # noqa: BLE001 - every failure is a result to record, not a crash
                 contestant.call = None
-                _inject_fault(contestant.name, cell["suite"])
-                contestant.prepare(cell)
-                for _ in range(request.get("warmup", 1)):
-                    contestant.call()
-                peak, method = peak_memory(contestant.call, contestant.device)
-                send({"ok": True, "peak_mem_bytes": peak, "mem_method": method})
-            elif request["op"] == "time":
-                send({"ok": True, **contestant.timed_call(), "process_peak_bytes": process_peak_bytes(contestant.device)})
-            else:
-                raise ValueError(f"unknown op {request['op']!r}")
-        except Exception as error:  # noqa: BLE001 - every failure is a result to record, not a crash
-            contestant.call = None
-            contestant.model.zero_grad(set_to_none=True)
-            gc.collect()
-            if contestant.device == "cuda":
-                torch.cuda.empty_cache()
-            send({"ok": False, "status": failure_status(error), "reason": f"{type(error).__name__}: {error}"[:500]})
+                contestant.model.zero_grad(set_to_none=True)
+                gc.collect()
+                if contestant.device == "cuda":
+                    torch.cuda.empty_cache()
+                send({"ok": False, "status": failure_status(error), "reason": f"{type(error).__name__}: {error}"[:500]})

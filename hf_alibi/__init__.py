@@ -4,10 +4,6 @@ Only the model loads here: `convert`, `convert_gpt2` and `export` load the conve
 MPT, Falcon and GPT-2 code) on first use; `hf_alibi.experiments` needs the `experiments` extra.
 """
 
-import importlib
-import pkgutil
-import sys
-
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -17,7 +13,6 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
-from .models import alibi_gpt2 as _model_folder
 from .models.alibi_gpt2.alibi import alibi_causal_bias, get_alibi_slopes
 from .models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
 from .models.alibi_gpt2.modeling_alibi_gpt2 import (
@@ -42,11 +37,6 @@ AlibiGPT2Config.register_for_auto_class("AutoConfig")  # save_pretrained ships t
 for _auto_class, _model_class in AUTO_CLASSES.items():
     _auto_class.register(AlibiGPT2Config, _model_class, exist_ok=True)
     _model_class.register_for_auto_class(_auto_class.__name__)
-
-# The model's modules lived flat in hf_alibi/ before models/alibi_gpt2/: `hf_alibi.models.alibi_gpt2.modeling_alibi_gpt2` and the
-# rest stay importable under their old names (the same module objects, not copies).
-for _module in pkgutil.iter_modules(_model_folder.__path__):
-    sys.modules[f"{__name__}.{_module.name}"] = importlib.import_module(f"{_model_folder.__name__}.{_module.name}")
 
 _CONVERSION = ("convert", "convert_gpt2", "export")
 

@@ -70,7 +70,7 @@ def test_packed_rows_with_skipping_equal_dense():
     assert_close_to_dense(logits(model, ids, EPS, position_ids=positions), logits(model, ids, 0.0, position_ids=positions))
 
 
-def test_greedy_decoding_with_skipping_gives_the_dense_tokens_and_a_summary_on_the_cache():
+def test_greedy_decoding_with_skipping_gives_the_dense_tokens_and_the_model_a_summary_of_the_cache():
     model = steep_model()
     prompt = torch.randint(0, 64, (2, 600))
     mask = torch.ones_like(prompt)
@@ -83,7 +83,7 @@ def test_greedy_decoding_with_skipping_gives_the_dense_tokens_and_a_summary_on_t
             tokens[eps] = model.generate(prompt, attention_mask=mask, max_new_tokens=12, do_sample=False,
                                          cache=cache, pad_token_id=0)  # fmt: skip
     assert torch.equal(tokens[EPS], tokens[0.0])
-    norms = cache.hf_alibi_key_norms  # the decoding steps kept their summary on the cache
+    norms = model.transformer.key_norms[cache]  # the decoding steps kept the cache's summary in the model
     keys = cache.layers[0].keys
     expected = key_block_norms(keys, KEY_BLOCK)  # padded keys too: the bound holds whatever mask comes next
     torch.testing.assert_close(norms.layers[0][0], expected.amax(0, keepdim=True), rtol=0, atol=1e-12)

@@ -17,7 +17,7 @@ from transformers import initialization as init
 from transformers.utils.deprecation import deprecate_kwarg
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, AlibiGPT2Model, get_alibi_slopes
-from hf_alibi import modeling_alibi_gpt2
+from hf_alibi.models.alibi_gpt2 import modeling_alibi_gpt2
 
 
 def parameters(function) -> list[str]:
@@ -229,3 +229,48 @@ def test_paged_attention_cache_update_takes_the_batch_kwargs_and_returns_each_re
     assert [b - a for a, b in zip(cu_q, cu_q[1:])] == [1, 1], cu_q
     assert sorted(b - a for a, b in zip(cu_k, cu_k[1:])) == [4, 6], cu_k  # prompt + first token
     assert sorted(decoding["position_ids"][0].tolist()) == [3, 5]  # each request's own last position
+
+
+def test_find_packed_sequence_indices_numbers_the_documents_where_positions_restart():
+    """`transformers.masking_utils.find_packed_sequence_indices`: packed rows' documents (attention_plan's
+    `packed_documents` calls it), None for plain positions outside tracing."""
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    packed = torch.tensor([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]])
+    assert find_packed_sequence_indices(packed).tolist() == [[0, 0, 1, 1, 1, 2], [0, 0, 0, 0, 0, 0]]
+    assert find_packed_sequence_indices(torch.arange(6)[None]) is None, "plain positions are no longer None"
+
+
+def test_capture_outputs_and_can_return_tuple_record_what_the_model_no_longer_collects_itself():
+    """`transformers.utils.output_capturing.capture_outputs` (with `_can_record_outputs`) and
+    `transformers.utils.can_return_tuple`: every block's input and the final normed state, each layer's attention
+    weights (eager, planned once), and a tuple for `return_dict=False`."""
+    from transformers.utils.output_capturing import OutputRecorder, capture_outputs  # noqa: F401
+
+    config = AlibiGPT2Config(vocab_size=16, n_embd=8, n_layer=2, n_head=2, n_positions=8, embd_pdrop=0.0)
+    model = AlibiGPT2LMHeadModel(config).eval()
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True, output_attentions=True)
+        as_tuple = model(ids, return_dict=False)
+    states = out.hidden_states
+    assert len(states) == 3 and len(out.attentions) == 2, (len(states), len(out.attentions))
+    torch.testing.assert_close(states[0], model.transformer.wte(ids))  # the first block's input: the embeddings
+    torch.testing.assert_close(states[-1], model.transformer(ids).last_hidden_state)  # after ln_f, as GPT-2's
+    for weights in out.attentions:  # (B, H, q, kv): causal rows of a softmax
+        torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, 4))
+        assert weights.triu(1).abs().max() == 0
+    assert isinstance(as_tuple, tuple)
+    torch.testing.assert_close(as_tuple[0], out.logits)
+
+
+
+def test_generate_reads_the_forward_signature_through_deprecate_kwarg_and_finds_what_it_passes():
+    """`GenerationMixin` reads `inspect.signature(self.forward)` (every step, for a model registered with the Auto
+    classes): through `deprecate_kwarg`'s wrapper it must see the real parameters, as for transformers' own models
+    (no signature is patched on our forwards)."""
+    model = AlibiGPT2LMHeadModel(AlibiGPT2Config(vocab_size=16, n_embd=8, n_layer=1, n_head=2, n_positions=8))
+    assert "__signature__" not in vars(AlibiGPT2LMHeadModel.forward), "a signature is patched on the forward"
+    names = parameters(model.forward)
+    assert {"cache", "attention_mask", "position_ids", "logits_to_keep"} <= set(names), names
+    assert model.is_remote_code() and model._supports_logits_to_keep(), "generate() no longer finds logits_to_keep"

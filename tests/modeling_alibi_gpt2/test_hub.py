@@ -67,15 +67,25 @@ def test_the_model_folder_holds_exactly_what_every_checkpoint_carries():
     assert {path.name for path in PACKAGE.glob("*.py")} - {"__init__.py"} == CODE_FILES
 
 
-def test_old_flat_import_paths_name_the_same_modules():
-    import hf_alibi.configuration_alibi_gpt2 as old_configuration
-    import hf_alibi.modeling_alibi_gpt2 as old_modeling
-    from hf_alibi.attention_alibi import plan_alibi_attention
-    from hf_alibi.models.alibi_gpt2 import attention_alibi, configuration_alibi_gpt2, modeling_alibi_gpt2
+def test_importing_the_package_aliases_no_module_in_sys_modules():
+    """The model's modules live in `hf_alibi.models.alibi_gpt2` only: importing `hf_alibi` registers no second name
+    for them (the old flat `hf_alibi.modeling_alibi_gpt2` and friends are gone, not aliased)."""
+    code = "import json, sys, hf_alibi; print(json.dumps(sorted(sys.modules)))"
+    loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                           check=True).stdout))  # fmt: skip
+    aliases = {f"hf_alibi.{name[:-3]}" for name in CODE_FILES} & loaded
+    assert not aliases, f"importing hf_alibi registered module aliases: {sorted(aliases)}"
 
-    assert old_modeling is modeling_alibi_gpt2 and old_configuration is configuration_alibi_gpt2
-    assert plan_alibi_attention is attention_alibi.plan_alibi_attention
-    assert hf_alibi.AlibiGPT2Config is configuration_alibi_gpt2.AlibiGPT2Config
+
+# What code a checkpoint ships must not do: change process-wide state (threads' floating-point modes, the module table,
+# function signatures) or store its own state on transformers' objects
+PROCESS_WIDE = ("ctypes", "set_flush_denormal", "fesetenv", "sys.modules", "__signature__", "setattr(cache")
+
+
+def test_shipped_code_changes_no_process_wide_state():
+    offenders = {name: [word for word in PROCESS_WIDE if word in (PACKAGE / name).read_text()] for name in CODE_FILES}
+    offenders = {name: words for name, words in offenders.items() if words}
+    assert not offenders, f"process-wide tricks in the shipped folder: {offenders}"
 
 
 def test_package_code_files_import_each_other_only_relatively():

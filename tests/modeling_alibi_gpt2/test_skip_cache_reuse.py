@@ -7,7 +7,10 @@ key points along `LOW`'s query, so a summary remembering a run of `LOW` keys cer
 request, which hold most of the softmax mass, are negligible.
 """
 
+import copy
 import functools
+import gc
+import pickle
 
 import pytest
 import torch
@@ -17,7 +20,7 @@ from transformers import Cache, DynamicCache, DynamicLayer, StaticCache
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 from hf_alibi.models.alibi_gpt2.attention_skip import key_block_norms
-from hf_alibi.models.alibi_gpt2.attention_skip_ranges import KEY_BLOCK, RunningKeyNorms
+from hf_alibi.models.alibi_gpt2.attention_skip_ranges import KEY_BLOCK, KeyNormSummaries, RunningKeyNorms
 
 EPS = 1e-7
 VOCAB, WIDTH, HEADS = 64, 32, 4
@@ -68,7 +71,7 @@ def forward(cache, ids, mask, eps):
 def assert_summary_bounds_the_cache(cache, mask=None):
     """The premise of the certificate: each layer's summary is >= the largest norm of every real key (under the
     step's `mask`) it covers, now."""
-    summary = cache.hf_alibi_key_norms
+    summary = blind_spot_model()[0].transformer.key_norms[cache]  # the model keeps each cache's summary
     for layer, (norms, covered, *_) in summary.layers.items():
         keys = cache.layers[layer].keys[:, :, :covered]  # (B, H, covered, D)
         real = None if mask is None else mask[:, :covered].bool()  # (B, covered)
@@ -123,11 +126,24 @@ def test_no_summary_for_a_cache_whose_keys_may_change_unwritten_and_one_for_plai
     class AgingLayer(DynamicLayer):  # e.g. a quantized layer: old keys come back requantized
         pass
 
-    assert RunningKeyNorms.for_forward(Cache(layer_class_to_replicate=AgingLayer), 0, 1)() is None
-    assert RunningKeyNorms.for_forward(None, 0, 1)() is None
+    summaries = KeyNormSummaries()
+    assert RunningKeyNorms.for_forward(summaries, Cache(layer_class_to_replicate=AgingLayer), 0, 1)() is None
+    assert RunningKeyNorms.for_forward(summaries, None, 0, 1)() is None
     for cache in (make_cache("dynamic", 1), make_cache("static", 1), DynamicCache()):
-        summary = RunningKeyNorms.for_forward(cache, 7, 1)()
-        assert summary is cache.hf_alibi_key_norms and summary.written == 8
+        summary = RunningKeyNorms.for_forward(summaries, cache, 7, 1)()
+        assert summary is summaries[cache] and summary.written == 8
+        assert not hasattr(cache, "hf_alibi_key_norms"), "the summary is the model's, not an attribute of the cache"
+
+
+def test_a_summary_lives_as_long_as_its_cache_and_a_copied_model_starts_without_any():
+    summaries = KeyNormSummaries()
+    cache = DynamicCache()
+    RunningKeyNorms.for_forward(summaries, cache, 0, 4)()
+    assert len(summaries) == 1
+    assert len(copy.deepcopy(summaries)) == 0 and len(pickle.loads(pickle.dumps(summaries))) == 0
+    del cache
+    gc.collect()
+    assert len(summaries) == 0, "a dropped cache's summary outlived it"
 
 
 # --- hypothesis: sequences of cache operations, each step against a dense model fed the same inputs -----------------

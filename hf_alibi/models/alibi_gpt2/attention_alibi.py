@@ -8,7 +8,6 @@ and key/value (B, H, kv, D), and returns ((B, q, H, D) output, (B, H, q, kv) wei
 plan; `layer` (the layer's index, as transformers' functions get the module) matters to certified decoding alone.
 """
 
-import contextlib
 import functools
 from dataclasses import dataclass, replace
 
@@ -52,7 +51,6 @@ from .attention_skip_ranges import (
     prepare_sdpa_split_certified,
     skipping_pays,
 )
-from .denormals import flushing_denormals
 
 
 def plan_alibi_attention(
@@ -109,8 +107,7 @@ def plan_alibi_attention(
                                     query_chunk=query_chunk, skip_eps=skip_eps)  # fmt: skip
 
     preparation = Preparation(dtype, query_chunk, route.eps, key_norms, plan_part)  # what the prepares may read
-    flush = slopes.device.type == "cpu" and not tracing
-    return replace(facts, path=route.path, flush_denormals=flush, payload=PREPARE_PATHS[route.path](facts, preparation))
+    return replace(facts, path=route.path, payload=PREPARE_PATHS[route.path](facts, preparation))
 
 
 def alibi_attention(
@@ -145,9 +142,7 @@ def alibi_attention(
     buffer = key.shape[2]
     if not plan.path.startswith("paged") and _is_static(plan.key_length) and buffer > plan.key_length:
         key, value = key[:, :, : plan.key_length], value[:, :, : plan.key_length]  # (B, H, kv, D): the one cut
-    flushing = flushing_denormals() if plan.flush_denormals else contextlib.nullcontext()  # (denormals.py)
-    with flushing:  # on CPU: far keys' probabilities are denormal floats, ~100x slower unflushed
-        output, weights = ALIBI_ATTENTION_FUNCTIONS[plan.path](query, key, value, plan, scaling, layer)
+    output, weights = ALIBI_ATTENTION_FUNCTIONS[plan.path](query, key, value, plan, scaling, layer)
     if not output_attentions:
         return output, None
     if weights.shape[-1] < buffer:

@@ -16,25 +16,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+from transformers.masking_utils import find_packed_sequence_indices
 
 
-def packed_documents(position_ids: torch.Tensor, batch: int, tracing: bool = False) -> torch.Tensor | None:
+def packed_documents(position_ids: torch.Tensor, batch: int) -> torch.Tensor | None:
     """Document index of each token of rows whose `position_ids` restart (packed rows), as (B, L) int64, or None.
 
-    transformers' rule for packed sequences: a new document starts wherever a position is not its predecessor + 1.
-    Plain positions (0, 1, 2, ...) give None in eager mode; a traced graph keeps the (all-zero) indices rather than
-    branch on data.
+    transformers' own rule (`masking_utils.find_packed_sequence_indices`, which every model of theirs uses): a new
+    document starts wherever a position is not its predecessor + 1. Plain positions (0, 1, 2, ...) give None in eager
+    mode; a traced graph keeps the (all-zero) indices rather than branch on data.
     """
     if position_ids.dim() == 1:
         position_ids = position_ids[None]
     if position_ids.dim() != 2:
         raise ValueError(f"position_ids must be (batch, length) or (length,), got shape {tuple(position_ids.shape)}")
-    position_ids = position_ids.expand(batch, -1)  # (B, L); positions are sometimes given for one row only
-    step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)  # (B, L)
-    documents = (step != 1).cumsum(-1)  # (B, L)
-    if not tracing and not bool(documents[:, -1].any()):
-        return None
-    return documents
+    return find_packed_sequence_indices(position_ids.expand(batch, -1))  # positions may be given for one row only
 
 
 def documents_from_cu_seq_lens(cu_seq_lens: torch.Tensor, length: int, tracing: bool = False) -> torch.Tensor:

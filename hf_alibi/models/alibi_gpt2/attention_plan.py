@@ -118,8 +118,6 @@ class AlibiAttentionPlan:
     # mask_mod reads it, since torch 2.13's inductor cannot lower a mask_mod that reads a tensor computed inside the
     # compiled graph (`.bool()` of it included)
     attention_mask: torch.Tensor | None = None
-    # on CPU outside tracing: the layers' kernels run with denormal floats flushed to zero (`denormals.py`)
-    flush_denormals: bool = False
     payload: object | None = None  # the path's data; `payload.for_heads(heads, plan)` slices it
 
     def for_heads(self, heads: slice) -> "AlibiAttentionPlan":
@@ -364,7 +362,7 @@ def _documents(position_ids, cu_seq_lens, attention_mask, batch, query_offset, q
         return None
     if position_ids.shape[-1] != query_length:
         raise ValueError(f"position_ids has shape {tuple(position_ids.shape)} but the input has {query_length} tokens")
-    return packed_documents(position_ids, batch, tracing)
+    return packed_documents(position_ids, batch)
 
 
 def _check_key_ranges(ranges: KeyRanges, slopes, query_offset, query_length, tracing) -> None:

@@ -35,8 +35,6 @@ from typing import NamedTuple
 
 import torch
 
-from .denormals import flushing_denormals
-
 # Rows per query chunk on the split path, coarse to fine (see `SplitPlan`). Measured on one call (B=1, H=8, D=64,
 # fp32, `python -m benchmarks.bench_attention_call --threads 1 --clock cpu`, 2026-11-30): against SDPA is_causal,
 # (1024, 256) 1.07x at 2k and 1.04x at 8k; (768, 256), (1024, 256, 64) and (768, 256, 64) within +-3% of it, which
@@ -446,11 +444,6 @@ class _SplitAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, plan, scaling, diagonals=None):
-        with flushing_denormals():  # far keys' probabilities: denormal floats, ~100x slower unflushed (denormals.py)
-            return _SplitAttention._forward(ctx, query, key, value, plan, scaling, diagonals)
-
-    @staticmethod
-    def _forward(ctx, query, key, value, plan, scaling, diagonals):
         ctx.plan, ctx.scaling = plan, scaling
         if plan.one_call and diagonals is None:  # one diagonal call (short rows, nothing cached): the kernel's answer
             mask, _, rows, keys = plan.views(plan.groups[0])
@@ -472,11 +465,6 @@ class _SplitAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        with flushing_denormals():
-            return _SplitAttention._backward(ctx, grad_output)
-
-    @staticmethod
-    def _backward(ctx, grad_output):
         query, key, value, output, lse = ctx.saved_tensors
         plan, offset, q_len = ctx.plan, ctx.plan.offset, query.shape[2]
         grad_output = grad_output.to(query.dtype)

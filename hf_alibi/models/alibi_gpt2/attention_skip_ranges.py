@@ -15,6 +15,7 @@ Every output moves by at most 2 * eps * max|v| (Theorem 1 there). Each certified
 once per forward by its `prepare_*`; the ranges are the layer's own.
 """
 
+import weakref
 from dataclasses import dataclass, replace
 
 import torch
@@ -58,7 +59,7 @@ ROW_GROUP = 16
 #   8k: 0.70x (EPYC), 0.43x (Xeon). The threshold skips from 4k: the EPYC's loss at 2k is not taken;
 # - decoding (each step a few fixed operations per run of heads): kept 0.24 at 8k: 1.16x (EPYC), 1.52x (Xeon); 0.12
 #   at 16k: 0.84x (EPYC), 0.65x (Xeon). Both skip from ~12k-16k of context.
-# After attention flushed denormals on every thread (`denormals.py`: the dense path got faster), on the Intel Xeon:
+# With denormals flushed on every thread (then done by attention, now the opt-in `hf_alibi/native_flush.py`), Xeon:
 # prefill 1.11x at 2k, 0.88x at 4k, 0.58-0.65x at 8k; decoding 1.05x at 8k, 0.55x at 16k; a training step (forward
 # and backward: the prefill's rule) 0.73-0.83x at 4k, 0.55-0.59x at 8k. The thresholds still fall where it stops paying.
 AUTO_REACH = 24.0
@@ -226,27 +227,27 @@ class RunningKeyNorms:
     them; offloading moves keys without changing them. Padded keys are folded in too, so the bound holds whatever
     mask a later step passes (`key_padding` is not read). It trusts that keys enter the cache only through the
     model's forwards: a key written by hand (`cache.update`, another model, an in-place edit) is not seen, and a
-    cache whose keys change as they age (a quantized cache) gets no summary (`for_forward`).
+    cache whose keys change as they age (a quantized cache) gets no summary (`for_forward`). The model keeps each
+    cache's summary in its `KeyNormSummaries` (transformers' `Cache` has no place for a model's own state).
     """
 
-    ATTRIBUTE = "hf_alibi_key_norms"  # where a cache keeps its summary: it lives, is copied and is dropped with it
-
     @classmethod
-    def for_forward(cls, cache, query_offset, query_length: int):
+    def for_forward(cls, summaries: "KeyNormSummaries", cache, query_offset, query_length: int):
         """What a forward on `cache` hands `plan_alibi_attention` as `key_norms`, to be called before its layers write.
 
-        The cache's summary, if it has one, is told of this forward's keys now, whether or not the forward skips.
-        The function returned gives that summary, or attaches a new one to a cache that has none. It gives None (the
-        step summarises the whole cache afresh) for a cache that takes no attribute, or whose layers are not
-        transformers' plain dynamic or static ones: a quantized cache's keys change as they age, unseen."""
-        summary = getattr(cache, cls.ATTRIBUTE, None) if cache is not None else None
+        The cache's summary in `summaries` (the model's), if it has one, is told of this forward's keys now, whether or
+        not the forward skips. The function returned gives that summary, or makes a new one for a cache that has none.
+        It gives None (the step summarises the whole cache afresh) for a cache that cannot be weakly referenced, or
+        whose layers are not transformers' plain dynamic or static ones: a quantized cache's keys change as they age,
+        unseen."""
+        summary = summaries.find(cache)
         if summary is not None:
             summary.note_write(query_offset, query_length)
             return lambda: summary
-        return lambda: cls._attach(cache, query_offset, query_length)
+        return lambda: cls._attach(summaries, cache, query_offset, query_length)
 
     @classmethod
-    def _attach(cls, cache, query_offset, query_length: int):
+    def _attach(cls, summaries: "KeyNormSummaries", cache, query_offset, query_length: int):
         layers = getattr(cache, "layers", None)
         if layers is None or getattr(cache, "layer_class_to_replicate", None) not in (None, DynamicLayer):
             return None
@@ -254,8 +255,8 @@ class RunningKeyNorms:
             return None
         summary = cls(written=int(query_offset) + query_length)  # this forward's keys are its first
         try:
-            setattr(cache, cls.ATTRIBUTE, summary)
-        except AttributeError:
+            summaries[cache] = summary
+        except TypeError:  # no weak reference to this cache: nowhere to keep a summary
             return None
         return summary
 
@@ -296,3 +297,25 @@ class RunningKeyNorms:
             norms = grown.scatter_reduce_(2, index, new, "amax")  # (1, H, blocks)
         self.layers[layer] = (norms, length)
         return norms
+
+
+class KeyNormSummaries(weakref.WeakKeyDictionary):
+    """A model's `RunningKeyNorms`, one per cache it has decoded with skipping, keyed weakly by the cache: a summary
+    lives as long as its cache and no longer, and nothing is stored on transformers' objects. A summary is a memo (a
+    cache without one is summarised afresh from its keys), so a copied or pickled model starts with none, and so does
+    a copied cache."""
+
+    def find(self, cache) -> RunningKeyNorms | None:
+        """`cache`'s summary, or None (no cache, none yet, or a cache that cannot be weakly referenced)."""
+        if cache is None:
+            return None
+        try:
+            return self.get(cache)
+        except TypeError:
+            return None
+
+    def __reduce__(self):
+        return type(self), ()
+
+    def __deepcopy__(self, memo):
+        return type(self)()

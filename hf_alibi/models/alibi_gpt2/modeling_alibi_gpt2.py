@@ -4,7 +4,6 @@ Parameter names and shapes are those of transformers' GPT-2 minus `transformer.w
 straight in. Classes in transformers' order: attention, MLP, block, pretrained base, model, heads.
 """
 
-import inspect
 import math
 
 import torch
@@ -22,15 +21,17 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.pytorch_utils import Conv1D
-from transformers.utils import logging
+from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .activations import mlp_activation
 from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention, plan_alibi_attention
 from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
 from .attention_plan import AlibiAttentionPlan
-from .attention_skip_ranges import RunningKeyNorms
+from .attention_skip_ranges import KeyNormSummaries, RunningKeyNorms
 from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
 from .tensor_parallel_alibi_gpt2 import ALIBI_HEADS  # noqa: F401  (registers the styles of the config's TP plan)
 
@@ -150,6 +151,9 @@ class AlibiGPT2PreTrainedModel(PreTrainedModel):
     # Every forward reads `config._attn_implementation`, so `set_attn_implementation` may switch backends at any
     # time; transformers would otherwise guess from this file's source that it cannot.
     _can_set_attn_implementation_cached_value = True
+    # What `output_hidden_states` / `output_attentions` record (transformers' `capture_outputs` hooks): each block's
+    # input and output, each attention module's weights
+    _can_record_outputs = {"hidden_states": AlibiGPT2Block, "attentions": OutputRecorder(AlibiGPT2Attention, index=1)}
 
     def _init_weights(self, module):
         """GPT-2's initialisation; refills the fixed slopes (built on the meta device by `from_pretrained`)."""
@@ -186,6 +190,8 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         # Fixed, never trained: a non-persistent buffer (not in checkpoints, not seen by optimizers).
         self.register_buffer("alibi_slopes", slopes_from_config(config), persistent=False)  # (H,)
+        # Per cache this model decodes with skipping, the running key-norm summary (attention_skip_ranges.py)
+        self.key_norms = KeyNormSummaries()
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -202,6 +208,8 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             self.alibi_slopes = slopes_from_config(self.config).to(self.alibi_slopes.device)
         return self
 
+    @merge_with_config_defaults
+    @capture_outputs
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
@@ -212,9 +220,6 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
         r"""
@@ -230,13 +235,12 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             collators, TRL's `padding_free`), each document attends only to itself. Read without a cache and
             without an `attention_mask`, as transformers' models do; `cu_seq_lens_q` (flash-attention style, one
             flattened row) marks documents too.
+        `output_hidden_states`, `output_attentions` and `return_dict` are transformers' (its `capture_outputs` records
+        the blocks' outputs and the attention weights); attention weights come from the eager path, planned once.
         """
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
-        use_cache = use_cache if use_cache is not None else self.config.use_cache
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        kwargs.pop("output_hidden_states", None)  # recorded by capture_outputs' hooks
+        output_attentions = kwargs.pop("output_attentions", None)
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         inputs_embeds = self.ln_embd(self._embed(input_ids, inputs_embeds, token_type_ids))  # (B, q, C)
         batch, query_length = inputs_embeds.shape[:2]  # BLOOM normalises passed-in embeddings too
         if is_paged_cache(cache):  # transformers' continuous batching: one flattened row of requests
@@ -257,27 +261,12 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             alibi = alibi.for_heads(rank_heads)  # once per forward, not once per layer
 
         hidden_states = self.drop(inputs_embeds)
-        all_hidden_states = () if output_hidden_states else None
-        all_attentions = () if output_attentions else None
         # A checkpointed block runs twice (forward, then the backward replay): a cache would get its keys twice.
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.h:
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            hidden_states, weights = block(hidden_states, alibi, None if checkpointing else cache, output_attentions)
-            if output_attentions:
-                all_attentions += (weights,)
+            hidden_states, _ = block(hidden_states, alibi, None if checkpointing else cache, output_attentions)
         hidden_states = self.ln_f(hidden_states)
-        if output_hidden_states:
-            all_hidden_states += (hidden_states,)
-
-        output = BaseModelOutputWithPast(
-            last_hidden_state=hidden_states,
-            cache=cache if use_cache else None,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions,
-        )
-        return output if return_dict else output.to_tuple()
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache if use_cache else None)
 
     def _plan(self, cache, batch, query_length, inputs_embeds, attention_mask, position_ids, use_cache,
               output_attentions, kwargs) -> tuple[Cache | None, AlibiAttentionPlan]:  # fmt: skip
@@ -295,7 +284,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             dtype=_compute_dtype(inputs_embeds), dropout=self.config.attn_pdrop if self.training else 0.0,
             sdpa_split=self.config.alibi_sdpa_split, query_chunk=self.config.alibi_sdpa_query_chunk,
             skip_eps=self.config.alibi_skip_eps, train_seq_len=train_seq_len(self.config.alibi_scaling),
-            key_norms=RunningKeyNorms.for_forward(cache, past_length, query_length),  # before the layers write
+            key_norms=RunningKeyNorms.for_forward(self.key_norms, cache, past_length, query_length),  # before writes
             output_attentions=output_attentions,  # weights: the eager path in every layer, planned once
         )  # fmt: skip
         return cache, alibi
@@ -370,6 +359,7 @@ class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
             attention_mask = F.pad(attention_mask, (0, key_length - attention_mask.shape[-1]), value=1)
         return attention_mask
 
+    @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
@@ -383,7 +373,6 @@ class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
@@ -421,7 +410,7 @@ class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-        return output if return_dict is not False else output.to_tuple()
+        return output
 
 
 class AlibiGPT2ForSequenceClassification(AlibiGPT2PreTrainedModel):
@@ -434,10 +423,11 @@ class AlibiGPT2ForSequenceClassification(AlibiGPT2PreTrainedModel):
         self.score = nn.Linear(config.n_embd, self.num_labels, bias=False)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, return_dict=None, **kwargs):
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, **kwargs):
         outputs = self.transformer(
             input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, return_dict=True, **kwargs
-        )
+        )  # a model output whatever config.return_dict says (can_return_tuple turns ours into a tuple)
         logits = self.score(outputs.last_hidden_state)  # (B, L, num_labels)
         batch = logits.shape[0]
         if self.config.pad_token_id is None and batch != 1:
@@ -452,7 +442,7 @@ class AlibiGPT2ForSequenceClassification(AlibiGPT2PreTrainedModel):
         output = SequenceClassifierOutputWithPast(
             loss=loss, logits=pooled, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return output if return_dict is not False else output.to_tuple()
+        return output
 
     def _loss(self, pooled: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.config.problem_type is None:
@@ -478,10 +468,11 @@ class AlibiGPT2ForTokenClassification(AlibiGPT2PreTrainedModel):
         self.classifier = nn.Linear(config.n_embd, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, return_dict=None, **kwargs):
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, labels=None, **kwargs):
         outputs = self.transformer(
             input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, return_dict=True, **kwargs
-        )
+        )  # a model output whatever config.return_dict says (can_return_tuple turns ours into a tuple)
         logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (B, L, num_labels)
         loss = None
         if labels is not None:
@@ -489,7 +480,7 @@ class AlibiGPT2ForTokenClassification(AlibiGPT2PreTrainedModel):
         output = TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return output if return_dict is not False else output.to_tuple()
+        return output
 
 
 class AlibiGPT2ForQuestionAnswering(AlibiGPT2PreTrainedModel):
@@ -499,6 +490,7 @@ class AlibiGPT2ForQuestionAnswering(AlibiGPT2PreTrainedModel):
         self.qa_outputs = nn.Linear(config.n_embd, 2)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids=None,
@@ -506,12 +498,11 @@ class AlibiGPT2ForQuestionAnswering(AlibiGPT2PreTrainedModel):
         inputs_embeds=None,
         start_positions=None,
         end_positions=None,
-        return_dict=None,
         **kwargs,
     ):
         outputs = self.transformer(
             input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, return_dict=True, **kwargs
-        )
+        )  # a model output whatever config.return_dict says (can_return_tuple turns ours into a tuple)
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(-1)  # 2 x (B, L)
         loss = None
         if start_positions is not None and end_positions is not None:
@@ -527,14 +518,8 @@ class AlibiGPT2ForQuestionAnswering(AlibiGPT2PreTrainedModel):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-        return output if return_dict is not False else output.to_tuple()
+        return output
 
-
-# generate() reads `inspect.signature(model.forward)` at every step for a model registered with the Auto classes
-# (transformers' `is_remote_code`); through `deprecate_kwarg`'s wrapper that is ~25 us a step (2% of a demo-sized
-# decoding step): the signature is computed once here instead.
-for _model_class in (AlibiGPT2Model, AlibiGPT2LMHeadModel):
-    _model_class.forward.__signature__ = inspect.signature(_model_class.forward)
 
 __all__ = [
     "AlibiGPT2PreTrainedModel",

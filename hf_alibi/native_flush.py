@@ -1,22 +1,35 @@
-"""Denormal floats flushed to zero on every thread of torch's CPU pool while ALiBi attention runs.
+"""An opt-in switch, outside the model: denormal floats flushed to zero on every thread of torch's CPU pool inside a
+`with` block.
+
+    from hf_alibi.native_flush import flushing_denormals
+
+    with flushing_denormals():  # a forward, a generate() call, or a whole trainer.train()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
 
 Why. An attention call computes each probability as exp(s - l) (l: the row's running or merged log-sum-exp). ALiBi's
 bias puts a band of every row's keys 87 to 103 nats below l (about 16 / slope keys per head: 64 keys at slope 1/4,
 1024 at 1/64), and there exp lands in fp32's denormal range (2^-149 .. 2^-126), on which x86 arithmetic takes a
 microcode assist and is ~100x slower. Measured on the CPU flash kernels (Intel Xeon, 2 threads, 4 heads of dim 32,
 slopes 1/4 .. 1/256, one 1024-row call over 7168 keys): the backward 0.29 s with denormals, 0.038 s flushed; the
-forward 0.030 s and 0.018 s.
+forward 0.030 s and 0.018 s. Those probabilities are the true softmax weights of far keys: the model computes them
+exactly in fp32 (what `hf_alibi/models/alibi_gpt2/`, the code a checkpoint ships, does: it never changes a thread's
+floating-point mode), and only the hardware's flush-to-zero mode avoids their cost. That is the caller's choice, so
+it lives here, not in the model.
 
 Why every thread. `torch.set_flush_denormal` sets the calling thread's floating-point mode (MXCSR on x86) only, and
-torch's intra-op worker threads (an OpenMP team) keep the mode they started with: flushing the caller alone took that
-backward from 0.30 s to 0.29 s. So the mode is copied to every thread of the calling thread's OpenMP team by running
-C's `fesetenv` in one OpenMP parallel region (`GOMP_parallel`, which GNU's, LLVM's and Intel's OpenMP runtimes
-export): ~2 us per switch, no Python in the workers. It is found in the runtime torch loaded (Linux only; elsewhere,
-or for another parallel backend, the calling thread alone is switched, as `torch.set_flush_denormal` does).
+torch's intra-op worker threads (an OpenMP team) keep the mode they started with. So the mode is copied to every
+thread of the calling thread's OpenMP team by running C's `fesetenv` in one OpenMP parallel region (`GOMP_parallel`,
+which GNU's, LLVM's and Intel's OpenMP runtimes export): ~2 us per switch, no Python in the workers. It is found in
+the runtime torch loaded (Linux only; elsewhere, or for another parallel backend, the calling thread alone is
+switched, as `torch.set_flush_denormal` does). A script that calls `torch.set_flush_denormal(True)` as its first
+line, before torch starts its threads, gets the same for the whole process without this module (threads inherit
+their creator's mode).
 
-What it changes. Only values below 2^-126 ~ 1.2e-38, read or written as zero. A probability that small is < 1.2e-38
-of its row's mass, so an output or gradient moves by < 1.2e-38 * (keys) * max|v| in absolute terms: below fp32's
-resolution of anything it adds to. Afterwards every thread of the team gets the caller's previous mode back.
+What it changes. Only values below 2^-126 ~ 1.2e-38, read or written as zero, everywhere inside the block (not only
+in attention). A probability that small is < 1.2e-38 of its row's mass, so an output or gradient moves by
+< 1.2e-38 * (keys) * max|v| in absolute terms: below fp32's resolution of anything it adds to. Afterwards every
+thread of the team gets the caller's previous mode back.
 """
 
 import contextlib
