@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicLayer, StaticLayer
 
 from .attention_plan import AlibiAttentionPlan, BiasBank, KeyRanges, Preparation, bias_bank, mask_in_dtype
-from .attention_sdpa_split import SplitPlan, _SplitAttention, attend_diagonals, split_plan
+from .attention_sdpa_split import SplitPlan, _SplitAttention, attend_diagonals, shared_key_windows, split_plan
 from .attention_skip import (
     certified_decode_start,
     certified_key_starts,
@@ -149,12 +149,15 @@ def certified_flex_ranges(plan: AlibiAttentionPlan, query, key, scaling: float) 
 
 def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float, rows: int | None = None,
                     key_block: int = KEY_BLOCK):  # fmt: skip
-    """The split with certified skipping: (output (B, H, q, D) in the query's dtype, the `KeyRanges` it used).
+    """The split with certified skipping: (output (B, H, q, D) in the query's dtype, the `KeyRanges` it read: the
+    certified ones, or earlier).
 
     1. Every `rows`-row block's own causal diagonal, on the kernel: the running output and log-sum-exp of each row.
     2. Those log-sum-exps, less their rounding (`kernel_lse_lower_bound`), bound each row's from below; with them,
        `certified_key_starts` gives each (head, block) its first key.
-    3. Each block's keys from its first key to the block, per run of heads sharing a first key, merged in.
+    3. Each block's keys from its first key to the block, per run of heads sharing a first key, merged in. With
+       batch 1 each head's first keys are moved back to one window per head (`shared_key_windows`: more keys kept,
+       so still certified), which lets its blocks run as one kernel call.
     `plan` is a `sdpa_split_certified` plan; `key`/`value` hold its keys (a static cache's filled part). `rows` and
     `key_block` size the blocks of query rows (None: the plan's `ROWS`) and of keys (the defaults are the measured
     ones).
@@ -184,6 +187,8 @@ def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float,
             q, k, slopes, scaling, offset, plan.payload.eps, rows, key_block, padding, centroid=False,
             row_group=ROW_GROUP, lse_lower=lower, query_norms=query_norms, key_norms=key_norms,
         )  # (H, R)  # fmt: skip
+        if batch == 1:  # one call per head over all its blocks, not one per (head, block): `shared_key_windows`
+            starts = shared_key_windows(starts, blocks)
     ranges = KeyRanges(rows, starts)
     output = _SplitAttention.apply(query, key, value, dense.in_key_ranges(starts), scaling, (output, lse))
     return output, ranges  # (B, H, q, D) in the query's dtype
