@@ -9,10 +9,16 @@ import torch
 from test_attention_sdpa_split import CHUNKINGS, HEADS, SCENARIOS, SLOPES, compare
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_plan import KeyRanges
-from hf_alibi.models.alibi_gpt2.attention_sdpa_split import SPLIT_CHUNKS, SplitPlan, shared_key_windows, split_plan
-from hf_alibi.models.alibi_gpt2.attention_skip_ranges import KEY_BLOCK, ROWS, certified_split
 from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_plan import KeyRanges
+from hf_alibi.models.alibi_gpt2.attention_sdpa_split import (
+    SPLIT_CHUNKS,
+    SplitPlan,
+    sdpa_alibi_split,
+    shared_key_windows,
+    split_plan,
+)
+from hf_alibi.models.alibi_gpt2.attention_skip_ranges import KEY_BLOCK, ROWS, certified_split
 
 
 def certified_like_starts(slopes, offset, q_len, rows, reach_per_slope, seed=0):
@@ -63,9 +69,9 @@ def test_grouped_calls_of_windowed_ranges_read_exactly_the_ranges_keys(offset):
 
 
 def test_a_layer_at_8k_on_the_demos_slopes_makes_a_few_calls_not_one_per_head_and_block():
-    """8192 rows, slopes 1/4 .. 1/256, reach as `AUTO_REACH` predicts: one call per (head, block) made 80 calls a
-    layer here (61 with runs of heads); shared windows and the dense cover of the leading blocks make 21, the dense
-    split 11."""
+    """8192 rows, slopes 1/4 .. 1/256, reach as `AUTO_REACH` predicts: one call per run of heads and block makes 61
+    calls a layer for these starts (80 on the trained demo checkpoint); shared windows and the dense cover of the
+    leading blocks make 21 (19 there), the dense split 11."""
     slopes = get_alibi_slopes(4)
     starts, blocks = certified_like_starts(slopes, 0, 8192, ROWS, 24.0)
     base = split_plan(slopes, 0, 8192, None, (ROWS,), 1)
@@ -98,8 +104,6 @@ def test_certified_split_of_one_row_reads_shared_windows_and_stays_within_the_bo
         plan = plan_alibi_attention("sdpa", slopes, 1, 2048, 2048, skip_eps=1e-7)
         output, ranges = certified_split(query, key, value, plan, 0.25)
         dense = split_plan(slopes, 0, 2048, None, CHUNKINGS["default"], 1)
-        from hf_alibi.models.alibi_gpt2.attention_sdpa_split import sdpa_alibi_split
-
         reference = sdpa_alibi_split(query, key, value, slopes, 0, None, 0.25, plan=dense)
     blocks = torch.arange(0, 2048, ROWS)
     assert torch.equal(ranges.first_key, shared_key_windows(ranges.first_key, blocks)), "the ranges read are windows"
