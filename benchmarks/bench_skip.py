@@ -30,6 +30,14 @@ context and a 128-token request side by side, seconds per decoding step of the l
 one packed row (`DataCollatorWithFlattening`'s layout: documents of 1/2, 1/4, 1/8 and 1/8 of the row, positions
 restarting, each document's first label -100).
 Run alone: two cores, any other load shows in the figures.
+
+Under load (`--load N`): N busy processes (`benchmarks.measure.competing_load`) run beside each contestant's process
+for its whole life, and `--threads T` gives every contestant T torch threads (default: torch's own, one per core):
+what "auto" meets on a shared machine. The 1-minute load average at each process's start is recorded beside the
+figures. `--contestants` picks a subset (e.g. `alibi-dense,alibi-auto`: auto against dense, side by side).
+
+    python -m benchmarks.bench_skip --checkpoint runs/cpu_demo/alibi/final --forward 2048,8192,32768 --decode 0 \
+        --contestants gpt2-sdpa,alibi-dense,alibi-auto --load 2 --out results/skip/auto_under_load
 """
 
 import argparse
@@ -82,8 +90,9 @@ def text_ids(checkpoint: str, length: int):
 
 
 def kept_fractions(model, ids, eps: float) -> list[float]:
-    """Certified kept fraction of causal key work per head (mean over layers): the key ranges the layers really used,
-    recorded from one more (untimed) forward through `certified_split`."""
+    """Kept fraction of causal key work per head (mean over layers): the key ranges the layers really read (the
+    certified ones, or wider where a head reads one window per block: `shared_key_windows`), recorded from one more
+    (untimed) forward through `certified_split`."""
     import torch
 
     import hf_alibi.models.alibi_gpt2.attention_alibi as attention
@@ -115,6 +124,8 @@ def child(args) -> dict:
 
     from benchmarks.measure import process_peak_bytes, time_call
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     ids = text_ids(args.checkpoint, args.length)
     budget = args.length + args.steps * (args.repeats + 1) + 1  # every decoding step of this process
     model = build(args.contestant, args.checkpoint, args.eps, budget)
@@ -129,7 +140,8 @@ def child(args) -> dict:
             model(ids, labels=ids).loss.backward()
 
         seconds = time_call(step, repeats=args.repeats)
-        return {"median_s": statistics.median(seconds), "tokens": [], "peak_bytes": process_peak_bytes("cpu")}
+        return {"median_s": statistics.median(seconds), "tokens": [], "peak_bytes": process_peak_bytes("cpu"),
+                "threads": torch.get_num_threads()}
     with torch.no_grad():
         if args.suite == "forward":
             seconds = time_call(lambda: model(ids, logits_to_keep=1), repeats=args.repeats)
@@ -144,7 +156,7 @@ def child(args) -> dict:
                     tokens.append(int(token))
 
             seconds = [s / args.steps for s in time_call(steps, repeats=args.repeats)]
-    result = {"median_s": statistics.median(seconds), "tokens": tokens}
+    result = {"median_s": statistics.median(seconds), "tokens": tokens, "threads": torch.get_num_threads()}
     if args.contestant in ("alibi-skip", "alibi-auto") and args.suite == "forward":
         eps = args.eps if args.contestant == "alibi-skip" else "auto"
         result["kept_per_head"] = kept_fractions(model, ids, eps)
@@ -192,21 +204,25 @@ def packed_train(model, ids, args) -> dict:
 
 
 def run_cell(args, suite: str, length: int) -> dict:
-    contestants = ("alibi-dense", "alibi-auto") if suite in AUTO_SUITES else CONTESTANTS
-    results = {name: [] for name in contestants}
+    from benchmarks.measure import competing_load
+
+    contestants = ("alibi-dense", "alibi-auto") if suite in AUTO_SUITES else args.contestants
+    results, load_averages = {name: [] for name in contestants}, []
     for round_ in range(args.processes):
         turn = round_ % len(contestants)
         order = contestants[turn:] + contestants[:turn]  # rotate who goes first
         for name in order:
             command = [sys.executable, "-m", "benchmarks.bench_skip", "--child", name, "--suite", suite,
                        "--length", str(length), "--checkpoint", args.checkpoint, "--eps", str(args.eps),
-                       "--repeats", str(args.repeats), "--steps", str(args.steps)]  # fmt: skip
+                       "--repeats", str(args.repeats), "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
             command += ["--native-flush"] if args.native_flush else []
             env = {**os.environ, **(NO_TRIM if args.no_trim else {})}
-            done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+            with competing_load(args.load):
+                load_averages.append(os.getloadavg()[0])
+                done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
             line = done.stdout.strip().splitlines()[-1]
             results[name].append(json.loads(line))
-    cell = {"suite": suite, "length": length}
+    cell = {"suite": suite, "length": length, "load": args.load, "load_average": [min(load_averages), max(load_averages)]}
     for name, runs in results.items():
         times = [r["median_s"] for r in runs]
         cell[name] = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
@@ -214,9 +230,11 @@ def run_cell(args, suite: str, length: int) -> dict:
             cell[name]["peak_bytes"] = statistics.median(r["peak_bytes"] for r in runs)
         if "kept_per_head" in runs[0]:
             cell[name]["kept_per_head"] = runs[0]["kept_per_head"]
-    if suite in ("decode", "cb_decode"):
+        if "threads" in runs[0]:
+            cell[name]["threads"] = runs[0]["threads"]
+    if suite in ("decode", "cb_decode") and "alibi-dense" in results:
         dense = results["alibi-dense"][0]["tokens"]
-        others = results.get("alibi-skip", []) + results["alibi-auto"]
+        others = results.get("alibi-skip", []) + results.get("alibi-auto", [])
         cell["same_tokens"] = all(r["tokens"] == dense for r in others)
     return cell
 
@@ -240,34 +258,39 @@ def auto_markdown(cells: list[dict]) -> list[str]:
 def markdown(cells: list[dict], args) -> str:
     unit = {"forward": "s per forward", "decode": "ms per token", "train": "s per step"}
     allocator = "glibc without heap trimming (`--no-trim`)" if args.no_trim else "default glibc malloc"
-    lines = [f"Checkpoint `{args.checkpoint}`, eps {args.eps:g}, {allocator}, {args.processes} fresh processes per "
-             f"contestant, {args.repeats} timed call(s) each (median); ratios of medians against `gpt2-sdpa`.", "",
-             "| cell | `gpt2-sdpa` | `alibi-dense` | `alibi-skip` | `alibi-auto` | skip / dense | auto / dense | "
-             "kept per head (skip; auto) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    names = args.contestants
+    reference = "gpt2-sdpa" if "gpt2-sdpa" in names else names[0]
+    ratios = [(a, b) for a, b in (("alibi-skip", "alibi-dense"), ("alibi-auto", "alibi-dense")) if {a, b} <= set(names)]
+    kept = [name for name in ("alibi-skip", "alibi-auto") if name in names]
+    threads = f"{args.threads} torch threads" if args.threads else "torch's default threads"
+    load = f"{args.load} busy competing processes beside each" if args.load else "no added load"
+    header = ["cell", *(f"`{name}`" for name in names), *(f"{a[6:]} / {b[6:]}" for a, b in ratios),
+              f"kept per head ({'; '.join(name[6:] for name in kept)})", "load average (1 min)"]  # fmt: skip
+    lines = [f"Checkpoint `{args.checkpoint}`, eps {args.eps:g}, {allocator}, {threads}, {load}; {args.processes} fresh "
+             f"processes per contestant, {args.repeats} timed call(s) each (median); ratios of medians against "
+             f"`{reference}`.", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]  # fmt: skip
     dense_suites = [cell for cell in cells if cell["suite"] not in AUTO_SUITES]
     if not dense_suites:  # only the auto-against-dense suites: their table alone
-        lines = [lines[0].replace("against `gpt2-sdpa`", "of `alibi-auto` to `alibi-dense`"), ""]
+        lines = [lines[0].replace(f"against `{reference}`", "of `alibi-auto` to `alibi-dense`"), ""]
     lines += auto_markdown([cell for cell in cells if cell["suite"] in AUTO_SUITES])
     for cell in dense_suites:
         scale = 1e3 if cell["suite"] == "decode" else 1.0
-        reference = cell["gpt2-sdpa"]["median_s"]
 
         def show(name):
             r = cell[name]
             peak = f" · {r['peak_bytes'] / 2**20:.0f} MiB peak" if "peak_bytes" in r else ""
             return (f"{r['median_s'] * scale:.3f} [{r['min_s'] * scale:.3f}, {r['max_s'] * scale:.3f}] · "
-                    f"{r['median_s'] / reference:.2f}x{peak}")  # fmt: skip
+                    f"{r['median_s'] / cell[reference]['median_s']:.2f}x{peak}")  # fmt: skip
 
-        def kept(name):
+        def kept_by(name):
             return ", ".join(f"{k:.3f}" for k in cell[name].get("kept_per_head", [])) or "dense"
 
-        extra = (f"{kept('alibi-skip')}; {kept('alibi-auto')}" if cell["suite"] == "forward"
-                 else f"tokens equal dense: {cell['same_tokens']}" if cell["suite"] == "decode" else "")  # fmt: skip
-        name = f"{cell['suite']} L={cell['length']} ({unit[cell['suite']]})"
-        dense = cell["alibi-dense"]["median_s"]
-        lines.append(f"| {name} | {show('gpt2-sdpa')} | {show('alibi-dense')} | {show('alibi-skip')} | "
-                     f"{show('alibi-auto')} | {cell['alibi-skip']['median_s'] / dense:.2f}x | "
-                     f"{cell['alibi-auto']['median_s'] / dense:.2f}x | {extra} |")  # fmt: skip
+        extra = ("; ".join(kept_by(name) for name in kept) if cell["suite"] == "forward"
+                 else f"tokens equal dense: {cell['same_tokens']}" if "same_tokens" in cell else "")  # fmt: skip
+        low, high = cell.get("load_average", (float("nan"),) * 2)
+        row = [f"{cell['suite']} L={cell['length']} ({unit[cell['suite']]})", *(show(name) for name in names),
+               *(f"{cell[a]['median_s'] / cell[b]['median_s']:.2f}x" for a, b in ratios), extra, f"{low:.1f}-{high:.1f}"]  # fmt: skip
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -287,11 +310,20 @@ def main(argv=None):
                         "(NO_TRIM): no page faults from trimming, whose count depends on each process's heap layout")
     parser.add_argument("--native-flush", action="store_true", help="every process runs inside "
                         "hf_alibi.native_flush.flushing_denormals() (the opt-in switch: denormals flushed on every thread)")
+    parser.add_argument("--contestants", default=",".join(CONTESTANTS),
+                        help=f"comma-separated subset of {', '.join(CONTESTANTS)}")  # fmt: skip
+    parser.add_argument("--load", type=int, default=0, help="busy processes run beside each contestant's process")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per contestant (0: torch's default)")
     parser.add_argument("--out", default="results/skip/bench", help="writes <out>.json and <out>.md")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--suite", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.contestants = tuple(args.contestants.split(","))
+    if not args.contestants or not set(args.contestants) <= set(CONTESTANTS):
+        raise ValueError(f"--contestants must name some of {', '.join(CONTESTANTS)}, got {','.join(args.contestants)!r}")
+    if args.load < 0 or args.threads < 0:
+        raise ValueError(f"--load and --threads must be >= 0, got {args.load} and {args.threads}")
     if args.child:
         args.contestant = args.child
         from hf_alibi.native_flush import flushing_denormals

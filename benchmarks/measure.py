@@ -15,15 +15,36 @@ handed back first (`malloc_trim`), the kernel's high-water mark is reset to the 
 samples VmRSS every millisecond instead (misses spikes shorter than that). On CUDA: `max_memory_allocated` minus
 `memory_allocated` before the call, after `reset_peak_memory_stats`.
 
+Load: `competing_load(n)` runs `n` busy processes (one pure-Python spin loop each, no memory traffic) while its
+block runs: what a shared machine does to a measurement (other jobs, a browser, data loaders), on demand.
+
 Standard library only at import: workers import this before torch.
 """
 
+import contextlib
 import ctypes
 import gc
 import os
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+
+
+@contextlib.contextmanager
+def competing_load(processes: int) -> Iterator[None]:
+    """Run `processes` busy processes (each spinning on one core, unpinned: the scheduler places them) for the
+    duration of the block, and stop them after it."""
+    if processes < 0:
+        raise ValueError(f"processes must be >= 0, got {processes}")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
 
 
 def timed(call: Callable[[], object], sync: Callable[[], object] | None = None) -> tuple[float, object]:

@@ -1,12 +1,16 @@
 """benchmarks.measure, the one clock and peak-memory reader every benchmark uses: warm-up untimed, rounds
 interleaved in order, growth of the resident set seen."""
 
+import os
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.measure import peak_memory, process_peak_bytes, time_call, time_calls, timed  # noqa: E402
+from benchmarks.measure import competing_load, peak_memory, process_peak_bytes, time_call, time_calls, timed  # noqa: E402
 
 
 def test_warm_up_is_untimed_and_rounds_interleave_in_order():
@@ -38,3 +42,17 @@ def test_peak_memory_sees_an_allocation_and_the_process_peak_keeps_it():
     growth, method = peak_memory(lambda: block.append(b"\x01" * (64 * mib)), "cpu")  # every page written
     assert growth >= 60 * mib, (growth / mib, method)
     assert process_peak_bytes("cpu") >= growth
+
+
+def test_competing_load_runs_busy_processes_only_inside_its_block():
+    def busy_children():
+        children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+        return [pid for pid in children if "while True" in Path(f"/proc/{pid}/cmdline").read_text()]
+
+    with competing_load(2):
+        time.sleep(0.05)
+        assert len(busy_children()) == 2
+    assert busy_children() == [], "the busy processes outlive the block"
+    with pytest.raises(ValueError, match="-1"):
+        with competing_load(-1):
+            pass

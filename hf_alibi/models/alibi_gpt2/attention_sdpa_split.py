@@ -22,8 +22,11 @@ sends a call here only on CPU, without dropout, outside torch.compile / torch.ex
 query row and when the probe passed; every other call takes the public bias-bank path.
 
 Key ranges (`KeyRanges`, per head and block of query rows): keys before a block's first key are left out of that
-block's calls for those heads, so skipped keys are never read. Blocks are then the chunks (one level), and each
-block's call over the keys left of it is made per run of heads that share a first key.
+block's calls for those heads, so skipped keys are never read. Blocks are then the chunks (one level); a head's
+leading blocks that read every key are covered as the dense split covers rows, and each later block's call over the
+keys left of it is made per run of heads that share a first key. Blocks that read as many keys back as each other
+run as one strided call: certified skipping gives each head one such window (`shared_key_windows`), so a layer makes
+a few calls, not one per (head, block).
 
 Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/test_attention_sdpa_split.py`
 """
@@ -41,6 +44,10 @@ import torch
 # is this machine's noise. The kernel tiles 256 query rows from 768 rows up and 64 below, so the first level keeps
 # >= 768 rows, and the 256-row diagonal blocks (and sub-blocks) are what the per-score overhead sits in.
 SPLIT_CHUNKS = (1024, 256)
+
+# Blocks per first-level call where key ranges leave a head's leading blocks dense (`SplitPlan._ranged_calls`):
+# the split's own ratio of first-level to block rows (1024 / 256)
+_PREFIX_BLOCKS = SPLIT_CHUNKS[0] // SPLIT_CHUNKS[-1]
 
 # Fewest query rows per part when a one-head call's backward is cut into parts for the threads (`_flash_backward`):
 # the kernel's backward tiles 64 rows at a time
@@ -234,15 +241,13 @@ class SplitPlan:
     """
 
     def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1, first_keys=None):
-        self.offset, self.key_padding, self.heads, self.calls = offset, key_padding, slopes.shape[0], []
+        self.offset, self.key_padding, self.heads, self.slopes = offset, key_padding, slopes.shape[0], slopes
         self.q_len, self.batch, self.dtype, self.chunks = q_len, batch, slopes.dtype, chunks
-        self._cover(0, q_len, 0, chunks, 0)
+        self.calls = _cover([], offset, 0, q_len, 0, chunks, (0, self.heads))
         self._set_calls(self.calls if first_keys is None else self._ranged_calls(first_keys))
         self.visible = offset + q_len
         self.ramp = _key_bias(slopes, self.visible, None)[0, :, 0]  # (H, visible): -m * (visible - 1 - j)
         self.diagonal = _diagonal_bias(slopes, min(chunks[-1], q_len))  # (1, H, n, n)
-        longest = max(end - start for start, end, *_ in self.calls)
-        self.row_shift = slopes[:, None] * torch.arange(longest, device=slopes.device)  # (H, rows): m * a
 
     def for_heads(self, heads: slice, plan) -> "SplitPlan":
         """The same calls for the global heads `heads` (a tensor-parallel rank's): `plan` is the attention plan
@@ -260,10 +265,26 @@ class SplitPlan:
         return ranged
 
     def _ranged_calls(self, first_keys):
-        return [ranged for call in self.calls for ranged in _in_key_ranges(call, first_keys, self.chunks[0])]
+        """The calls that read, for each head and block, exactly the keys from its first key on.
+
+        A head's leading blocks that read every key left of them (first key 0) are covered as the dense split covers
+        rows: first-level calls of `_PREFIX_BLOCKS` blocks over the keys left of them, then each block over the keys
+        from its first-level call on (`_cover`), per run of heads with as many such blocks. Their sub-block calls
+        repeat at a stride and group (`_group`): a few calls where one per block was made. Every other block has its
+        own call per run of heads that share its first key (`_in_key_ranges`)."""
+        rows, offset, calls = self.chunks[0], self.offset, []
+        leading = [next((b for b, first in enumerate(keys) if first > 0), len(keys)) for keys in first_keys]
+        for head, end, blocks in filter(lambda run: run[2], head_runs(leading)):
+            cover = _cover([], offset, 0, min(blocks * rows, self.q_len), 0, (_PREFIX_BLOCKS * rows, rows), (head, end))
+            calls += [call for call in cover if not call.diagonal]  # (the one-level plan's diagonals run below)
+        rest = [[offset + b * rows if b < n else first for b, first in enumerate(keys)]  # the leading blocks: done
+                for keys, n in zip(first_keys, leading)]  # fmt: skip
+        return calls + [ranged for call in self.calls for ranged in _in_key_ranges(call, rest, rows)]
 
     def _set_calls(self, calls):
         self.calls = calls
+        longest = max(end - start for start, end, *_ in calls)
+        self.row_shift = self.slopes[:, None] * torch.arange(longest, device=self.slopes.device)  # (H, rows): m * a
         self.groups = _group(calls) if self.batch == 1 else [CallGroup(1, 0, *call) for call in calls]
         # Diagonal blocks first: together they cover every row of every head once, so they start the running results
         self.groups.sort(key=lambda group: not group.diagonal)
@@ -278,20 +299,6 @@ class SplitPlan:
             (first.start, first.count * first.end, first.head_start, first.head_end) == (0, self.q_len, 0, self.heads)
         )
 
-    def _cover(self, first, last, key_start, chunks, level):
-        """Calls for rows [first, last) over keys [key_start, offset + last), every head."""
-        offset, heads = self.offset, self.heads
-        if last - first <= chunks[-1]:
-            if offset + first > key_start:
-                self.calls.append(SplitCall(first, last, key_start, offset + first, False, 0, heads))
-            self.calls.append(SplitCall(first, last, offset + first, offset + last, True, 0, heads))
-            return
-        for start in range(first, last, chunks[level]):
-            end = min(start + chunks[level], last)
-            if offset + start > key_start:
-                self.calls.append(SplitCall(start, end, key_start, offset + start, False, 0, heads))
-            self._cover(start, end, offset + start, chunks, level + 1)
-
     def views(self, group):
         """A group's mask, shift (see `mask`) and the functions that cut its rows and its keys out of a tensor."""
         count, stride, start, end, key_start, key_end, diagonal, head_start, head_end = group
@@ -304,6 +311,17 @@ class SplitPlan:
             return _blocks(tensor.narrow(1, head_start, heads), key_start, key_end - key_start, stride, count)
 
         return (*self.mask(*group), rows, keys)
+
+    def add_keys(self, group, tensor, part) -> None:
+        """Add `part` (B|count, h, keys, D), one piece per call of `group`, into those calls' keys of `tensor`
+        (B, H, kv, D). Calls over shared windows (`shared_key_windows`) overlap in keys: added `stride` keys at a
+        time, each piece's blocks apart."""
+        count, stride, _, _, key_start, key_end, _, head_start, head_end = group
+        keys, heads = key_end - key_start, tensor.narrow(1, head_start, head_end - head_start)
+        step = keys if count == 1 else stride
+        for first in range(0, keys, step):
+            n = min(step, keys - first)
+            _blocks(heads, key_start + first, n, stride, count).add_(part.narrow(2, first, n))
 
     def mask(self, count, stride, start, end, key_start, key_end, diagonal, head_start, head_end):
         """The group's mask, and the (h, n) shift from its logits' frame to the true ones (None: no shift)."""
@@ -320,6 +338,22 @@ class SplitPlan:
         return mask, shift
 
 
+def _cover(calls, offset, first, last, key_start, chunks, heads, level=0):
+    """`calls` with the calls for rows [first, last) of heads [heads[0], heads[1]) over keys [key_start, offset +
+    last) appended: per chunk of `chunks[level]` rows, the keys left of it, then the chunk cut by the next level."""
+    if last - first <= chunks[-1]:
+        if offset + first > key_start:
+            calls.append(SplitCall(first, last, key_start, offset + first, False, *heads))
+        calls.append(SplitCall(first, last, offset + first, offset + last, True, *heads))
+        return calls
+    for start in range(first, last, chunks[level]):
+        end = min(start + chunks[level], last)
+        if offset + start > key_start:
+            calls.append(SplitCall(start, end, key_start, offset + start, False, *heads))
+        _cover(calls, offset, start, end, offset + start, chunks, heads, level + 1)
+    return calls
+
+
 def _in_key_ranges(call, first_keys, rows):
     """A call cut to the key ranges of its block: one call per run of heads with the same first key, if any keys."""
     start, end, key_start, key_end, diagonal, _, heads = call
@@ -328,6 +362,19 @@ def _in_key_ranges(call, first_keys, rows):
     runs = head_runs([first_keys[head][start // rows] for head in range(heads)])
     return [SplitCall(start, end, max(key_start, first), key_end, False, head, run_end)
             for head, run_end, first in runs if max(key_start, first) < key_end]  # fmt: skip
+
+
+def shared_key_windows(first_key: torch.Tensor, block_starts: torch.Tensor) -> torch.Tensor:
+    """First keys (H, blocks) no later than `first_key`'s, each head reading one window of keys left of every block.
+
+    Certified skipping may keep more keys than it certified (each dropped set only shrinks). A head keeps, left of
+    each block starting at `block_starts` (blocks,), the longest reach any of its blocks needs; every block with that
+    many keys before it then has the same shape at the same stride, and `_group` runs them as one kernel call
+    instead of one per block. The per-block calls are what lost under load: each is a parallel region whose threads
+    wait for the slowest, and a preempted one holds them all.
+    """
+    reach = (block_starts[None] - first_key).amax(-1, keepdim=True)  # (H, 1) keys kept left of a block, at most
+    return (block_starts[None] - reach).clamp(min=0)  # (H, blocks)
 
 
 def head_runs(first_keys) -> list[tuple[int, int, int]]:
@@ -350,8 +397,9 @@ def _like_kernel_output(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
 def _group(calls):
     """Runs of same-shape calls at a fixed stride: (count, stride, *call) each.
 
-    The stride is at least the rows and the keys of one call, so a run's blocks never overlap (gradients add into
-    them in place).
+    The stride is at least the rows of one call, so a run's query blocks never overlap. Keys may: a run of calls over
+    the same window of keys left of each block (`shared_key_windows`) reads overlapping keys, which the forward only
+    reads and the backward adds into in pieces of `stride` keys (`SplitPlan.add_keys`).
     """
     buckets = {}
     for call in calls:
@@ -365,7 +413,7 @@ def _group(calls):
         for call in members[1:]:
             run = runs[-1]
             stride = call.start - run[-1].start
-            if stride >= max(rows, keys) and (len(run) == 1 or stride == run[1].start - run[0].start):
+            if stride >= rows and (len(run) == 1 or stride == run[1].start - run[0].start):
                 run.append(call)
             else:
                 runs.append([call])
@@ -485,7 +533,8 @@ class _SplitAttention(torch.autograd.Function):
             lse_call = rows(lse) if shift is None else rows(lse) + shift  # (B|count, H, n), the call's frame
             dq, dk, dv = _flash_backward(rows(grad_output), rows(query), keys(key), keys(value), rows(output),
                                          lse_call, mask, ctx.scaling, causal=diagonal)
-            for grad, part, view in ((grads[0], dq, rows), (grads[1], dk, keys), (grads[2], dv, keys)):
-                view(grad).copy_(part) if diagonal else view(grad).add_(part)
+            rows(grads[0]).copy_(dq) if diagonal else rows(grads[0]).add_(dq)
+            for grad, part in ((grads[1], dk), (grads[2], dv)):
+                keys(grad).copy_(part) if diagonal else plan.add_keys(group, grad, part)
         grad_query, grad_key, grad_value = (g.to(t.dtype) for g, t in zip(grads, (query, key, value)))
         return grad_query, grad_key, grad_value, None, None, None

@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicLayer, StaticLayer
 
 from .attention_plan import AUTO_EPS, AlibiAttentionPlan, BiasBank, KeyRanges, Preparation, bias_bank, mask_in_dtype  # noqa: F401
-from .attention_sdpa_split import SplitPlan, _SplitAttention, attend_diagonals, split_plan
+from .attention_sdpa_split import SplitPlan, _SplitAttention, attend_diagonals, shared_key_windows, split_plan
 from .attention_skip import (
     certified_decode_start,
     certified_key_starts,
@@ -62,8 +62,13 @@ ROW_GROUP = 16
 # With denormals flushed on every thread (then done by attention, now the opt-in `hf_alibi/native_flush.py`), Xeon:
 # prefill 1.11x at 2k, 0.88x at 4k, 0.58-0.65x at 8k; decoding 1.05x at 8k, 0.55x at 16k; a training step (forward
 # and backward: the prefill's rule) 0.73-0.83x at 4k, 0.55-0.59x at 8k. The thresholds still fall where it stops paying.
+# On a busy machine (the Intel Xeon, 2 busy processes beside each measured one, torch's 2 threads, load average 7-10;
+# `python -m benchmarks.bench_skip --forward 4096,8192 --decode 0 --contestants alibi-dense,alibi-auto --load 2
+# --processes 2 --repeats 1`, results/skip/auto_under_load*.md), with the per-head windows of `certified_split`:
+# prefill kept 0.52 at 4k: 1.27x and 1.61x of dense in two runs; 0.40 at 8k: 0.57x. A default must not lose there,
+# so the prefill threshold sits between them, at 0.45 (the demo slopes skip from ~6.2k tokens; was 0.55, from 4k).
 AUTO_REACH = 24.0
-AUTO_PREFILL_KEPT = 0.55
+AUTO_PREFILL_KEPT = 0.45
 AUTO_DECODE_KEPT = 0.15
 
 
@@ -149,12 +154,15 @@ def certified_flex_ranges(plan: AlibiAttentionPlan, query, key, scaling: float) 
 
 def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float, rows: int | None = None,
                     key_block: int = KEY_BLOCK):  # fmt: skip
-    """The split with certified skipping: (output (B, H, q, D) in the query's dtype, the `KeyRanges` it used).
+    """The split with certified skipping: (output (B, H, q, D) in the query's dtype, the `KeyRanges` it read: the
+    certified ones, or earlier).
 
     1. Every `rows`-row block's own causal diagonal, on the kernel: the running output and log-sum-exp of each row.
     2. Those log-sum-exps, less their rounding (`kernel_lse_lower_bound`), bound each row's from below; with them,
        `certified_key_starts` gives each (head, block) its first key.
-    3. Each block's keys from its first key to the block, per run of heads sharing a first key, merged in.
+    3. Each block's keys from its first key to the block, per run of heads sharing a first key, merged in. With
+       batch 1 each head's first keys are moved back to one window per head (`shared_key_windows`: more keys kept,
+       so still certified), which lets its blocks run as one kernel call.
     `plan` is a `sdpa_split_certified` plan; `key`/`value` hold its keys (a static cache's filled part). `rows` and
     `key_block` size the blocks of query rows (None: the plan's `ROWS`) and of keys (the defaults are the measured
     ones).
@@ -184,6 +192,8 @@ def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float,
             q, k, slopes, scaling, offset, plan.payload.eps, rows, key_block, padding, centroid=False,
             row_group=ROW_GROUP, lse_lower=lower, query_norms=query_norms, key_norms=key_norms,
         )  # (H, R)  # fmt: skip
+        if batch == 1:  # one call per head over all its blocks, not one per (head, block): `shared_key_windows`
+            starts = shared_key_windows(starts, blocks)
     ranges = KeyRanges(rows, starts)
     output = _SplitAttention.apply(query, key, value, dense.in_key_ranges(starts), scaling, (output, lse))
     return output, ranges  # (B, H, q, D) in the query's dtype
