@@ -1,4 +1,4 @@
-"""Every example of README.md and docs/*.md runs as written (tests/doc_examples.py says how: one temporary
+"""Every example of README.md and docs/*.md runs as written (tests/docs/doc_examples.py says how: one temporary
 directory and one Python process per page, bash under `-euo pipefail`, markers for skips and tiny sizes), and the
 markers themselves are well-formed. The parser and the runner are checked on tiny inline pages first."""
 

@@ -9,7 +9,7 @@ are killed when the page ends. An HTML comment on the line directly above a fenc
     <!-- example: replace "OLD" "NEW" -->          (may repeat, `;`-separated: the tiny-size switch)
 
 Any other marker, a marker that is not directly above a runnable block, or a replacement whose OLD text is not in
-the block is an `ExampleError` naming the page and line. tests/test_doc_examples.py runs this module's pages.
+the block is an `ExampleError` naming the page and line. tests/docs/test_doc_examples.py runs this module's pages.
 """
 
 import contextlib
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from serving.server_process import free_port  # tests/serving: the serving tests' own
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 RUNNABLE = ("python", "bash")
 SKIP_REASONS = ("needs a GPU", "needs the network", "needs many processes", "is the test suite")
 BLOCK_TIMEOUT_S = 300

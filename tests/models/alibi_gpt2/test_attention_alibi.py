@@ -1,5 +1,5 @@
 """Every attention backend against the formula written out in plain PyTorch (backend selection in the model:
-`modeling_alibi_gpt2/test_backend_selection.py`).
+`test_backend_selection.py`).
 
 Reference (`alibi_reference.py`): softmax(q . k / sqrt(d) - m_h * (i - j)) @ v over keys j <= i that are not padding,
 in float64, with query i sitting at absolute position offset + row (offset = cached tokens).

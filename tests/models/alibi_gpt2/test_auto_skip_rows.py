@@ -15,7 +15,7 @@ from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_ali
 from hf_alibi.models.alibi_gpt2.attention_paged import plan_paged_attention
 from hf_alibi.models.alibi_gpt2.attention_plan import AUTO_EPS
 
-sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the skipping tests' steep model
+sys.path.insert(0, str(Path(__file__).parents[3] / "tests"))  # tests/: the skipping tests' steep model
 from test_attention_skip_ranges import assert_close_to_dense, steep_model  # noqa: E402
 
 DEMO_SLOPES = get_alibi_slopes(4)  # 1/4 .. 1/256: "auto" skips a decoding row from ~15.3k keys, a prefill from 4k
