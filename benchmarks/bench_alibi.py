@@ -36,6 +36,7 @@ run out of memory at 16384 on a 23 GB machine), ~45 min generate. Run suites sep
 """
 
 import argparse
+import contextlib
 import json
 import os
 import select
@@ -50,20 +51,51 @@ from pathlib import Path
 
 from . import report as reporting
 from .contestants import (
-    ALIBI_BACKENDS, CONTESTANTS, REFERENCE, REFERENCES, SUITES, Shape, default_contestants, unsupported_reason,
+    ALIBI_BACKENDS,
+    CONTESTANTS,
+    REFERENCE,
+    REFERENCES,
+    SUITES,
+    Shape,
+    default_contestants,
+    unsupported_reason,
 )
 from .worker import PROTOCOL_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = {
     # shape, then default lengths; explicit flags override either
-    "small": dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, train_lengths=[512, 1024],
-                  lengths=[2048, 4096, 8192, 16384], prefill=512, decode=256),
+    "small": dict(
+        n_embd=768,
+        n_layer=12,
+        n_head=12,
+        vocab_size=50257,
+        train_lengths=[512, 1024],
+        lengths=[2048, 4096, 8192, 16384],
+        prefill=512,
+        decode=256,
+    ),
     # bloom-560m's width, heads and vocabulary (24 layers there; fewer on CPU via --n-layer, same for all)
-    "bloom-560m": dict(n_embd=1024, n_layer=4, n_head=16, vocab_size=250880, train_lengths=[2048],
-                       lengths=[2048, 4096, 8192, 16384, 32768], prefill=512, decode=64),
-    "tiny": dict(n_embd=96, n_layer=2, n_head=12, vocab_size=512, train_lengths=[64, 128],
-                 lengths=[128, 256], prefill=32, decode=8),
+    "bloom-560m": dict(
+        n_embd=1024,
+        n_layer=4,
+        n_head=16,
+        vocab_size=250880,
+        train_lengths=[2048],
+        lengths=[2048, 4096, 8192, 16384, 32768],
+        prefill=512,
+        decode=64,
+    ),
+    "tiny": dict(
+        n_embd=96,
+        n_layer=2,
+        n_head=12,
+        vocab_size=512,
+        train_lengths=[64, 128],
+        lengths=[128, 256],
+        prefill=32,
+        decode=8,
+    ),
 }
 
 
@@ -78,9 +110,14 @@ class Worker:
 
     def __init__(self, argv: list[str], log_path: Path, env: dict | None = None):
         self.log_path = log_path
-        self.log = open(log_path, "ab")
+        self.log = open(log_path, "ab")  # noqa: SIM115 (kept open for the process's life, closed in stop())
         self.process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, cwd=ROOT, env=env,
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            cwd=ROOT,
+            env=env,
             start_new_session=True,  # its own process group: a timeout kills it and anything it spawned
         )
         self.buffer = b""
@@ -127,10 +164,8 @@ class Worker:
 
     def kill(self) -> None:
         if self.alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.process.wait()
 
     def close(self) -> None:
@@ -152,16 +187,33 @@ def plan_cells(args) -> list[dict]:
             for length, batch in args.train_shapes:
                 for mask in args.train_masks:
                     name = f"train L={length} B={batch}" + (" mask=ones" if mask == "ones" else "")
-                    cells.append({"suite": suite, "name": name, "length": length, "batch": batch, "mask": mask,
-                                  "scale": length * batch})
+                    cells.append(
+                        {
+                            "suite": suite,
+                            "name": name,
+                            "length": length,
+                            "batch": batch,
+                            "mask": mask,
+                            "scale": length * batch,
+                        }
+                    )
         elif suite == "forward":
             for length in args.lengths:
-                cells.append({"suite": suite, "name": f"forward L={length} B=1", "length": length, "batch": 1,
-                              "scale": length})
+                cells.append(
+                    {"suite": suite, "name": f"forward L={length} B=1", "length": length, "batch": 1, "scale": length}
+                )
         else:
             for batch in args.gen_batches:
-                cells.append({"suite": suite, "name": f"generate B={batch} prefill {args.prefill} decode {args.decode}",
-                              "batch": batch, "prefill": args.prefill, "decode": args.decode, "scale": batch})
+                cells.append(
+                    {
+                        "suite": suite,
+                        "name": f"generate B={batch} prefill {args.prefill} decode {args.decode}",
+                        "batch": batch,
+                        "prefill": args.prefill,
+                        "decode": args.decode,
+                        "scale": batch,
+                    }
+                )
     return cells
 
 
@@ -177,9 +229,17 @@ class Bench:
 
     def _spec(self, name: str) -> dict:
         a = self.args
-        return {"contestant": name, "shape": asdict(a.shape), "max_length": a.max_length, "device": a.device,
-                "dtype": a.dtype, "threads": a.threads, "optimizer": a.optimizer, "native_flush": a.native_flush,
-                "memory_limit_bytes": int(a.memory_limit_gb * 2**30) if a.device == "cpu" else 0}
+        return {
+            "contestant": name,
+            "shape": asdict(a.shape),
+            "max_length": a.max_length,
+            "device": a.device,
+            "dtype": a.dtype,
+            "threads": a.threads,
+            "optimizer": a.optimizer,
+            "native_flush": a.native_flush,
+            "memory_limit_bytes": int(a.memory_limit_gb * 2**30) if a.device == "cpu" else 0,
+        }
 
     def start(self, names: list[str]) -> dict[str, dict]:
         """Start the workers of `names` concurrently; returns the failures (contestant -> result)."""
@@ -234,8 +294,11 @@ class Bench:
             if answer is None:
                 active.remove(name)
                 continue
-            results[name] = {"status": reporting.OK, "peak_mem_bytes": answer["peak_mem_bytes"],
-                             "mem_method": answer["mem_method"]}
+            results[name] = {
+                "status": reporting.OK,
+                "peak_mem_bytes": answer["peak_mem_bytes"],
+                "mem_method": answer["mem_method"],
+            }
             for key in ("seconds", "prefill_s", "total_s"):
                 results[name][key] = []
         for _ in range(self.args.repeats):
@@ -285,15 +348,25 @@ def build_report(args, cells: list[dict], bench: Bench) -> dict:
         "schema": "hf_alibi.benchmark/1",
         "command": args.command,
         "machine": reporting.machine_description(
-            args.device, threads[0] if len(threads) == 1 else threads or args.threads,
-            ready.get("device_name"), ready.get("torch"),
+            args.device,
+            threads[0] if len(threads) == 1 else threads or args.threads,
+            ready.get("device_name"),
+            ready.get("torch"),
         ),
         "settings": {
-            "shape": asdict(args.shape), "dtype": args.dtype, "device": args.device, "suites": args.suites,
-            "repeats": args.repeats, "warmup": args.warmup, "processes": args.processes, "optimizer": args.optimizer,
+            "shape": asdict(args.shape),
+            "dtype": args.dtype,
+            "device": args.device,
+            "suites": args.suites,
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "processes": args.processes,
+            "optimizer": args.optimizer,
             "reference": args.reference,
             "optimizer_description": optimizer,
-            "memory_method": f"{memory}, the peak growth over the state just before the call (model weights excluded)", "max_length": args.max_length, "timeout_s": args.timeout,
+            "memory_method": f"{memory}, the peak growth over the state just before the call (model weights excluded)",
+            "max_length": args.max_length,
+            "timeout_s": args.timeout,
             "memory_limit_gb": args.memory_limit_gb if args.device == "cpu" else None,
         },
         "contestants": args.contestants,
@@ -312,54 +385,103 @@ def _ints(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_alibi", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="small",
-                        help="model shape and default lengths: small = GPT-2 small (d=768, 12 layers, 12 heads, "
-                        "vocab 50257); tiny = d=96, 2 layers, 12 heads, vocab 512, short lengths (smoke tests)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_alibi",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="small",
+        help="model shape and default lengths: small = GPT-2 small (d=768, 12 layers, 12 heads, "
+        "vocab 50257); tiny = d=96, 2 layers, 12 heads, vocab 512, short lengths (smoke tests)",
+    )
     parser.add_argument("--n-embd", type=int, help="override the preset's width")
     parser.add_argument("--n-layer", type=int, help="override the preset's depth")
     parser.add_argument("--n-head", type=int, help="override the preset's head count")
     parser.add_argument("--vocab-size", type=int, help="override the preset's vocabulary size")
     parser.add_argument("--suite", default=",".join(SUITES), help=f"comma-separated subset of {','.join(SUITES)}")
-    parser.add_argument("--contestants", help=f"comma-separated subset of {','.join(CONTESTANTS)} (default: every "
-                        "one that runs on the device without compiling; the --reference is always added)")
+    parser.add_argument(
+        "--contestants",
+        help=f"comma-separated subset of {','.join(CONTESTANTS)} (default: every "
+        "one that runs on the device without compiling; the --reference is always added)",
+    )
     parser.add_argument("--train-lengths", type=_ints, help="training-step lengths (small preset: 512,1024)")
     parser.add_argument("--train-batch", type=int, default=4, help="training-step batch size (default 4)")
-    parser.add_argument("--train-shapes", type=_shapes, help="training-step (length x batch) pairs, e.g. "
-                        "128x32,512x8 (replaces --train-lengths and --train-batch)")
-    parser.add_argument("--train-masks", default="none", help="comma-separated training-step masks: none (no "
-                        "attention_mask: the reference's fastest path) and/or ones (the all-ones mask Trainer sends)")
-    parser.add_argument("--lengths", type=_ints, help="inference-forward lengths, batch 1 (small: 2048,4096,8192,16384)")
+    parser.add_argument(
+        "--train-shapes",
+        type=_shapes,
+        help="training-step (length x batch) pairs, e.g. 128x32,512x8 (replaces --train-lengths and --train-batch)",
+    )
+    parser.add_argument(
+        "--train-masks",
+        default="none",
+        help="comma-separated training-step masks: none (no "
+        "attention_mask: the reference's fastest path) and/or ones (the all-ones mask Trainer sends)",
+    )
+    parser.add_argument(
+        "--lengths", type=_ints, help="inference-forward lengths, batch 1 (small: 2048,4096,8192,16384)"
+    )
     parser.add_argument("--prefill", type=int, help="generation prompt length (small: 512)")
     parser.add_argument("--decode", type=int, help="tokens generated per prompt (small: 256)")
     parser.add_argument("--gen-batches", type=_ints, default=[1, 8], help="generation batch sizes (default 1,8)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per contestant and cell (median)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls before the memory probe and timing")
-    parser.add_argument("--optimizer", choices=("none", "sgd"), default="none",
-                        help="training step: gradients only (none) or plus a plain SGD step (sgd)")
+    parser.add_argument(
+        "--optimizer",
+        choices=("none", "sgd"),
+        default="none",
+        help="training step: gradients only (none) or plus a plain SGD step (sgd)",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), help="weights and activations (cpu: fp32, cuda: bf16)")
-    parser.add_argument("--native-flush", action="store_true", help="every worker runs inside "
-                        "hf_alibi.native_flush.flushing_denormals() (the opt-in switch: denormals flushed on every thread)")
+    parser.add_argument(
+        "--native-flush",
+        action="store_true",
+        help="every worker runs inside "
+        "hf_alibi.native_flush.flushing_denormals() (the opt-in switch: denormals flushed on every thread)",
+    )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads in every worker (default: torch's own)")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per measured call (warm-up, memory probe "
-                        "or repeat) before the worker is killed and the result recorded as timeout (default 900)")
-    parser.add_argument("--memory-limit-gb", type=float, help="CPU: address-space limit per worker, so running out "
-                        "raises an OOM result instead of waking the kernel's OOM killer (default 80%% of the memory "
-                        "available at start; 0 = none)")
-    parser.add_argument("--processes", type=int, default=0, metavar="N",
-                        help="measure every cell in N fresh processes per contestant, interleaved round by round, "
-                        "and report the median over processes with their [min, max] and each process's whole "
-                        "peak memory (default 0: one long-lived process per contestant for the whole run)")
-    parser.add_argument("--reference", choices=REFERENCES, default=REFERENCE,
-                        help="the no-bias GPT-2 every ratio is against (default gpt2-sdpa; gpt2-flash: "
-                        "FlashAttention-2, CUDA + flash-attn, to hold alibi-flash against the same kernel without "
-                        "alibi_slopes)")
-    parser.add_argument("--targets", choices=("budget", "parity"), default="budget",
-                        help="which targets to evaluate: budget (default: training <= 1.10x, forward <= 1.3x, memory "
-                        "<= 1.25x, decoding >= 0.95x, BLOOM >= 3x slower) or parity (within 1.05x of the reference "
-                        "in time and whole-process peak memory, BLOOM >= 3x slower from 4096 on)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=900,
+        help="seconds per measured call (warm-up, memory probe "
+        "or repeat) before the worker is killed and the result recorded as timeout (default 900)",
+    )
+    parser.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        help="CPU: address-space limit per worker, so running out "
+        "raises an OOM result instead of waking the kernel's OOM killer (default 80%% of the memory "
+        "available at start; 0 = none)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure every cell in N fresh processes per contestant, interleaved round by round, "
+        "and report the median over processes with their [min, max] and each process's whole "
+        "peak memory (default 0: one long-lived process per contestant for the whole run)",
+    )
+    parser.add_argument(
+        "--reference",
+        choices=REFERENCES,
+        default=REFERENCE,
+        help="the no-bias GPT-2 every ratio is against (default gpt2-sdpa; gpt2-flash: "
+        "FlashAttention-2, CUDA + flash-attn, to hold alibi-flash against the same kernel without "
+        "alibi_slopes)",
+    )
+    parser.add_argument(
+        "--targets",
+        choices=("budget", "parity"),
+        default="budget",
+        help="which targets to evaluate: budget (default: training <= 1.10x, forward <= 1.3x, memory "
+        "<= 1.25x, decoding >= 0.95x, BLOOM >= 3x slower) or parity (within 1.05x of the reference "
+        "in time and whole-process peak memory, BLOOM >= 3x slower from 4096 on)",
+    )
     parser.add_argument("--settle", type=float, default=0.2, help="seconds of idle between timed calls (default 0.2)")
     parser.add_argument("--out", help="write the full results here as JSON (atomically, updated after every cell)")
     parser.add_argument("--markdown", help="write the markdown table here (atomically)")
@@ -388,8 +510,10 @@ def parse_args(argv: list[str] | None = None):
     if args.reference not in args.contestants:
         args.contestants.insert(0, args.reference)
     if args.repeats < 1 or args.warmup < 0 or args.decode < 2 or args.prefill < 2 or args.processes < 0:
-        parser.error(f"need --repeats >= 1, --warmup >= 0, --decode >= 2, --prefill >= 2, --processes >= 0; got "
-                     f"{args.repeats}, {args.warmup}, {args.decode}, {args.prefill}, {args.processes}")
+        parser.error(
+            f"need --repeats >= 1, --warmup >= 0, --decode >= 2, --prefill >= 2, --processes >= 0; got "
+            f"{args.repeats}, {args.warmup}, {args.decode}, {args.prefill}, {args.processes}"
+        )
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     if args.memory_limit_gb is None:
         args.memory_limit_gb = 0.8 * _available_memory_gb() if args.device == "cpu" else 0
@@ -399,7 +523,7 @@ def parse_args(argv: list[str] | None = None):
 
 
 def _shapes(text: str) -> list[tuple[int, int]]:
-    """"128x32,512x8" -> [(128, 32), (512, 8)]; argparse turns the ValueError into a usage error naming the text."""
+    """ "128x32,512x8" -> [(128, 32), (512, 8)]; argparse turns the ValueError into a usage error naming the text."""
     pairs = [tuple(int(n) for n in item.split("x")) for item in text.split(",") if item]
     if not pairs or any(len(pair) != 2 or min(pair) < 1 for pair in pairs):
         raise ValueError(text)

@@ -35,8 +35,14 @@ def child(args) -> dict:
     """In this process: build both contestants, time every (contestant, workload) call in turn, `--repeats` rounds
     (the order reversed in odd processes); return each one's median seconds, and hf_alibi's tokens."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, ContinuousBatchingConfig, GenerationConfig
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        ContinuousBatchingConfig,
+        GenerationConfig,
+        GPT2Config,
+        GPT2LMHeadModel,
+    )
 
     import hf_alibi  # noqa: F401  (registers the checkpoint's model type)
 
@@ -47,16 +53,20 @@ def child(args) -> dict:
     alibi = AutoModelForCausalLM.from_pretrained(args.checkpoint).eval()
     c = alibi.config
     torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head, vocab_size=c.vocab_size,
-                                      n_positions=1024)).eval()  # fmt: skip
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head, vocab_size=c.vocab_size, n_positions=1024)
+    ).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
-    prompts = [tokenizer(text)["input_ids"] for text in text_prompts(args.checkpoint, args.prompt_tokens, args.requests)]
+    prompts = [
+        tokenizer(text)["input_ids"] for text in text_prompts(args.checkpoint, args.prompt_tokens, args.requests)
+    ]
     greedy = GenerationConfig(max_new_tokens=args.max_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
     paged = ContinuousBatchingConfig(page_size=32, num_blocks=1024, max_batch_tokens=1024)
 
     def batch(model):
-        outputs = model.generate_batch(inputs=prompts, generation_config=greedy, continuous_batching_config=paged,
-                                       progress_bar=False)  # fmt: skip
+        outputs = model.generate_batch(
+            inputs=prompts, generation_config=greedy, continuous_batching_config=paged, progress_bar=False
+        )
         return [outputs[f"req_{i}"].generated_tokens for i in range(len(prompts))]
 
     def sequential(model):
@@ -64,8 +74,11 @@ def child(args) -> dict:
             return [model.generate(torch.tensor([p]), generation_config=greedy)[0, len(p) :].tolist() for p in prompts]
 
     tokens = {"batch": batch(alibi), "sequential": sequential(alibi)}
-    calls = {f"{name} {work.__name__}": (lambda work=work, model=model: work(model))
-             for name, model in (("alibi", alibi), ("gpt2", gpt2)) for work in (batch, sequential)}  # fmt: skip
+    calls = {
+        f"{name} {work.__name__}": (lambda work=work, model=model: work(model))
+        for name, model in (("alibi", alibi), ("gpt2", gpt2))
+        for work in (batch, sequential)
+    }
     if args.order % 2:
         calls = dict(reversed(calls.items()))
     seconds = time_calls(calls, repeats=args.repeats, warmup=1)
@@ -83,15 +96,22 @@ def run_child(order: int, argv: list[str]) -> dict:
 
 def markdown(table: dict, args, command: str) -> str:
     tokens = args.requests * args.max_tokens
-    lines = [f"`{command}`", "", f"{args.requests} requests x {args.max_tokens} tokens after {args.prompt_tokens}-token "
-             f"prompts; medians over {args.rounds} processes each [min, max]", "",
-             "| workload | gpt2 s | alibi s | alibi / gpt2 time (per process) | alibi tokens/s |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"`{command}`",
+        "",
+        f"{args.requests} requests x {args.max_tokens} tokens after {args.prompt_tokens}-token "
+        f"prompts; medians over {args.rounds} processes each [min, max]",
+        "",
+        "| workload | gpt2 s | alibi s | alibi / gpt2 time (per process) | alibi tokens/s |",
+        "|---|---|---|---|---|",
+    ]
     for work in ("batch", "sequential"):
         g, a = table["gpt2"][work], table["alibi"][work]
-        lines.append(f"| {work} | {g['median_s']:.3f} [{g['min_s']:.3f}, {g['max_s']:.3f}] | {a['median_s']:.3f} "
-                     f"[{a['min_s']:.3f}, {a['max_s']:.3f}] | {a['ratio']:.3f}x [{a['ratio_min']:.3f}, {a['ratio_max']:.3f}] | "
-                     f"{tokens / a['median_s']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {work} | {g['median_s']:.3f} [{g['min_s']:.3f}, {g['max_s']:.3f}] | {a['median_s']:.3f} "
+            f"[{a['min_s']:.3f}, {a['max_s']:.3f}] | {a['ratio']:.3f}x [{a['ratio_min']:.3f}, {a['ratio_max']:.3f}] | "
+            f"{tokens / a['median_s']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -121,7 +141,9 @@ def main(argv=None) -> None:
     runs = []
     for r in range(args.rounds):
         runs.append(run_child(r, argv))
-        print(f"process {r + 1}: " + ", ".join(f"{k} {v:.3f} s" for k, v in runs[-1]["median_s"].items()), file=sys.stderr)
+        print(
+            f"process {r + 1}: " + ", ".join(f"{k} {v:.3f} s" for k, v in runs[-1]["median_s"].items()), file=sys.stderr
+        )
         if runs[-1]["alibi_tokens"]["batch"] != runs[-1]["alibi_tokens"]["sequential"]:
             raise RuntimeError("hf_alibi's continuous-batching tokens differ from generate()'s")
     table = {}
@@ -138,8 +160,12 @@ def main(argv=None) -> None:
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        report = {"command": command, "date": time.strftime("%Y-%m-%d"), "table": table,
-                  "processes": [run["median_s"] for run in runs]}  # fmt: skip
+        report = {
+            "command": command,
+            "date": time.strftime("%Y-%m-%d"),
+            "table": table,
+            "processes": [run["median_s"] for run in runs],
+        }
         write_text_atomically(args.out.with_suffix(".json"), json.dumps(report, indent=1))
         write_text_atomically(args.out.with_suffix(".md"), text)
 

@@ -1,6 +1,6 @@
 """How every benchmark measures: the clock (warm-up, repeats, interleaving) and the process's peak memory.
 
-One place for both (STYLE.md 12), so that two benchmarks' figures are measured alike and a fix reaches them all.
+One place for both, so that two benchmarks' figures are measured alike and a fix reaches them all.
 
 Time: `time_calls({name: call}, repeats=5, warmup=1)` warms every call up, then runs `repeats` rounds, each timing
 every call once in turn (A B C A B C ...: a drift in the machine's load hits all of them alike), and returns each
@@ -59,7 +59,10 @@ def timed(call: Callable[[], object], sync: Callable[[], object] | None = None) 
 
 
 def time_calls(
-    calls: Mapping[str, Callable[[], object]], *, repeats: int, warmup: int = 1,
+    calls: Mapping[str, Callable[[], object]],
+    *,
+    repeats: int,
+    warmup: int = 1,
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, list[float]]:
     """`{name: [seconds per round]}`: `warmup` untimed rounds, then `repeats` timed ones, every call once per round in
@@ -99,10 +102,8 @@ def _reset_high_water_mark() -> bool:
 
 
 def _malloc_trim() -> None:
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL(None).malloc_trim(0)  # glibc: return free heap pages, so reusing them cannot hide growth
-    except (OSError, AttributeError):
-        pass
 
 
 def process_peak_bytes(device: str) -> int:

@@ -4,7 +4,6 @@ attention it wraps computes the same values as the model's own (pure) path, whic
 
 import contextlib
 
-
 import pytest
 import torch
 

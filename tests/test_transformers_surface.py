@@ -11,8 +11,15 @@ import warnings
 
 import pytest
 import torch
-from transformers import ContinuousBatchingConfig, DynamicCache, GenerationConfig, GenerationMixin, PretrainedConfig
-from transformers import PreTrainedModel, StaticCache
+from transformers import (
+    ContinuousBatchingConfig,
+    DynamicCache,
+    GenerationConfig,
+    GenerationMixin,
+    PretrainedConfig,
+    PreTrainedModel,
+    StaticCache,
+)
 from transformers import initialization as init
 from transformers.utils.deprecation import deprecate_kwarg
 
@@ -47,8 +54,13 @@ def test_transformers_deprecation_warning_from_our_code_fails_the_test_and_from_
         warnings.warn_explicit("old thing", DeprecationWarning, "third_party.py", 1, module="torch.serialization")
     assert [w.category for w in caught] in ([FutureWarning], [])  # shown or deduplicated, never raised
     with pytest.raises(DeprecationWarning):
-        warnings.warn_explicit("old thing", DeprecationWarning, "hf_alibi/models/alibi_gpt2/alibi.py", 1,
-                               module="hf_alibi.models.alibi_gpt2.alibi")
+        warnings.warn_explicit(
+            "old thing",
+            DeprecationWarning,
+            "hf_alibi/models/alibi_gpt2/alibi.py",
+            1,
+            module="hf_alibi.models.alibi_gpt2.alibi",
+        )
 
 
 def test_deprecate_kwarg_renames_past_key_values_to_cache_and_warns():
@@ -113,8 +125,12 @@ def test_apply_override_keeps_slopes_exact_fp32_through_every_cast(tmp_path):
 def test_transformers_initialization_functions_skip_tensors_already_loaded():
     """`transformers.initialization` (`normal_`, `zeros_`, `ones_`, `copy_`) in `_init_weights`: they must leave
     tensors that loading flagged `_is_hf_initialized` alone, or `from_pretrained` would overwrite loaded weights."""
-    for name, expected in {"normal_": ["tensor", "mean", "std"], "zeros_": ["tensor"], "ones_": ["tensor"],
-                           "copy_": ["tensor", "other"]}.items():  # fmt: skip
+    for name, expected in {
+        "normal_": ["tensor", "mean", "std"],
+        "zeros_": ["tensor"],
+        "ones_": ["tensor"],
+        "copy_": ["tensor", "other"],
+    }.items():
         assert hasattr(init, name), f"transformers.initialization.{name} is gone"
         assert parameters(getattr(init, name))[: len(expected)] == expected, f"transformers.initialization.{name}"
     fresh, loaded = torch.zeros(3), torch.zeros(3)
@@ -128,9 +144,18 @@ def test_transformers_initialization_functions_skip_tensors_already_loaded():
 
 def test_class_flags_we_set_are_attributes_transformers_defines():
     """A renamed flag would leave ours set on nothing: the backend gates, compile and tying would fall back."""
-    for name in ("_supports_sdpa", "_supports_flex_attn", "_supports_flash_attn", "_compatible_flash_implementations",
-                 "_can_compile_fullgraph", "_no_split_modules", "_tied_weights_keys", "config_class",
-                 "base_model_prefix", "supports_gradient_checkpointing"):  # fmt: skip
+    for name in (
+        "_supports_sdpa",
+        "_supports_flex_attn",
+        "_supports_flash_attn",
+        "_compatible_flash_implementations",
+        "_can_compile_fullgraph",
+        "_no_split_modules",
+        "_tied_weights_keys",
+        "config_class",
+        "base_model_prefix",
+        "supports_gradient_checkpointing",
+    ):
         assert hasattr(PreTrainedModel, name), f"transformers' PreTrainedModel no longer defines {name}"
     assert hasattr(PretrainedConfig, "__post_init__"), "PretrainedConfig.__post_init__ (AlibiGPT2Config's hook) is gone"
     with pytest.raises(ValueError, match="n_head"):  # our __post_init__ ran: it validates
@@ -175,8 +200,15 @@ def test_generate_calls_our_create_masks_for_generate_with_a_static_cache(monkey
     model = AlibiGPT2LMHeadModel(config).eval()
     ids = torch.tensor([[0, 3, 4], [5, 6, 7]])
     with torch.no_grad():
-        model.generate(ids, attention_mask=(ids != 0).long(), max_new_tokens=3, min_new_tokens=3, do_sample=False,
-                       cache_implementation="static", pad_token_id=0)  # fmt: skip
+        model.generate(
+            ids,
+            attention_mask=(ids != 0).long(),
+            max_new_tokens=3,
+            min_new_tokens=3,
+            do_sample=False,
+            cache_implementation="static",
+            pad_token_id=0,
+        )
     assert seen, "generate did not call AlibiGPT2LMHeadModel.create_masks_for_generate"
     assert all(mask.dim() == 2 and mask.shape == seen[0].shape for mask in seen), [tuple(m.shape) for m in seen]
 
@@ -216,10 +248,12 @@ def test_paged_attention_cache_update_takes_the_batch_kwargs_and_returns_each_re
         return forward(*args, **kwargs)
 
     model.transformer.forward = recording
-    model.generate_batch(inputs=[[5, 6, 7], [8, 9, 10, 11, 12]], progress_bar=False,
-                         generation_config=GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1),
-                         continuous_batching_config=ContinuousBatchingConfig(page_size=16, num_blocks=16,
-                                                                             max_batch_tokens=64))  # fmt: skip
+    model.generate_batch(
+        inputs=[[5, 6, 7], [8, 9, 10, 11, 12]],
+        progress_bar=False,
+        generation_config=GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1),
+        continuous_batching_config=ContinuousBatchingConfig(page_size=16, num_blocks=16, max_batch_tokens=64),
+    )
     first = seen[0]
     assert isinstance(first["cache"], PagedAttentionCache), "generate_batch no longer passes its paged cache as cache="
     assert set(first["cu_seq_lens_k"]) == {"full_attention"}, first["cu_seq_lens_k"]
@@ -262,7 +296,6 @@ def test_capture_outputs_and_can_return_tuple_record_what_the_model_no_longer_co
         assert weights.triu(1).abs().max() == 0
     assert isinstance(as_tuple, tuple)
     torch.testing.assert_close(as_tuple[0], out.logits)
-
 
 
 def test_generate_reads_the_forward_signature_through_deprecate_kwarg_and_finds_what_it_passes():
