@@ -26,7 +26,8 @@ RECORDED_ORDER = ["models", "all_models", "train_length", "eval_factors", "eval_
                   "cost_warmup_steps", "dataset_name", "dataset_config", "data_files", "text_column",
                   "heldout_fraction", "tokenizer_name", "vocab_size", "n_embd", "n_layer", "n_head", "dropout",
                   "init_from", "init_from_gpt2", "tp_size", "fsdp_size", "max_train_documents", "max_train_blocks",
-                  "smoke"]  # fmt: skip
+                  "smoke", "retrieval", "passkey_share", "passkey_digits", "passkey_depths", "passkey_samples",
+                  "eval_arms", "kept_eps"]  # fmt: skip
 
 
 def test_experiment_arguments_hold_every_part_s_fields_in_the_recorded_order():
