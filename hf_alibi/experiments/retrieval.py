@@ -50,7 +50,7 @@ from .passkey import (
     score_examples,
     wilson_interval,
 )
-from .recipe_data import prepare_data
+from .recipe_data import heldout_bytes_per_token, prepare_data
 from .retrieval_results import write_retrieval
 from .runner import check_output_dir, run_metadata
 from .training import final_dir, train_one
@@ -116,6 +116,7 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, dict]:
         del model
     if state.is_main_process:
         metadata["load_average_at_end"] = os.getloadavg()
+        metadata["bytes_per_token"] = heldout_bytes_per_token(heldout, tokenizer, experiment)  # bits per byte
         write_retrieval(output_dir, records, metadata)
     state.wait_for_everyone()
     return records if state.is_main_process else {}
