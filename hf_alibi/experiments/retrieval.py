@@ -2,7 +2,7 @@
 
 `hf-alibi train --config retrieval` runs `run_retrieval` (the YAML sets `retrieval: true`):
 
-    HF_HUB_OFFLINE=1 hf-alibi train --config retrieval           # ~45 min on 2 quiet cores; results/retrieval
+    HF_HUB_OFFLINE=1 hf-alibi train --config retrieval           # sized for <= 45 min on 2 quiet cores; results/retrieval
     HF_HUB_OFFLINE=1 hf-alibi train --config retrieval_smoke     # the whole pipeline in under a minute
 
 Every model trains at `train_length` on the recipe's corpus with `passkey_share` of its blocks replaced by passkey
