@@ -272,7 +272,6 @@ def markdown(cells: list[dict], args) -> str:
     dense_suites = [cell for cell in cells if cell["suite"] not in AUTO_SUITES]
     if not dense_suites:  # only the auto-against-dense suites: their table alone
         lines = [lines[0].replace(f"against `{reference}`", "of `alibi-auto` to `alibi-dense`"), ""]
-    lines += auto_markdown([cell for cell in cells if cell["suite"] in AUTO_SUITES])
     for cell in dense_suites:
         scale = 1e3 if cell["suite"] == "decode" else 1.0
 
@@ -291,6 +290,8 @@ def markdown(cells: list[dict], args) -> str:
         row = [f"{cell['suite']} L={cell['length']} ({unit[cell['suite']]})", *(show(name) for name in names),
                *(f"{cell[a]['median_s'] / cell[b]['median_s']:.2f}x" for a, b in ratios), extra, f"{low:.1f}-{high:.1f}"]  # fmt: skip
         lines.append("| " + " | ".join(row) + " |")
+    auto_cells = [cell for cell in cells if cell["suite"] in AUTO_SUITES]  # their own table, after the dense one
+    lines += auto_markdown(auto_cells) if auto_cells else []
     return "\n".join(lines) + "\n"
 
 

@@ -52,7 +52,7 @@ def kept(name, table):
 
 
 def measure(model, ids, eps):
-    from benchmarks.measure_kept_fraction import capture_queries_keys
+    from hf_alibi.experiments.kept_context import capture_queries_keys
     from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
     from hf_alibi.models.alibi_gpt2.attention_skip import certified_key_starts, kept_fraction
     from hf_alibi.models.alibi_gpt2.attention_skip_ranges import ROW_GROUP, certified_split

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from hf_alibi.experiments.kept_context import capture_queries_keys
+
 GRID = [(eps, 256, key_block) for eps in (1e-7, 1e-5) for key_block in (256, 64)]  # (eps, row block, key block)
 BOUNDS = {  # name -> (near keys in the LSE lower bound, centred block bound as well as Cauchy-Schwarz)
     "near 64, norms + centred": (64, True),
@@ -76,27 +78,6 @@ def heldout_stream(tokenizer, length: int) -> torch.Tensor:
         if len(ids) >= length:
             return torch.tensor(ids[:length])[None]
     raise ValueError(f"the held-out documents hold only {len(ids)} tokens, fewer than length={length}")
-
-
-def capture_queries_keys(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every layer's (query, key), each (B, H, L, D), from one forward over `ids` (B, L)."""
-    captured, handles = [], []
-    for block in model.transformer.h:
-        attention = block.attn
-
-        def hook(module, inputs, output, attention=attention):
-            query, key, _ = attention.clip_qkv(output).split(attention.embed_dim, dim=2)  # 2 x (B, L, C)
-            heads = (t.unflatten(2, (attention.num_heads, attention.head_dim)).transpose(1, 2) for t in (query, key))
-            captured.append(tuple(heads))  # (B, H, L, D) each
-
-        handles.append(attention.c_attn.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(ids)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return captured
 
 
 def fractions(layers, slopes, scaling, eps, row_block, key_block, near, centroid) -> list[list[float]]:

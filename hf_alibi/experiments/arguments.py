@@ -6,6 +6,7 @@ the recipe reads (`ExperimentArguments`, all of them together).
     DataArguments         the corpus, its held-out split, the tokenizer
     ModelArguments        every model's size, or the checkpoint to fine-tune
     RunArguments          how the run is laid out and capped: sharding, training caps, the smoke budget
+    RetrievalArguments    the retrieval experiment: passkey documents in training, the probe, the evaluation arms
 
 `TrainingArguments` carry everything about optimisation. Every field is a YAML key and a command-line option of
 `hf-alibi train` and `hf-alibi sweep` (`parsing.parse_args`); `--help` lists them by concern. The parser and the
@@ -229,10 +230,57 @@ class RunArguments:
         return self.tp_size > 1 or self.fsdp_size > 1
 
 
+@dataclass
+class RetrievalArguments:
+    """The retrieval experiment (`retrieval`): a share of passkey documents in training, the passkey probe at every
+    evaluation length and depth, and the training-free extensions evaluated beside each trained model."""
+
+    _argument_group_name = "retrieval probe"
+
+    retrieval: bool = field(
+        default=False,
+        metadata={"help": "Run the retrieval experiment (hf_alibi/experiments/retrieval.py): perplexity and passkey "
+                          "retrieval of every evaluation arm by length, instead of the plain length evaluation."},
+    )
+    passkey_share: float = field(
+        default=0.25, metadata={"help": "Share of training blocks that are passkey documents (each fits train_length)."}
+    )
+    passkey_digits: int = field(default=5, metadata={"help": "Digits of each passkey."})
+    passkey_depths: list[float] = field(
+        default_factory=lambda: [0.0, 0.5, 1.0],
+        metadata={"help": "Where the needle sits in the filler: 0 first, 1 right before the question."},
+    )
+    passkey_samples: int = field(
+        default=93,
+        metadata={"help": "Probes per (arm, length, depth); 93 is the fewest for a 95 percent Wilson interval narrower than "
+                          "+-10 points at any accuracy (passkey.samples_for_half_width(0.10))."},
+    )
+    eval_arms: list[str] = field(
+        default_factory=list,
+        metadata={"help": "MODEL or MODEL+EXTENSION (slope_interp for ALiBi; linear, dynamic, yarn for rotary: "
+                          "eval_arms.py); default: every trained model as it is."},
+    )
+    kept_eps: float = field(
+        default=1e-7, metadata={"help": "eps of the certified-skipping measurement of the ALiBi arms (kept_context)."}
+    )
+
+    def __post_init__(self):
+        if not 0 <= self.passkey_share < 1:
+            raise ValueError(f"passkey_share must be in [0, 1), got {self.passkey_share}")
+        if self.passkey_digits < 1 or self.passkey_samples < 1:
+            raise ValueError(f"passkey_digits and passkey_samples must be positive, got {self.passkey_digits} and "
+                             f"{self.passkey_samples}")  # fmt: skip
+        if not self.passkey_depths or any(not 0 <= d <= 1 for d in self.passkey_depths):
+            raise ValueError(f"passkey_depths must be in [0, 1], got {self.passkey_depths}")
+        if not 0 < self.kept_eps < 1:
+            raise ValueError(f"kept_eps must be in (0, 1), got {self.kept_eps}")
+
+
 # Bases listed last-part-first: a dataclass takes its bases' fields in reverse order, so the fields (and the
 # `experiment` line of results.md, `asdict` of this) keep the order of `parts`, the order they had as one class.
 @dataclass
-class ExperimentArguments(RunArguments, ModelArguments, DataArguments, EvaluationArguments, ComparisonArguments):
+class ExperimentArguments(RetrievalArguments, RunArguments, ModelArguments, DataArguments, EvaluationArguments,
+                          ComparisonArguments):
     """Every argument of a train-short/test-long experiment, as one object with one attribute per field.
 
     Defined by its `parts`, which `parse_args` parses (one `--help` group each); built from keywords in code and
@@ -242,7 +290,7 @@ class ExperimentArguments(RunArguments, ModelArguments, DataArguments, Evaluatio
 
     _argument_group_name = "experiment"
     parts: ClassVar[tuple[type, ...]] = (
-        ComparisonArguments, EvaluationArguments, DataArguments, ModelArguments, RunArguments
+        ComparisonArguments, EvaluationArguments, DataArguments, ModelArguments, RunArguments, RetrievalArguments
     )  # fmt: skip
 
     def __post_init__(self):
@@ -258,6 +306,11 @@ class ExperimentArguments(RunArguments, ModelArguments, DataArguments, Evaluatio
             )
         if self.init_from is not None and [parse_model_spec(m, 1)[0] for m in self.models] != ["alibi"]:
             raise ValueError(f"init_from fine-tunes one ALiBi model: set models to ['alibi'], got {self.models}")
+        if self.retrieval:
+            from .eval_arms import parse_arm
+
+            for arm in self.eval_arms:
+                parse_arm(arm, self.models)
 
     @property
     def eval_lengths(self) -> list[int]:
@@ -266,5 +319,5 @@ class ExperimentArguments(RunArguments, ModelArguments, DataArguments, Evaluatio
 
 
 __all__ = ["ArgumentParser", "CONFIGS_DIR", "ComparisonArguments", "DataArguments", "EvaluationArguments",
-           "ExperimentArguments", "ModelArguments", "RunArguments", "SMOKE_OVERRIDES", "apply_smoke", "batch_size_at", "parse_args",
+           "ExperimentArguments", "ModelArguments", "RetrievalArguments", "RunArguments", "SMOKE_OVERRIDES", "apply_smoke", "batch_size_at", "parse_args",
            "parse_model_spec", "resolve_config", "shipped_configs"]  # fmt: skip

@@ -10,6 +10,7 @@
   of a head's attention. Right panel: the slope of every head in head order (the paper's interleave shows for head
   counts that are not a power of two) and, on a second axis, each head's theoretical window `ln(1/eps) / m_h`;
 - `plot_effective_window`: the measured attention window per head (`attention_window`) against that theory;
+- `plot_retrieval`: the retrieval experiment's passkey accuracy by length and depth (`retrieval`);
 - `plot_sweep`: a budget sweep's 16L / L perplexity ratio against training tokens (`budget_sweep`).
 
 Figures are built on `matplotlib.figure.Figure`, never pyplot (no global backend or figure registry, Agg by
@@ -301,12 +302,46 @@ def plot_sweep(table: dict[int, dict[str, dict]], path: str | os.PathLike) -> No
     save_figure(figure, path)
 
 
+def plot_retrieval(records: Mapping[str, Mapping], path: str | os.PathLike, train_length: int | None = None) -> Path:
+    """Passkey retrieval (`retrieval.Probe` records) against evaluation length (log2), one line per arm with its 95%
+    Wilson interval shaded: one panel per depth, the last for all depths."""
+    from matplotlib.figure import Figure
+
+    keys = list(dict.fromkeys(depth for record in records.values() for cells in record["retrieval"].values()
+                              for depth in cells))  # fmt: skip
+    keys = [k for k in keys if k != "all"] + ["all"]
+    figure = Figure(figsize=(3.6 * len(keys) + 1.5, 4.2), layout="constrained")
+    axes = figure.subplots(1, len(keys), sharey=True, squeeze=False)[0]
+    figure.suptitle("Passkey retrieval vs evaluation length" + (f" (trained at {train_length})" if train_length else ""))
+    for index, (arm, record) in enumerate(records.items()):
+        lengths = sorted(record["retrieval"], key=int)
+        style = dict(color=f"C{index % 10}", linestyle="-" if "+" not in arm else "--", marker="o", markersize=3)
+        for ax, key in zip(axes, keys):
+            cells = [record["retrieval"][n][key] for n in lengths]
+            xs = [int(n) for n in lengths]
+            ax.plot(xs, [100 * c["accuracy"] for c in cells], label=arm, **style)
+            ax.fill_between(xs, [100 * c["low"] for c in cells], [100 * c["high"] for c in cells],
+                            color=style["color"], alpha=0.08)  # fmt: skip
+    for ax, key in zip(axes, keys):
+        ax.set_xscale("log", base=2)
+        ax.set_title("all depths" if key == "all" else f"needle depth {key}", fontsize=10)
+        ax.set_xlabel("evaluation length (tokens)")
+        if train_length:
+            ax.axvline(train_length, color="0.5", linestyle=":", linewidth=1)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("exact-match retrieval (%)")
+    axes[0].set_ylim(-3, 103)
+    axes[-1].legend(fontsize="x-small", loc="best")
+    return save_figure(figure, path)
+
+
 __all__ = [
     "bias_heads",
     "plot_alibi_bias",
     "plot_effective_window",
     "plot_loss_by_position",
     "plot_perplexity_vs_length",
+    "plot_retrieval",
     "plot_sweep",
     "save_figure",
 ]

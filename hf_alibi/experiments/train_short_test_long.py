@@ -2,7 +2,8 @@
 
 `hf-alibi train` runs `main`; so do `python -m hf_alibi.experiments.train_short_test_long` and, in a clone,
 `python -m recipes.train_short_test_long`. `--config` takes a YAML file or the name of a shipped config
-(`hf_alibi/experiments/configs/`: smoke, cpu_demo, headline, finetune_gpt2, wikitext103_512).
+(`hf_alibi/experiments/configs/`: smoke, cpu_demo, headline, retrieval, finetune_gpt2, wikitext103_512). A config
+with `retrieval: true` runs the retrieval experiment (`hf_alibi.experiments.retrieval`) instead.
 
 CPU-sized, offline (Python-stdlib corpus, locally trained tokenizer; ALiBi, learned, sinusoidal and rotary
 positions; about 15 minutes on 2 cores):
@@ -39,7 +40,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     if experiment.smoke:
         apply_smoke(experiment, training)
-    run_experiment(experiment, training)
+    if experiment.retrieval:  # configs retrieval / retrieval_smoke: perplexity and passkey retrieval per arm
+        from .retrieval import run_retrieval
+
+        run_retrieval(experiment, training)
+    else:
+        run_experiment(experiment, training)
 
 
 if __name__ == "__main__":

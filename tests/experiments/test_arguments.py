@@ -52,6 +52,13 @@ RECORDED_ORDER = [
     "max_train_documents",
     "max_train_blocks",
     "smoke",
+    "retrieval",
+    "passkey_share",
+    "passkey_digits",
+    "passkey_depths",
+    "passkey_samples",
+    "eval_arms",
+    "kept_eps",
 ]
 
 

@@ -1,0 +1,65 @@
+"""How much of its context a trained ALiBi model can still see: the share of causal keys certified skipping drops.
+
+    layers = capture_queries_keys(model, ids)                 # every layer's (query, key), (B, H, L, D) each
+    dropped_fraction(model, ids, eps=1e-7)                    # mean over layers and heads of 1 - kept fraction
+
+`hf_alibi.models.alibi_gpt2.attention_skip.certified_key_starts` proves, per head and block of query rows, the first
+key whose predecessors carry softmax mass <= eps on every row; the keys before it are what the model cannot use (at
+that layer) beyond eps. The slopes are the ones the forward uses at the input's length: with
+`alibi_scaling={"type": "linear", "train_seq_len": n}` they are divided by max(1, K / n) (K keys), so slope interpolation's wider reach shows as fewer keys dropped.
+`benchmarks/measure_kept_fraction.py` measures the same on the demo checkpoints with its own grid and ablations.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.alibi_gpt2.alibi import length_scaled_slopes
+from ..models.alibi_gpt2.attention_skip import certified_key_starts, kept_fraction
+from ..models.alibi_gpt2.configuration_alibi_gpt2 import train_seq_len
+
+
+def capture_queries_keys(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's (query, key), each (B, H, L, D), from one forward of an ALiBi GPT-2 over `ids` (B, L)."""
+    captured, handles = [], []
+    for block in model.transformer.h:
+        attention = block.attn
+
+        def hook(module, inputs, output, attention=attention):
+            query, key, _ = attention.clip_qkv(output).split(attention.embed_dim, dim=2)  # 2 x (B, L, C)
+            heads = (t.unflatten(2, (attention.num_heads, attention.head_dim)).transpose(1, 2) for t in (query, key))
+            captured.append(tuple(heads))  # (B, H, L, D) each
+
+        handles.append(attention.c_attn.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured
+
+
+def slopes_at(model, key_length: int) -> torch.Tensor:
+    """The slopes (H,) float64 the model's forward applies over `key_length` keys: its slopes buffer (a static
+    factor is already in it), divided by max(1, K / n) for the length-dependent `alibi_scaling` (the model's own
+    `length_scaled_slopes`)."""
+    slopes = model.transformer.alibi_slopes.double()
+    return length_scaled_slopes(slopes, key_length, train_seq_len(getattr(model.config, "alibi_scaling", None)))
+
+
+def dropped_fraction(model, ids: torch.Tensor, eps: float = 1e-7, block: int = 32) -> dict:
+    """Share of causal keys certified skipping drops on `ids` (B, L): `{"overall": float, "per_head": [H]}`, averaged
+    over layers (and the batch's rows: a block's start holds for every row of it), blocks of `block` rows and keys."""
+    length = ids.shape[1]
+    slopes = slopes_at(model, length)
+    scaling = model.transformer.h[0].attn.scaling
+    per_layer = []
+    for query, key in capture_queries_keys(model, ids):
+        starts = certified_key_starts(query, key, slopes, scaling, 0, eps, block, block)  # (H, n_row_blocks)
+        per_layer.append(1.0 - kept_fraction(starts, length, block))
+    per_head = torch.stack(per_layer).mean(0)  # (H,)
+    return {"overall": float(per_head.mean()), "per_head": per_head.tolist()}
+
+
+__all__ = ["capture_queries_keys", "dropped_fraction", "slopes_at"]

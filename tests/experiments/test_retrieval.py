@@ -1,0 +1,90 @@
+"""The retrieval experiment (hf_alibi.experiments.retrieval) end to end on retrieval_smoke.yaml, its training mix,
+and the ALiBi arms' dropped-keys measurement (kept_context)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+
+from hf_alibi.experiments.arguments import ExperimentArguments, parse_args
+from hf_alibi.experiments.baselines import build_model
+from hf_alibi.experiments.kept_context import dropped_fraction, slopes_at
+from hf_alibi.experiments.passkey import PasskeyTemplate
+from hf_alibi.experiments.retrieval import run_retrieval, with_passkeys
+from hf_alibi.experiments.tokenization import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def template():
+    return PasskeyTemplate.from_tokenizer(train_tokenizer(["abc"], vocab_size=257))
+
+
+def test_passkey_documents_replace_the_share_of_blocks_and_keep_the_block_count(template):
+    blocks = Dataset.from_dict({"input_ids": [[7] * 128] * 400, "labels": [[7] * 128] * 400})
+    mixed = with_passkeys(blocks, template, 128, share=0.25, seed=0)
+    assert len(mixed) == 400 and {len(row) for row in mixed["input_ids"]} == {128}
+    needle = list(template.needle_head)
+    with_needle = [row for row in mixed["input_ids"] if any(row[i : i + len(needle)] == needle for i in range(128))]
+    assert len(with_needle) == 100
+    assert mixed["labels"] == mixed["input_ids"]
+
+
+def test_slope_interpolation_s_slopes_shrink_by_the_key_length_past_train_seq_len_only():
+    torch.manual_seed(0)
+    model = build_model("alibi", vocab_size=97, n_embd=32, n_layer=2, n_head=4, train_length=32, max_length=256)
+    base = model.transformer.alibi_slopes.double()
+    torch.testing.assert_close(slopes_at(model, 128), base)
+    model.config.alibi_scaling = {"type": "linear", "train_seq_len": 32}
+    torch.testing.assert_close(slopes_at(model, 32), base)
+    torch.testing.assert_close(slopes_at(model, 128), base / 4)
+
+
+def test_smaller_slopes_let_fewer_keys_be_dropped():
+    """The certificate reads the slopes the forward uses: at twice `train_seq_len`, interpolated slopes (halved) drop
+    a smaller share of the causal keys than the trained ones, and both drop some."""
+    torch.manual_seed(0)
+    model = build_model("alibi", vocab_size=97, n_embd=32, n_layer=2, n_head=4, train_length=32, max_length=256).eval()
+    ids = torch.randint(1, 97, (2, 256), generator=torch.Generator().manual_seed(0))
+    plain = dropped_fraction(model, ids, eps=1e-7)
+    model.config.alibi_scaling = {"type": "linear", "train_seq_len": 128}
+    interpolated = dropped_fraction(model, ids, eps=1e-7)
+    assert 0 < interpolated["overall"] < plain["overall"] < 1
+    assert len(plain["per_head"]) == 4
+
+
+@pytest.mark.slow
+def test_retrieval_smoke_config_runs_end_to_end_and_resumes_from_its_records(tmp_path):
+    output_dir = tmp_path / "run"
+    experiment, training = parse_args(["--config", "retrieval_smoke", "--output_dir", str(output_dir)],
+                                      ExperimentArguments)  # fmt: skip
+    records = run_retrieval(experiment, training)
+    assert list(records) == experiment.eval_arms
+    for name in ("results.md", "perplexity_vs_length.png", "retrieval.md", "retrieval.json", "retrieval_vs_length.png"):
+        assert (output_dir / name).stat().st_size > 0, name
+    lengths = [str(n) for n in experiment.eval_lengths]
+    for arm, record in records.items():
+        assert [r["length"] for r in record["evaluation"]["lengths"]] == experiment.eval_lengths, arm
+        assert list(record["retrieval"]) == lengths, arm
+        for cells in record["retrieval"].values():
+            assert cells["all"]["n"] == experiment.passkey_samples * len(experiment.passkey_depths)
+            assert cells["all"]["low"] <= cells["all"]["accuracy"] <= cells["all"]["high"]
+        assert bool(record["dropped"]) == arm.startswith("alibi"), arm
+    markdown = (output_dir / "retrieval.md").read_text()
+    assert "| rotary+yarn |" in markdown and "## Context certified skipping drops" in markdown
+    # a second run reuses the trained models and every arm's record: nothing is trained or measured again
+    (output_dir / "arms" / "rotary+yarn.json").unlink()
+    again, training = parse_args(["--config", "retrieval_smoke", "--output_dir", str(output_dir),
+                                  "--resume_from_checkpoint", "true"], ExperimentArguments)  # fmt: skip
+    stamp = (output_dir / "arms" / "alibi.json").stat().st_mtime_ns
+    resumed = run_retrieval(again, training)
+    assert (output_dir / "arms" / "alibi.json").stat().st_mtime_ns == stamp
+    expected = json.loads(json.dumps(records))
+    remeasured, first = resumed.pop("rotary+yarn"), expected.pop("rotary+yarn")
+    assert resumed == expected
+    # the removed arm is measured again on the reloaded model: the same figures (only its clock differs)
+    assert remeasured["retrieval"] == first["retrieval"]
+    assert [r["nll_nonoverlapping"] for r in remeasured["evaluation"]["lengths"]] == pytest.approx(
+        [r["nll_nonoverlapping"] for r in first["evaluation"]["lengths"]], rel=1e-9)
+    assert Path(output_dir / "arms" / "rotary+yarn.json").exists()
