@@ -72,9 +72,17 @@ def build(name: str, checkpoint: str, eps: float, length: int):
     if name == "gpt2-sdpa":
         c = model.config
         torch.manual_seed(0)
-        config = GPT2Config(n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head, vocab_size=c.vocab_size,
-                            n_positions=length, attn_implementation="sdpa", resid_pdrop=0.0, embd_pdrop=0.0,
-                            attn_pdrop=0.0)  # the checkpoint's dropouts (0): training keeps SDPA's fused path  # fmt: skip
+        config = GPT2Config(
+            n_embd=c.n_embd,
+            n_layer=c.n_layer,
+            n_head=c.n_head,
+            vocab_size=c.vocab_size,
+            n_positions=length,
+            attn_implementation="sdpa",
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )  # the checkpoint's dropouts (0): training keeps SDPA's fused path
         return GPT2LMHeadModel(config).eval()
     model.config.alibi_skip_eps = eps if name == "alibi-skip" else 0.0
     return model
@@ -140,8 +148,12 @@ def child(args) -> dict:
             model(ids, labels=ids).loss.backward()
 
         seconds = time_call(step, repeats=args.repeats)
-        return {"median_s": statistics.median(seconds), "tokens": [], "peak_bytes": process_peak_bytes("cpu"),
-                "threads": torch.get_num_threads()}
+        return {
+            "median_s": statistics.median(seconds),
+            "tokens": [],
+            "peak_bytes": process_peak_bytes("cpu"),
+            "threads": torch.get_num_threads(),
+        }
     with torch.no_grad():
         if args.suite == "forward":
             seconds = time_call(lambda: model(ids, logits_to_keep=1), repeats=args.repeats)
@@ -169,12 +181,18 @@ def cb_decode(model, ids, args) -> dict:
 
     prompts = [ids[0].tolist(), ids[0, :128].tolist()]
     greedy = GenerationConfig(max_new_tokens=args.steps + 1, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    paged = ContinuousBatchingConfig(page_size=256, num_blocks=(args.length + args.steps) // 256 + 8,
-                                      max_batch_tokens=4096)  # fmt: skip
+    paged = ContinuousBatchingConfig(
+        page_size=256, num_blocks=(args.length + args.steps) // 256 + 8, max_batch_tokens=4096
+    )
     seconds, tokens = [], []
     for _ in range(args.repeats):
-        outputs = model.generate_batch(inputs=prompts, generation_config=greedy, continuous_batching_config=paged,
-                                       progress_bar=False, record_timestamps=True)  # fmt: skip
+        outputs = model.generate_batch(
+            inputs=prompts,
+            generation_config=greedy,
+            continuous_batching_config=paged,
+            progress_bar=False,
+            record_timestamps=True,
+        )
         long = outputs["req_0"]
         if long.error is not None:
             raise RuntimeError(long.error)
@@ -212,9 +230,27 @@ def run_cell(args, suite: str, length: int) -> dict:
         turn = round_ % len(contestants)
         order = contestants[turn:] + contestants[:turn]  # rotate who goes first
         for name in order:
-            command = [sys.executable, "-m", "benchmarks.bench_skip", "--child", name, "--suite", suite,
-                       "--length", str(length), "--checkpoint", args.checkpoint, "--eps", str(args.eps),
-                       "--repeats", str(args.repeats), "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "benchmarks.bench_skip",
+                "--child",
+                name,
+                "--suite",
+                suite,
+                "--length",
+                str(length),
+                "--checkpoint",
+                args.checkpoint,
+                "--eps",
+                str(args.eps),
+                "--repeats",
+                str(args.repeats),
+                "--steps",
+                str(args.steps),
+                "--threads",
+                str(args.threads),
+            ]
             command += ["--native-flush"] if args.native_flush else []
             env = {**os.environ, **(NO_TRIM if args.no_trim else {})}
             with competing_load(args.load):
@@ -222,7 +258,12 @@ def run_cell(args, suite: str, length: int) -> dict:
                 done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
             line = done.stdout.strip().splitlines()[-1]
             results[name].append(json.loads(line))
-    cell = {"suite": suite, "length": length, "load": args.load, "load_average": [min(load_averages), max(load_averages)]}
+    cell = {
+        "suite": suite,
+        "length": length,
+        "load": args.load,
+        "load_average": [min(load_averages), max(load_averages)],
+    }
     for name, runs in results.items():
         times = [r["median_s"] for r in runs]
         cell[name] = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
@@ -244,15 +285,51 @@ def auto_markdown(cells: list[dict]) -> list[str]:
     lines = ["", "| cell | `alibi-dense` | `alibi-auto` | auto / dense | |", "|---|---|---|---|---|"]
     for cell in cells:
         unit, scale = ("ms per decoding step", 1e3) if cell["suite"] == "cb_decode" else ("s per step", 1.0)
-        shown = [f"{cell[n]['median_s'] * scale:.3f} [{cell[n]['min_s'] * scale:.3f}, {cell[n]['max_s'] * scale:.3f}]"
-                 for n in ("alibi-dense", "alibi-auto")]  # fmt: skip
+        shown = [
+            f"{cell[n]['median_s'] * scale:.3f} [{cell[n]['min_s'] * scale:.3f}, {cell[n]['max_s'] * scale:.3f}]"
+            for n in ("alibi-dense", "alibi-auto")
+        ]
         ratio = cell["alibi-auto"]["median_s"] / cell["alibi-dense"]["median_s"]
-        extra = (f"tokens equal dense: {cell['same_tokens']}" if "same_tokens" in cell else
-                 "peak " + " / ".join(f"{cell[n]['peak_bytes'] / 2**20:.0f}" for n in ("alibi-dense", "alibi-auto"))
-                 + " MiB")  # fmt: skip
-        lines.append(f"| {cell['suite']} L={cell['length']} ({unit}) | {shown[0]} | {shown[1]} | {ratio:.2f}x | "
-                     f"{extra} |")  # fmt: skip
+        extra = (
+            f"tokens equal dense: {cell['same_tokens']}"
+            if "same_tokens" in cell
+            else "peak "
+            + " / ".join(f"{cell[n]['peak_bytes'] / 2**20:.0f}" for n in ("alibi-dense", "alibi-auto"))
+            + " MiB"
+        )
+        lines.append(
+            f"| {cell['suite']} L={cell['length']} ({unit}) | {shown[0]} | {shown[1]} | {ratio:.2f}x | {extra} |"
+        )
     return lines
+
+
+def dense_row(cell: dict, names, reference: str, ratios, kept, unit: dict) -> list[str]:
+    """One row of the contestants' table: each contestant's time [min, max] and ratio, the ratios, kept work, load."""
+    scale = 1e3 if cell["suite"] == "decode" else 1.0
+
+    def show(name):
+        r = cell[name]
+        peak = f" · {r['peak_bytes'] / 2**20:.0f} MiB peak" if "peak_bytes" in r else ""
+        return (
+            f"{r['median_s'] * scale:.3f} [{r['min_s'] * scale:.3f}, {r['max_s'] * scale:.3f}] · "
+            f"{r['median_s'] / cell[reference]['median_s']:.2f}x{peak}"
+        )
+
+    def kept_by(name):
+        return ", ".join(f"{k:.3f}" for k in cell[name].get("kept_per_head", [])) or "dense"
+
+    if cell["suite"] == "forward":
+        extra = "; ".join(kept_by(name) for name in kept)
+    else:
+        extra = f"tokens equal dense: {cell['same_tokens']}" if "same_tokens" in cell else ""
+    low, high = cell.get("load_average", (float("nan"),) * 2)
+    return [
+        f"{cell['suite']} L={cell['length']} ({unit[cell['suite']]})",
+        *(show(name) for name in names),
+        *(f"{cell[a]['median_s'] / cell[b]['median_s']:.2f}x" for a, b in ratios),
+        extra,
+        f"{low:.1f}-{high:.1f}",
+    ]
 
 
 def markdown(cells: list[dict], args) -> str:
@@ -264,32 +341,26 @@ def markdown(cells: list[dict], args) -> str:
     kept = [name for name in ("alibi-skip", "alibi-auto") if name in names]
     threads = f"{args.threads} torch threads" if args.threads else "torch's default threads"
     load = f"{args.load} busy competing processes beside each" if args.load else "no added load"
-    header = ["cell", *(f"`{name}`" for name in names), *(f"{a[6:]} / {b[6:]}" for a, b in ratios),
-              f"kept per head ({'; '.join(name[6:] for name in kept)})", "load average (1 min)"]  # fmt: skip
-    lines = [f"Checkpoint `{args.checkpoint}`, eps {args.eps:g}, {allocator}, {threads}, {load}; {args.processes} fresh "
-             f"processes per contestant, {args.repeats} timed call(s) each (median); ratios of medians against "
-             f"`{reference}`.", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]  # fmt: skip
+    header = [
+        "cell",
+        *(f"`{name}`" for name in names),
+        *(f"{a[6:]} / {b[6:]}" for a, b in ratios),
+        f"kept per head ({'; '.join(name[6:] for name in kept)})",
+        "load average (1 min)",
+    ]
+    lines = [
+        f"Checkpoint `{args.checkpoint}`, eps {args.eps:g}, {allocator}, {threads}, {load}; {args.processes} fresh "
+        f"processes per contestant, {args.repeats} timed call(s) each (median); ratios of medians against "
+        f"`{reference}`.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
     dense_suites = [cell for cell in cells if cell["suite"] not in AUTO_SUITES]
     if not dense_suites:  # only the auto-against-dense suites: their table alone
         lines = [lines[0].replace(f"against `{reference}`", "of `alibi-auto` to `alibi-dense`"), ""]
     for cell in dense_suites:
-        scale = 1e3 if cell["suite"] == "decode" else 1.0
-
-        def show(name):
-            r = cell[name]
-            peak = f" · {r['peak_bytes'] / 2**20:.0f} MiB peak" if "peak_bytes" in r else ""
-            return (f"{r['median_s'] * scale:.3f} [{r['min_s'] * scale:.3f}, {r['max_s'] * scale:.3f}] · "
-                    f"{r['median_s'] / cell[reference]['median_s']:.2f}x{peak}")  # fmt: skip
-
-        def kept_by(name):
-            return ", ".join(f"{k:.3f}" for k in cell[name].get("kept_per_head", [])) or "dense"
-
-        extra = ("; ".join(kept_by(name) for name in kept) if cell["suite"] == "forward"
-                 else f"tokens equal dense: {cell['same_tokens']}" if "same_tokens" in cell else "")  # fmt: skip
-        low, high = cell.get("load_average", (float("nan"),) * 2)
-        row = [f"{cell['suite']} L={cell['length']} ({unit[cell['suite']]})", *(show(name) for name in names),
-               *(f"{cell[a]['median_s'] / cell[b]['median_s']:.2f}x" for a, b in ratios), extra, f"{low:.1f}-{high:.1f}"]  # fmt: skip
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append("| " + " | ".join(dense_row(cell, names, reference, ratios, kept, unit)) + " |")
     auto_cells = [cell for cell in cells if cell["suite"] in AUTO_SUITES]  # their own table, after the dense one
     lines += auto_markdown(auto_cells) if auto_cells else []
     return "\n".join(lines) + "\n"
@@ -307,12 +378,21 @@ def main(argv=None):
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps", type=int, default=16, help="decoding steps timed per call")
-    parser.add_argument("--no-trim", action="store_true", help="every contestant's process with glibc's heap kept "
-                        "(NO_TRIM): no page faults from trimming, whose count depends on each process's heap layout")
-    parser.add_argument("--native-flush", action="store_true", help="every process runs inside "
-                        "hf_alibi.native_flush.flushing_denormals() (the opt-in switch: denormals flushed on every thread)")
-    parser.add_argument("--contestants", default=",".join(CONTESTANTS),
-                        help=f"comma-separated subset of {', '.join(CONTESTANTS)}")  # fmt: skip
+    parser.add_argument(
+        "--no-trim",
+        action="store_true",
+        help="every contestant's process with glibc's heap kept "
+        "(NO_TRIM): no page faults from trimming, whose count depends on each process's heap layout",
+    )
+    parser.add_argument(
+        "--native-flush",
+        action="store_true",
+        help="every process runs inside "
+        "hf_alibi.native_flush.flushing_denormals() (the opt-in switch: denormals flushed on every thread)",
+    )
+    parser.add_argument(
+        "--contestants", default=",".join(CONTESTANTS), help=f"comma-separated subset of {', '.join(CONTESTANTS)}"
+    )
     parser.add_argument("--load", type=int, default=0, help="busy processes run beside each contestant's process")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per contestant (0: torch's default)")
     parser.add_argument("--out", default="results/skip/bench", help="writes <out>.json and <out>.md")
@@ -322,7 +402,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     args.contestants = tuple(args.contestants.split(","))
     if not args.contestants or not set(args.contestants) <= set(CONTESTANTS):
-        raise ValueError(f"--contestants must name some of {', '.join(CONTESTANTS)}, got {','.join(args.contestants)!r}")
+        raise ValueError(
+            f"--contestants must name some of {', '.join(CONTESTANTS)}, got {','.join(args.contestants)!r}"
+        )
     if args.load < 0 or args.threads < 0:
         raise ValueError(f"--load and --threads must be >= 0, got {args.load} and {args.threads}")
     if args.child:
@@ -334,9 +416,18 @@ def main(argv=None):
         return
     from hf_alibi.atomic_files import write_text_atomically  # the parent only: children load just their model
 
-    cells = [(suite, int(n)) for suite, lengths in (("forward", args.forward), ("decode", args.decode),
-                                                     ("train", args.train), ("cb_decode", args.cb_decode), ("packed_train", args.packed_train))
-             for n in lengths.split(",") if n and int(n)]  # fmt: skip
+    cells = [
+        (suite, int(n))
+        for suite, lengths in (
+            ("forward", args.forward),
+            ("decode", args.decode),
+            ("train", args.train),
+            ("cb_decode", args.cb_decode),
+            ("packed_train", args.packed_train),
+        )
+        for n in lengths.split(",")
+        if n and int(n)
+    ]
     results = []
     for suite, length in cells:
         results.append(run_cell(args, suite, length))

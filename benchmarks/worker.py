@@ -103,7 +103,9 @@ class Contestant:
                 with torch.no_grad():
                     out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
                 if out.shape[1] != ids.shape[1] + config.max_new_tokens:
-                    raise RuntimeError(f"generated {out.shape[1] - ids.shape[1]} tokens, wanted {config.max_new_tokens}")
+                    raise RuntimeError(
+                        f"generated {out.shape[1] - ids.shape[1]} tokens, wanted {config.max_new_tokens}"
+                    )
 
             def call():
                 prefill_s, _ = timed(lambda: generate(first), self._sync)
@@ -130,8 +132,13 @@ class Contestant:
 
         # Greedy, exactly `new_tokens` for every contestant: no eos can stop one of them early.
         return GenerationConfig(
-            do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=None,
-            pad_token_id=PAD, bos_token_id=None, use_cache=True,
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            eos_token_id=None,
+            pad_token_id=PAD,
+            bos_token_id=None,
+            use_cache=True,
         )
 
     def timed_call(self) -> dict:
@@ -184,11 +191,16 @@ def serve(spec: dict) -> None:
             switches.enter_context(flushing_denormals())
         contestant = Contestant(spec)
         device_name = torch.cuda.get_device_name() if contestant.device == "cuda" else None
-        send({
-            "event": "ready", "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "parameters": sum(p.numel() for p in contestant.model.parameters()), "build_s": contestant.build_s,
-            "device_name": device_name,
-        })
+        send(
+            {
+                "event": "ready",
+                "threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+                "parameters": sum(p.numel() for p in contestant.model.parameters()),
+                "build_s": contestant.build_s,
+                "device_name": device_name,
+            }
+        )
         for line in sys.stdin:
             request = json.loads(line)
             if request["op"] == "exit":

@@ -56,8 +56,10 @@ class ComparisonArguments:
 
     models: list[str] = field(
         default_factory=lambda: list(DEFAULT_MODELS),
-        metadata={"help": f"Models to train: a position encoding from {list(BASELINES)}, trained at train_length, or "
-                          "ENCODING@LENGTH (e.g. learned@512) for another training length (same training tokens)."},
+        metadata={
+            "help": f"Models to train: a position encoding from {list(BASELINES)}, trained at train_length, or "
+            "ENCODING@LENGTH (e.g. learned@512) for another training length (same training tokens)."
+        },
     )
     all_models: bool = field(default=False, metadata={"help": "Train every position encoding in BASELINES."})
     train_length: int = field(default=256, metadata={"help": "Training sequence length (tokens per block)."})
@@ -109,8 +111,10 @@ class EvaluationArguments:
     )
     cost_steps: int = field(
         default=20,
-        metadata={"help": "After training, timed training steps per model, interleaved across models, for the "
-                          "training-cost table (hf_alibi/experiments/training_cost.py); 0 skips it."},
+        metadata={
+            "help": "After training, timed training steps per model, interleaved across models, for the "
+            "training-cost table (hf_alibi/experiments/training_cost.py); 0 skips it."
+        },
     )
     cost_warmup_steps: int = field(
         default=2, metadata={"help": "Untimed steps per model before the interleaved timing (peak memory covers them)."}
@@ -201,21 +205,28 @@ class RunArguments:
 
     tp_size: int = field(
         default=1,
-        metadata={"help": "Tensor-parallel ranks (transformers' DistributedConfig; 'alibi' only): each rank holds "
-                          "1/tp_size of every block's heads and MLP. tp_size * fsdp_size = the launched processes."},
+        metadata={
+            "help": "Tensor-parallel ranks (transformers' DistributedConfig; 'alibi' only): each rank holds "
+            "1/tp_size of every block's heads and MLP. tp_size * fsdp_size = the launched processes."
+        },
     )
     fsdp_size: int = field(
         default=1,
-        metadata={"help": "FSDP2 ranks (transformers' DistributedConfig; 'alibi' only): parameters, gradients and "
-                          "optimizer state sharded 1/fsdp_size a rank; each rank trains on its own batches."},
+        metadata={
+            "help": "FSDP2 ranks (transformers' DistributedConfig; 'alibi' only): parameters, gradients and "
+            "optimizer state sharded 1/fsdp_size a rank; each rank trains on its own batches."
+        },
     )
     max_train_documents: int | None = field(
         default=None, metadata={"help": "Cap on training documents (tokenizer and blocks; smoke runs)."}
     )
     max_train_blocks: int | None = field(default=None, metadata={"help": "Cap on training blocks (smoke runs)."})
     smoke: bool = field(
-        default=False, metadata={"help": "Whole pipeline on a tiny model and budget (~2 minutes on 2 cores); its "
-                                         "tables and plots say 'smoke run'."}  # fmt: skip
+        default=False,
+        metadata={
+            "help": "Whole pipeline on a tiny model and budget (~2 minutes on 2 cores); its "
+            "tables and plots say 'smoke run'."
+        },
     )
 
     def __post_init__(self):
@@ -239,8 +250,10 @@ class RetrievalArguments:
 
     retrieval: bool = field(
         default=False,
-        metadata={"help": "Run the retrieval experiment (hf_alibi/experiments/retrieval.py): perplexity and passkey "
-                          "retrieval of every evaluation arm by length, instead of the plain length evaluation."},
+        metadata={
+            "help": "Run the retrieval experiment (hf_alibi/experiments/retrieval.py): perplexity and passkey "
+            "retrieval of every evaluation arm by length, instead of the plain length evaluation."
+        },
     )
     passkey_share: float = field(
         default=0.25, metadata={"help": "Share of training blocks that are passkey documents (each fits train_length)."}
@@ -252,13 +265,17 @@ class RetrievalArguments:
     )
     passkey_samples: int = field(
         default=93,
-        metadata={"help": "Probes per (arm, length, depth); 93 is the fewest for a 95 percent Wilson interval narrower than "
-                          "+-10 points at any accuracy (passkey.samples_for_half_width(0.10))."},
+        metadata={
+            "help": "Probes per (arm, length, depth); 93 is the fewest for a 95 percent Wilson interval narrower than "
+            "+-10 points at any accuracy (passkey.samples_for_half_width(0.10))."
+        },
     )
     eval_arms: list[str] = field(
         default_factory=list,
-        metadata={"help": "MODEL or MODEL+EXTENSION (slope_interp for ALiBi; linear, dynamic, yarn for rotary: "
-                          "eval_arms.py); default: every trained model as it is."},
+        metadata={
+            "help": "MODEL or MODEL+EXTENSION (slope_interp for ALiBi; linear, dynamic, yarn for rotary: "
+            "eval_arms.py); default: every trained model as it is."
+        },
     )
     kept_eps: float = field(
         default=1e-7, metadata={"help": "eps of the certified-skipping measurement of the ALiBi arms (kept_context)."}
@@ -268,8 +285,10 @@ class RetrievalArguments:
         if not 0 <= self.passkey_share < 1:
             raise ValueError(f"passkey_share must be in [0, 1), got {self.passkey_share}")
         if self.passkey_digits < 1 or self.passkey_samples < 1:
-            raise ValueError(f"passkey_digits and passkey_samples must be positive, got {self.passkey_digits} and "
-                             f"{self.passkey_samples}")  # fmt: skip
+            raise ValueError(
+                f"passkey_digits and passkey_samples must be positive, got {self.passkey_digits} and "
+                f"{self.passkey_samples}"
+            )
         if not self.passkey_depths or any(not 0 <= d <= 1 for d in self.passkey_depths):
             raise ValueError(f"passkey_depths must be in [0, 1], got {self.passkey_depths}")
         if not 0 < self.kept_eps < 1:
@@ -279,8 +298,9 @@ class RetrievalArguments:
 # Bases listed last-part-first: a dataclass takes its bases' fields in reverse order, so the fields (and the
 # `experiment` line of results.md, `asdict` of this) keep the order of `parts`, the order they had as one class.
 @dataclass
-class ExperimentArguments(RetrievalArguments, RunArguments, ModelArguments, DataArguments, EvaluationArguments,
-                          ComparisonArguments):
+class ExperimentArguments(
+    RetrievalArguments, RunArguments, ModelArguments, DataArguments, EvaluationArguments, ComparisonArguments
+):
     """Every argument of a train-short/test-long experiment, as one object with one attribute per field.
 
     Defined by its `parts`, which `parse_args` parses (one `--help` group each); built from keywords in code and
@@ -290,8 +310,13 @@ class ExperimentArguments(RetrievalArguments, RunArguments, ModelArguments, Data
 
     _argument_group_name = "experiment"
     parts: ClassVar[tuple[type, ...]] = (
-        ComparisonArguments, EvaluationArguments, DataArguments, ModelArguments, RunArguments, RetrievalArguments
-    )  # fmt: skip
+        ComparisonArguments,
+        EvaluationArguments,
+        DataArguments,
+        ModelArguments,
+        RunArguments,
+        RetrievalArguments,
+    )
 
     def __post_init__(self):
         for part in self.parts:
@@ -317,7 +342,21 @@ class ExperimentArguments(RetrievalArguments, RunArguments, ModelArguments, Data
         return sorted({self.train_length * f for f in self.eval_factors})
 
 
-
-__all__ = ["ArgumentParser", "CONFIGS_DIR", "ComparisonArguments", "DataArguments", "EvaluationArguments",
-           "ExperimentArguments", "ModelArguments", "RetrievalArguments", "RunArguments", "SMOKE_OVERRIDES", "apply_smoke", "batch_size_at", "parse_args",
-           "parse_model_spec", "resolve_config", "shipped_configs"]  # fmt: skip
+__all__ = [
+    "ArgumentParser",
+    "CONFIGS_DIR",
+    "ComparisonArguments",
+    "DataArguments",
+    "EvaluationArguments",
+    "ExperimentArguments",
+    "ModelArguments",
+    "RetrievalArguments",
+    "RunArguments",
+    "SMOKE_OVERRIDES",
+    "apply_smoke",
+    "batch_size_at",
+    "parse_args",
+    "parse_model_spec",
+    "resolve_config",
+    "shipped_configs",
+]

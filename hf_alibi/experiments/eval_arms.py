@@ -86,5 +86,13 @@ def is_alibi(model: torch.nn.Module) -> bool:
     return getattr(getattr(model, "config", None), "model_type", None) == "alibi_gpt2"
 
 
-__all__ = ["EXTENSIONS", "LENGTH_DEPENDENT", "arm_model", "config_changes", "is_alibi", "parse_arm",
-           "rope_parameters", "with_config"]  # fmt: skip
+__all__ = [
+    "EXTENSIONS",
+    "LENGTH_DEPENDENT",
+    "arm_model",
+    "config_changes",
+    "is_alibi",
+    "parse_arm",
+    "rope_parameters",
+    "with_config",
+]

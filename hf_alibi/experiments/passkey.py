@@ -61,8 +61,13 @@ class PasskeyTemplate:
         digit_ids = [ids(str(d)) for d in range(10)]
         if any(len(piece) != 1 for piece in digit_ids):
             raise ValueError(f"the tokenizer must encode each digit as one token, got {digit_ids}")
-        return cls(ids(SEPARATOR + NEEDLE[0]), ids(NEEDLE[1] + SEPARATOR), ids(SEPARATOR + QUESTION),
-                   tuple(piece[0] for piece in digit_ids), digits)  # fmt: skip
+        return cls(
+            ids(SEPARATOR + NEEDLE[0]),
+            ids(NEEDLE[1] + SEPARATOR),
+            ids(SEPARATOR + QUESTION),
+            tuple(piece[0] for piece in digit_ids),
+            digits,
+        )
 
     @property
     def overhead(self) -> int:
@@ -107,8 +112,9 @@ def key_ids(template: PasskeyTemplate, key: str) -> tuple[int, ...]:
     return tuple(template.digit_ids[int(c)] for c in key)
 
 
-def make_example(filler: Sequence[int], template: PasskeyTemplate, length: int, depth: float,
-                 rng: random.Random) -> PasskeyExample:  # fmt: skip
+def make_example(
+    filler: Sequence[int], template: PasskeyTemplate, length: int, depth: float, rng: random.Random
+) -> PasskeyExample:
     """An example of exactly `length` tokens from the first `length - template.overhead` ids of `filler`, the needle
     after `round(depth * filler tokens)` of them."""
     if not 0.0 <= depth <= 1.0:
@@ -127,8 +133,9 @@ def make_example(filler: Sequence[int], template: PasskeyTemplate, length: int, 
     return PasskeyExample(tuple(ids), key, depth, len(head), len(ids) - template.digits)
 
 
-def probe_examples(stream: torch.Tensor, template: PasskeyTemplate, length: int, depths: Sequence[float],
-                   samples: int, seed: int) -> list[PasskeyExample]:  # fmt: skip
+def probe_examples(
+    stream: torch.Tensor, template: PasskeyTemplate, length: int, depths: Sequence[float], samples: int, seed: int
+) -> list[PasskeyExample]:
     """`samples` examples of `length` tokens at each depth (depth-major), deterministic in `seed`: each from a
     random window of `stream`, the same windows at every depth."""
     size = length - template.overhead
@@ -136,12 +143,14 @@ def probe_examples(stream: torch.Tensor, template: PasskeyTemplate, length: int,
         raise ValueError(f"the filler stream holds {stream.numel()} tokens, a {length}-token example needs {size}")
     rng = random.Random(f"passkey-{seed}-{length}")
     starts = [rng.randrange(stream.numel() - size + 1) for _ in range(samples)]
-    return [make_example(stream[s : s + size].tolist(), template, length, depth, rng)
-            for depth in depths for s in starts]  # fmt: skip
+    return [
+        make_example(stream[s : s + size].tolist(), template, length, depth, rng) for depth in depths for s in starts
+    ]
 
 
-def passkey_blocks(filler_blocks: Sequence[Sequence[int]], template: PasskeyTemplate, length: int,
-                   seed: int) -> list[list[int]]:  # fmt: skip
+def passkey_blocks(
+    filler_blocks: Sequence[Sequence[int]], template: PasskeyTemplate, length: int, seed: int
+) -> list[list[int]]:
     """Training documents: one `length`-token example per filler block (its own first ids), uniform random depth."""
     rng = random.Random(f"passkey-train-{seed}")
     return [list(make_example(block, template, length, rng.random(), rng).input_ids) for block in filler_blocks]
@@ -183,6 +192,18 @@ def samples_for_half_width(half_width: float, z: float = Z_95) -> int:
     return max(1, n)
 
 
-__all__ = ["NEEDLE", "QUESTION", "PasskeyExample", "PasskeyTemplate", "draw_key", "filler_stream", "key_ids",
-           "make_example", "passkey_blocks", "probe_examples", "samples_for_half_width", "score_examples",
-           "wilson_interval"]  # fmt: skip
+__all__ = [
+    "NEEDLE",
+    "QUESTION",
+    "PasskeyExample",
+    "PasskeyTemplate",
+    "draw_key",
+    "filler_stream",
+    "key_ids",
+    "make_example",
+    "passkey_blocks",
+    "probe_examples",
+    "samples_for_half_width",
+    "score_examples",
+    "wilson_interval",
+]

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from ..models.alibi_gpt2.alibi import alibi_causal_bias, slopes_from_config
 from ..atomic_files import write_file_atomically
+from ..models.alibi_gpt2.alibi import alibi_causal_bias, slopes_from_config
 from .attention_window import EffectiveWindow, theoretical_window
 from .length_eval import LengthResult, ModelEvaluation
 from .results import bits_unit, evaluated_lengths, mixed_train_lengths, reference_train_length
@@ -47,15 +47,17 @@ def _title(figure, title: str | None, caveat: str | None) -> None:
 
 
 def plot_perplexity_vs_length(
-    results: Mapping[str, ModelEvaluation], path: str | os.PathLike, bytes_per_token: float | None = None,
+    results: Mapping[str, ModelEvaluation],
+    path: str | os.PathLike,
+    bytes_per_token: float | None = None,
     caveat: str | None = None,
 ) -> None:
     """Two panels (nonoverlapping, sliding): perplexity (log) against evaluation length (log2), one line per model;
     the right-hand axis reads the same curves in bits per byte (bits per token without `bytes_per_token`). `caveat`
     goes under the title (a smoke run's)."""
+    import numpy as np
     from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry, Agg by default
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
-    import numpy as np
 
     train_length = reference_train_length(results)
     lengths = evaluated_lengths(results)
@@ -235,8 +237,9 @@ def plot_effective_window(
     smoke run's) as the title."""
     from matplotlib.figure import Figure
 
-    windows = {name: w if isinstance(w, EffectiveWindow) else EffectiveWindow.from_dict(w)
-               for name, w in windows.items()}  # fmt: skip
+    windows = {
+        name: w if isinstance(w, EffectiveWindow) else EffectiveWindow.from_dict(w) for name, w in windows.items()
+    }
     if not windows:
         raise ValueError("windows is empty: nothing to plot")
     figure = Figure(figsize=(11, 4.5), layout="constrained")
@@ -307,12 +310,15 @@ def plot_retrieval(records: Mapping[str, Mapping], path: str | os.PathLike, trai
     Wilson interval shaded: one panel per depth, the last for all depths."""
     from matplotlib.figure import Figure
 
-    keys = list(dict.fromkeys(depth for record in records.values() for cells in record["retrieval"].values()
-                              for depth in cells))  # fmt: skip
+    keys = list(
+        dict.fromkeys(depth for record in records.values() for cells in record["retrieval"].values() for depth in cells)
+    )
     keys = [k for k in keys if k != "all"] + ["all"]
     figure = Figure(figsize=(3.6 * len(keys) + 1.5, 4.2), layout="constrained")
     axes = figure.subplots(1, len(keys), sharey=True, squeeze=False)[0]
-    figure.suptitle("Passkey retrieval vs evaluation length" + (f" (trained at {train_length})" if train_length else ""))
+    figure.suptitle(
+        "Passkey retrieval vs evaluation length" + (f" (trained at {train_length})" if train_length else "")
+    )
     for index, (arm, record) in enumerate(records.items()):
         lengths = sorted(record["retrieval"], key=int)
         style = dict(color=f"C{index % 10}", linestyle="-" if "+" not in arm else "--", marker="o", markersize=3)
@@ -320,8 +326,9 @@ def plot_retrieval(records: Mapping[str, Mapping], path: str | os.PathLike, trai
             cells = [record["retrieval"][n][key] for n in lengths]
             xs = [int(n) for n in lengths]
             ax.plot(xs, [100 * c["accuracy"] for c in cells], label=arm, **style)
-            ax.fill_between(xs, [100 * c["low"] for c in cells], [100 * c["high"] for c in cells],
-                            color=style["color"], alpha=0.08)  # fmt: skip
+            ax.fill_between(
+                xs, [100 * c["low"] for c in cells], [100 * c["high"] for c in cells], color=style["color"], alpha=0.08
+            )
     for ax, key in zip(axes, keys):
         ax.set_xscale("log", base=2)
         ax.set_title("all depths" if key == "all" else f"needle depth {key}", fontsize=10)

@@ -78,8 +78,9 @@ def with_passkeys(blocks: Dataset, template: PasskeyTemplate, length: int, share
     chosen = sorted(rng.sample(range(len(blocks)), count))
     fillers = blocks.select(chosen)["input_ids"]
     documents = passkey_blocks(fillers, template, length, seed)
-    passkeys = Dataset.from_dict({"input_ids": documents, "labels": [list(d) for d in documents]},
-                                 features=blocks.features)  # fmt: skip
+    passkeys = Dataset.from_dict(
+        {"input_ids": documents, "labels": [list(d) for d in documents]}, features=blocks.features
+    )
     kept = blocks.select(sorted(set(range(len(blocks))) - set(chosen)))
     return concatenate_datasets([kept, passkeys])
 
@@ -95,18 +96,23 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, dict]:
     corpus, tokenizer, train_blocks, heldout = prepare_data(experiment, state)
     template = PasskeyTemplate.from_tokenizer(tokenizer, experiment.passkey_digits)
     if template.overhead >= experiment.train_length:
-        raise ValueError(f"train_length {experiment.train_length} leaves no filler around the passkey template's "
-                         f"{template.overhead} tokens: raise it")  # fmt: skip
-    train_blocks = {length: with_passkeys(blocks, template, length, experiment.passkey_share, training.seed)
-                    for length, blocks in train_blocks.items()}  # fmt: skip
+        raise ValueError(
+            f"train_length {experiment.train_length} leaves no filler around the passkey template's "
+            f"{template.overhead} tokens: raise it"
+        )
+    train_blocks = {
+        length: with_passkeys(blocks, template, length, experiment.passkey_share, training.seed)
+        for length, blocks in train_blocks.items()
+    }
     output_dir = Path(training.output_dir)
     metadata = run_metadata(experiment, training, state, corpus, train_blocks, heldout)
     metadata["load_average_at_start"] = os.getloadavg()
     probe = Probe(experiment, template, filler_stream(heldout, tokenizer.eos_token_id), heldout)
     records: dict[str, dict] = {}
     for name, arms in arms_of(experiment).items():
-        model, metadata[f"{name}_training"] = _trained(name, experiment, training, tokenizer, train_blocks, state,
-                                                       callbacks)  # fmt: skip
+        model, metadata[f"{name}_training"] = _trained(
+            name, experiment, training, tokenizer, train_blocks, state, callbacks
+        )
         if state.is_main_process:
             for arm in arms:
                 if model is None and not (output_dir / "arms" / f"{arm}.json").exists():
@@ -158,8 +164,12 @@ class Probe:
         lengths = experiment.eval_lengths
         # every length scores the same tokens: selected once for the longest, then evaluated one length at a time
         self.documents, _ = select_documents(heldout, lengths, experiment.eval_max_documents)
-        self.examples = {length: probe_examples(stream, template, length, experiment.passkey_depths,
-                                                experiment.passkey_samples, seed=0) for length in lengths}  # fmt: skip
+        self.examples = {
+            length: probe_examples(
+                stream, template, length, experiment.passkey_depths, experiment.passkey_samples, seed=0
+            )
+            for length in lengths
+        }
 
     def evaluate(self, model, arm: str) -> dict:
         """One arm's perplexity, retrieval (and, for ALiBi, dropped keys) at every evaluation length."""
@@ -167,19 +177,35 @@ class Probe:
         lengths, retrieval, dropped = [], {}, {}
         for length in experiment.eval_lengths:
             variant = arm_model(model, arm, train_length, length)
-            evaluation = evaluate_model(variant, self.documents, [length], name=arm, train_length=train_length,
-                                        batch_tokens=experiment.eval_batch_tokens,
-                                        max_length=max_supported_length(variant), sliding=False)  # fmt: skip
+            evaluation = evaluate_model(
+                variant,
+                self.documents,
+                [length],
+                name=arm,
+                train_length=train_length,
+                batch_tokens=experiment.eval_batch_tokens,
+                max_length=max_supported_length(variant),
+                sliding=False,
+            )
             lengths += evaluation.lengths
             if evaluation.lengths[0].unsupported:
                 continue
             retrieval[str(length)] = self._retrieval(variant, length)  # str: the keys JSON gives back
             if is_alibi(variant):
-                ids = torch.tensor([self.examples[length][i * experiment.passkey_samples].input_ids
-                                    for i in range(len(experiment.passkey_depths))])  # one probe per depth
+                ids = torch.tensor(
+                    [
+                        self.examples[length][i * experiment.passkey_samples].input_ids
+                        for i in range(len(experiment.passkey_depths))
+                    ]
+                )  # one probe per depth
                 dropped[str(length)] = dropped_fraction(variant, ids, eps=experiment.kept_eps)
-            logger.info("%s at %d: perplexity %.3f, retrieval %s", arm, length,
-                        evaluation.lengths[0].ppl_nonoverlapping, retrieval[str(length)]["all"]["accuracy"])  # fmt: skip
+            logger.info(
+                "%s at %d: perplexity %.3f, retrieval %s",
+                arm,
+                length,
+                evaluation.lengths[0].ppl_nonoverlapping,
+                retrieval[str(length)]["all"]["accuracy"],
+            )
         evaluation.lengths = lengths
         return {"evaluation": evaluation.to_dict(), "retrieval": retrieval, "dropped": dropped}
 
@@ -192,8 +218,13 @@ class Probe:
         for depth in [*self.experiment.passkey_depths, "all"]:
             hits = [c for c, e in zip(correct, examples) if depth == "all" or e.depth == depth]
             low, high = wilson_interval(sum(hits), len(hits))
-            cells[str(depth)] = {"correct": sum(hits), "n": len(hits), "accuracy": sum(hits) / len(hits),
-                                 "low": low, "high": high}  # fmt: skip
+            cells[str(depth)] = {
+                "correct": sum(hits),
+                "n": len(hits),
+                "accuracy": sum(hits) / len(hits),
+                "low": low,
+                "high": high,
+            }
         return cells
 
 

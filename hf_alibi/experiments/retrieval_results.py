@@ -18,8 +18,18 @@ from ..atomic_files import write_text_atomically
 from .length_eval import ModelEvaluation
 from .results import write_results
 
-SETUP_KEYS = ("command", "corpus", "corpus_fingerprint", "train_length", "training", "python", "torch",
-              "transformers", "load_average_at_start", "load_average_at_end")  # fmt: skip
+SETUP_KEYS = (
+    "command",
+    "corpus",
+    "corpus_fingerprint",
+    "train_length",
+    "training",
+    "python",
+    "torch",
+    "transformers",
+    "load_average_at_start",
+    "load_average_at_end",
+)
 
 
 def records_as_evaluations(records: dict[str, dict]) -> dict[str, ModelEvaluation]:
@@ -104,27 +114,54 @@ def retrieval_markdown(records: dict[str, dict], metadata: dict) -> str:
     lines = ["# Perplexity and passkey retrieval by evaluation length", ""]
     if samples:
         worst = wilson_interval(samples // 2, samples)
-        lines += [f"{samples} probes per (arm, length, depth) at depths {', '.join(depths)} ({samples * len(depths)} "
-                  f"per length): the widest 95% Wilson interval of one depth is [{100 * worst[0]:.1f}, "
-                  f"{100 * worst[1]:.1f}]% at {samples // 2}/{samples}.", ""]  # fmt: skip
-    lines += ["## Perplexity / retrieval (all depths)", "",
-              "Nonoverlapping perplexity per token on the held-out text (the same tokens at every length) / share of "
-              "probes whose greedy digits are the key exactly.", "", side_by_side_table(records, train_length), ""]
-    lines += ["## Retrieval by depth (95% Wilson interval)", "",
-              "Depth 0: the needle opens the context; 1: it sits right before the question (the same distance at "
-              "every length).", "", depth_table(records, depths, train_length), ""]  # fmt: skip
+        lines += [
+            f"{samples} probes per (arm, length, depth) at depths {', '.join(depths)} ({samples * len(depths)} "
+            f"per length): the widest 95% Wilson interval of one depth is [{100 * worst[0]:.1f}, "
+            f"{100 * worst[1]:.1f}]% at {samples // 2}/{samples}.",
+            "",
+        ]
+    lines += [
+        "## Perplexity / retrieval (all depths)",
+        "",
+        "Nonoverlapping perplexity per token on the held-out text (the same tokens at every length) / share of "
+        "probes whose greedy digits are the key exactly.",
+        "",
+        side_by_side_table(records, train_length),
+        "",
+    ]
+    lines += [
+        "## Retrieval by depth (95% Wilson interval)",
+        "",
+        "Depth 0: the needle opens the context; 1: it sits right before the question (the same distance at "
+        "every length).",
+        "",
+        depth_table(records, depths, train_length),
+        "",
+    ]
     dropped = dropped_table(records, train_length)
     if dropped:
         eps = experiment.get("kept_eps")
-        lines += ["## Context certified skipping drops (ALiBi arms)", "",
-                  f"Share of causal (query, key) pairs whose keys carry softmax mass <= {eps:g} provably "
-                  "(`attention_skip.certified_key_starts`, 32-token blocks), mean over layers and heads, on one probe "
-                  "per depth: what the model cannot see at that layer.", "", dropped, ""]  # fmt: skip
+        lines += [
+            "## Context certified skipping drops (ALiBi arms)",
+            "",
+            f"Share of causal (query, key) pairs whose keys carry softmax mass <= {eps:g} provably "
+            "(`attention_skip.certified_key_starts`, 32-token blocks), mean over layers and heads, on one probe "
+            "per depth: what the model cannot see at that layer.",
+            "",
+            dropped,
+            "",
+        ]
     lines += ["## Setup", ""] + [f"- {key}: {metadata[key]}" for key in SETUP_KEYS if key in metadata]
     lines += [f"- {key}: {value}" for key, value in metadata.items() if key.endswith("_training")]
     lines.append(f"- experiment: {experiment}")
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["depth_table", "dropped_table", "records_as_evaluations", "retrieval_markdown", "side_by_side_table",
-           "write_retrieval"]  # fmt: skip
+__all__ = [
+    "depth_table",
+    "dropped_table",
+    "records_as_evaluations",
+    "retrieval_markdown",
+    "side_by_side_table",
+    "write_retrieval",
+]

@@ -53,6 +53,5 @@ def test_competing_load_runs_busy_processes_only_inside_its_block():
         time.sleep(0.05)
         assert len(busy_children()) == 2
     assert busy_children() == [], "the busy processes outlive the block"
-    with pytest.raises(ValueError, match="-1"):
-        with competing_load(-1):
-            pass
+    with pytest.raises(ValueError, match="-1"), competing_load(-1):
+        pass

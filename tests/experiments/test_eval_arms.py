@@ -9,8 +9,17 @@ from hf_alibi.experiments.baselines import build_model
 from hf_alibi.experiments.eval_arms import arm_model, parse_arm
 
 TRAIN = 32
-SHAPE = dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4, train_length=TRAIN, max_length=8 * TRAIN,
-             bos_token_id=0, eos_token_id=0, pad_token_id=0)  # fmt: skip
+SHAPE = dict(
+    vocab_size=97,
+    n_embd=32,
+    n_layer=2,
+    n_head=4,
+    train_length=TRAIN,
+    max_length=8 * TRAIN,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
+)
 
 
 def trained_like(name: str) -> torch.nn.Module:
@@ -82,9 +91,13 @@ def test_plain_arms_are_the_trained_model_itself():
 
 @pytest.mark.parametrize(
     ("arm", "message"),
-    [("rotary+ntk", "unknown extension 'ntk'"), ("alibi+yarn", "'yarn' extends 'rotary' models, not 'alibi'"),
-     ("learned+slope_interp", "extends 'alibi'"), ("nope", "not trained")],
-)  # fmt: skip
+    [
+        ("rotary+ntk", "unknown extension 'ntk'"),
+        ("alibi+yarn", "'yarn' extends 'rotary' models, not 'alibi'"),
+        ("learned+slope_interp", "extends 'alibi'"),
+        ("nope", "not trained"),
+    ],
+)
 def test_bad_arms_are_refused_by_name(arm, message):
     with pytest.raises(ValueError, match=message):
         parse_arm(arm, ["alibi", "rotary", "learned"])

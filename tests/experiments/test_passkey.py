@@ -119,17 +119,31 @@ def test_scorer_equals_greedy_generate_right_wrong_and_wrong_late(tokenizer, tem
     """One teacher-forced forward gives exactly generate()'s greedy exact match (checked on a tiny ALiBi model):
     answers set to the model's own greedy continuation score True, the same with its last token changed False."""
     torch.manual_seed(0)
-    model = build_model("alibi", vocab_size=257, n_embd=32, n_layer=2, n_head=4, train_length=128, max_length=256,
-                        bos_token_id=0, eos_token_id=0, pad_token_id=0).eval()  # fmt: skip
+    model = build_model(
+        "alibi",
+        vocab_size=257,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        train_length=128,
+        max_length=256,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    ).eval()
     examples = probe_examples(digit_rich_stream(tokenizer), template, 128, [0.0, 1.0], samples=6, seed=1)
     rebuilt, expected = [], []
     for index, example in enumerate(examples):
         prompt = list(example.input_ids[: example.answer_position])
-        greedy = model.generate(torch.tensor([prompt]), max_new_tokens=template.digits, do_sample=False,
-                                pad_token_id=0)[0, len(prompt) :].tolist()  # fmt: skip
+        greedy = model.generate(
+            torch.tensor([prompt]), max_new_tokens=template.digits, do_sample=False, pad_token_id=0
+        )[0, len(prompt) :].tolist()
         answer = {0: greedy, 1: greedy[:-1] + [(greedy[-1] + 1) % 257]}.get(index % 3, list(example.input_ids[-5:]))
-        rebuilt.append(type(example)(tuple(prompt + answer), example.key, example.depth, example.needle_position,
-                                     example.answer_position))  # fmt: skip
+        rebuilt.append(
+            type(example)(
+                tuple(prompt + answer), example.key, example.depth, example.needle_position, example.answer_position
+            )
+        )
         expected.append(answer == greedy)
     assert expected.count(True) >= 4 and expected.count(False) >= 4
     assert score_examples(model, rebuilt, batch_size=4) == expected

@@ -57,8 +57,9 @@ def test_smaller_slopes_let_fewer_keys_be_dropped():
 @pytest.mark.slow
 def test_retrieval_smoke_config_runs_end_to_end_and_resumes_from_its_records(tmp_path):
     output_dir = tmp_path / "run"
-    experiment, training = parse_args(["--config", "retrieval_smoke", "--output_dir", str(output_dir)],
-                                      ExperimentArguments)  # fmt: skip
+    experiment, training = parse_args(
+        ["--config", "retrieval_smoke", "--output_dir", str(output_dir)], ExperimentArguments
+    )
     records = run_retrieval(experiment, training)
     assert list(records) == experiment.eval_arms
     for name in ("results.md", "perplexity_vs_length.png", "retrieval.md", "retrieval.json", "retrieval_vs_length.png"):
@@ -75,8 +76,10 @@ def test_retrieval_smoke_config_runs_end_to_end_and_resumes_from_its_records(tmp
     assert "| rotary+yarn |" in markdown and "## Context certified skipping drops" in markdown
     # a second run reuses the trained models and every arm's record: nothing is trained or measured again
     (output_dir / "arms" / "rotary+yarn.json").unlink()
-    again, training = parse_args(["--config", "retrieval_smoke", "--output_dir", str(output_dir),
-                                  "--resume_from_checkpoint", "true"], ExperimentArguments)  # fmt: skip
+    again, training = parse_args(
+        ["--config", "retrieval_smoke", "--output_dir", str(output_dir), "--resume_from_checkpoint", "true"],
+        ExperimentArguments,
+    )
     stamp = (output_dir / "arms" / "alibi.json").stat().st_mtime_ns
     resumed = run_retrieval(again, training)
     assert (output_dir / "arms" / "alibi.json").stat().st_mtime_ns == stamp
@@ -86,5 +89,6 @@ def test_retrieval_smoke_config_runs_end_to_end_and_resumes_from_its_records(tmp
     # the removed arm is measured again on the reloaded model: the same figures (only its clock differs)
     assert remeasured["retrieval"] == first["retrieval"]
     assert [r["nll_nonoverlapping"] for r in remeasured["evaluation"]["lengths"]] == pytest.approx(
-        [r["nll_nonoverlapping"] for r in first["evaluation"]["lengths"]], rel=1e-9)
+        [r["nll_nonoverlapping"] for r in first["evaluation"]["lengths"]], rel=1e-9
+    )
     assert Path(output_dir / "arms" / "rotary+yarn.json").exists()
