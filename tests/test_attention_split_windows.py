@@ -57,7 +57,7 @@ def test_grouped_calls_of_windowed_ranges_read_exactly_the_ranges_keys(offset):
     q_len, rows = 1000, 16
     starts, blocks = certified_like_starts(SLOPES, offset, q_len, rows, 8.0)
     windows = shared_key_windows(starts, blocks)
-    plan = SplitPlan(SLOPES.double(), offset, q_len, None, (rows,), 1, tuple(map(tuple, windows.tolist())))
+    plan = SplitPlan(SLOPES.double(), offset, q_len, None, (rows,), 1).in_key_ranges(windows)
     count = torch.zeros(HEADS, q_len, offset + q_len, dtype=torch.int64)
     for start, end, key_start, key_end, diagonal, head_start, head_end in expanded(plan):
         block = torch.ones(end - start, key_end - key_start, dtype=torch.int64)

@@ -19,7 +19,6 @@ from .attention_flash import (
     flash_alibi_attention,
     flash_varlen_alibi_attention,
     paged_flash_alibi_attention,
-    paged_flash_kvcache_alibi_attention,
     prepare_flash_attention_2_varlen,
 )
 from .attention_packed import packed_alibi_attention, prepare_sdpa_packed
@@ -30,7 +29,6 @@ from .attention_plan import (
     Preparation,
     BiasBank,
     FullBias,
-    KeyRanges,
     _is_static,
     bias_bank,
     choose_path,
@@ -67,7 +65,6 @@ def plan_alibi_attention(
     dropout: float = 0.0,
     sdpa_split: bool = True,
     query_chunk: int = SDPA_QUERY_CHUNK,
-    key_ranges: KeyRanges | None = None,
     skip_eps: float | str = 0.0,
     key_norms=None,
     output_attentions: bool = False,
@@ -94,7 +91,7 @@ def plan_alibi_attention(
         filled = key_length if query_offset is None else query_offset + query_length
         slopes = length_scaled_slopes(slopes.float(), filled, train_seq_len)  # (H,)
     facts = plan_facts(slopes, batch, query_length, key_length, query_offset, attention_mask, position_ids,
-                       cu_seq_lens, dropout, key_ranges, tracing=tracing)  # fmt: skip
+                       cu_seq_lens, dropout, tracing=tracing)  # fmt: skip
     route = choose_path(
         implementation, facts, device=slopes.device.type, tracing=tracing, sdpa_split=sdpa_split,
         skip_eps=skip_eps, kernels_work=split_kernels_work, skip_pays=skipping_pays,
@@ -106,7 +103,7 @@ def plan_alibi_attention(
         return plan_alibi_attention(implementation, slopes, 1, length, length, dtype=dtype, sdpa_split=sdpa_split,
                                     query_chunk=query_chunk, skip_eps=skip_eps)  # fmt: skip
 
-    preparation = Preparation(dtype, query_chunk, route.eps, key_norms, plan_part)  # what the prepares may read
+    preparation = Preparation(dtype, query_chunk, route.eps, key_norms, plan_part, route.segmented, route.compiled)
     return replace(facts, path=route.path, payload=PREPARE_PATHS[route.path](facts, preparation))
 
 
@@ -152,13 +149,14 @@ def alibi_attention(
 
 @dataclass(frozen=True, eq=False)
 class FlexBlocks:
-    """`flex_attention`: the forward's block mask (padding, documents, key ranges)."""
+    """`flex_attention`: the forward's block mask (padding, documents), the same for every head; `compiled`:
+    FlexAttention's fused kernel (`Route.compiled`)."""
 
     block_mask: object
+    compiled: bool = False
 
     def for_heads(self, heads: slice, plan: AlibiAttentionPlan) -> "FlexBlocks":
-        # a mask without key ranges is the same for every head; with them it is per head: rebuilt for the subset
-        return self if plan.key_ranges is None else FlexBlocks(flex_block_mask(plan))
+        return self
 
 
 def prepare_eager(plan, preparation) -> FullBias:
@@ -176,13 +174,8 @@ def prepare_sdpa_bank(plan, preparation) -> BiasBank:
     return BiasBank(bank, mask_in_dtype(bank, preparation.dtype), folded)
 
 
-def prepare_sdpa_decode_in_ranges(plan, preparation) -> BiasBank:
-    bank, folded = bias_bank(plan, 1)  # (B|1, H, 1, kv): one row, padding folded in
-    return BiasBank(bank, mask_in_dtype(bank, preparation.dtype), folded)
-
-
 def prepare_flex_attention(plan, preparation) -> FlexBlocks:
-    return FlexBlocks(flex_block_mask(plan))
+    return FlexBlocks(flex_block_mask(plan), preparation.compiled)
 
 
 def prepare_flash_attention_2(plan, preparation) -> None:
@@ -191,7 +184,7 @@ def prepare_flash_attention_2(plan, preparation) -> None:
 
 def prepare_sdpa_split(plan, preparation):
     return split_plan(plan.slopes, plan.query_offset, plan.query_length, plan.key_padding, SPLIT_CHUNKS, plan.batch,
-                      plan.key_ranges, preparation.dtype)  # fmt: skip
+                      dtype=preparation.dtype)  # fmt: skip
 
 
 def eager_alibi_attention(query, key, value, plan, scaling, layer=None):
@@ -215,7 +208,7 @@ def sdpa_split_attention(query, key, value, plan, scaling, layer=None):
     """SDPA on the CPU flash kernels with no (q, kv) bias (`attention_sdpa_split`), the forward's calls planned."""
     output = sdpa_alibi_split(
         query, key, value, plan.slopes, plan.query_offset, plan.key_padding, scaling,
-        chunks=plan.payload.chunks, key_ranges=plan.key_ranges, plan=plan.payload,
+        chunks=plan.payload.chunks, plan=plan.payload,
     )  # (B, H, q, D)  # fmt: skip
     return output.transpose(1, 2), None  # (B, q, H, D)
 
@@ -254,29 +247,15 @@ def sdpa_bank_attention(query, key, value, plan, scaling, layer=None):
     return output.transpose(1, 2), None  # (B, q, H, D)
 
 
-def sdpa_decode_in_ranges_attention(query, key, value, plan, scaling, layer=None):
-    """One decoding row per run of heads that share a first key, over keys [first, kv) with the bank's per-key
-    bias: skipped keys are not read at all."""
-    return _decode_in_ranges(query, key, value, plan, plan.payload, plan.key_ranges, scaling, _public_row), None
-
-
-def sdpa_decode_in_ranges_segmented_attention(query, key, value, plan, scaling, layer=None):
-    """The same, each run's keys cut into `DECODE_SEGMENT`-key segments that go to the CPU flash kernel as one batch
-    (a call over one query row cannot spread over threads otherwise: the kernel splits work by batch, heads and
-    query rows), merged exactly by their log-sum-exps, as in the split."""
-    return _decode_in_ranges(query, key, value, plan, plan.payload, plan.key_ranges, scaling, _segmented_row), None
-
-
 def sdpa_decode_certified_attention(query, key, value, plan, scaling, layer=None):
-    """A decoding row over its layer's certified key ranges (`attention_skip_ranges.certified_decode_ranges`)."""
+    """A decoding row over its layer's certified key ranges (`attention_skip_ranges.certified_decode_ranges`): one
+    public call per run of heads that share a first key, over keys [first, kv) with the bank's per-key bias, so
+    skipped keys are not read at all. `segmented` (the payload's): each run's keys cut into `DECODE_SEGMENT`-key
+    segments that go to the CPU flash kernel as one batch (a call over one query row cannot spread over threads
+    otherwise: the kernel splits work by batch, heads and query rows), merged exactly by their log-sum-exps."""
     ranges = certified_decode_ranges(plan, query, key, scaling, layer)
-    return _decode_in_ranges(query, key, value, plan, plan.payload.bank, ranges, scaling, _public_row), None
-
-
-def sdpa_decode_certified_segmented_attention(query, key, value, plan, scaling, layer=None):
-    """Certified decoding with each run's kept keys in segments on the CPU flash kernel."""
-    ranges = certified_decode_ranges(plan, query, key, scaling, layer)
-    return _decode_in_ranges(query, key, value, plan, plan.payload.bank, ranges, scaling, _segmented_row), None
+    attend_row = _segmented_row if plan.payload.segmented else _public_row
+    return _decode_in_ranges(query, key, value, plan, plan.payload.bank, ranges, scaling, attend_row), None
 
 
 def _decode_in_ranges(query, key, value, plan, bank, ranges, scaling, attend_row):
@@ -327,30 +306,16 @@ def _segmented_row(query, key, value, bias, first, dropout, scaling):
 
 def flex_alibi_attention(query, key, value, plan, scaling, layer=None):
     """FlexAttention with the analytic ALiBi `score_mod`: no bias tensor at all, masked blocks skipped. On CPU this
-    runs FlexAttention's unfused path unless the model is under `torch.compile`."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return _flex(query, key, value, plan, scaling, plan.payload.block_mask, flex_attention)
-
-
-def flex_compiled_alibi_attention(query, key, value, plan, scaling, layer=None):
-    """FlexAttention's fused kernel, for a model that runs eagerly on a GPU (what transformers' flex integration
-    does): the blocks a block mask leaves out are skipped by the kernel, not just masked."""
-    return _flex(query, key, value, plan, scaling, plan.payload.block_mask, _compiled_flex_attention())
+    runs FlexAttention's unfused path unless the model is under `torch.compile`; `compiled` (the payload's): the
+    fused kernel, for a model that runs eagerly on a GPU (what transformers' flex integration does), whose skipped
+    blocks are never read."""
+    return _flex(query, key, value, plan, scaling, plan.payload.block_mask, _flex_attention(plan.payload.compiled))
 
 
 def flex_certified_alibi_attention(query, key, value, plan, scaling, layer=None):
-    """FlexAttention over the layer's certified key ranges, as per-head block masks."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    ranged = replace(plan, key_ranges=certified_flex_ranges(plan, query, key, scaling))
-    return _flex(query, key, value, ranged, scaling, flex_block_mask(ranged), flex_attention)
-
-
-def flex_certified_compiled_alibi_attention(query, key, value, plan, scaling, layer=None):
-    """The fused kernel over the layer's certified per-head block masks: skipped blocks are never read."""
-    ranged = replace(plan, key_ranges=certified_flex_ranges(plan, query, key, scaling))
-    return _flex(query, key, value, ranged, scaling, flex_block_mask(ranged), _compiled_flex_attention())
+    """FlexAttention over the layer's certified key ranges, as per-head block masks (`compiled` as above)."""
+    block_mask = flex_block_mask(plan, certified_flex_ranges(plan, query, key, scaling))
+    return _flex(query, key, value, plan, scaling, block_mask, _flex_attention(plan.payload.compiled))
 
 
 def _flex(query, key, value, plan, scaling, block_mask, attend):
@@ -368,6 +333,12 @@ def _flex(query, key, value, plan, scaling, block_mask, attend):
 
     output = attend(query, key, value, score_mod=alibi_score, block_mask=block_mask, scale=scaling)
     return output.transpose(1, 2), None  # (B, q, H, D)
+
+
+def _flex_attention(compiled: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return _compiled_flex_attention() if compiled else flex_attention
 
 
 @functools.cache
@@ -410,43 +381,31 @@ ALIBI_ATTENTION_FUNCTIONS = {
     "sdpa_split": sdpa_split_attention,
     "sdpa_split_certified": sdpa_split_certified_attention,
     "sdpa_bank": sdpa_bank_attention,
-    "sdpa_decode_in_ranges": sdpa_decode_in_ranges_attention,
-    "sdpa_decode_in_ranges_segmented": sdpa_decode_in_ranges_segmented_attention,
     "sdpa_decode_certified": sdpa_decode_certified_attention,
-    "sdpa_decode_certified_segmented": sdpa_decode_certified_segmented_attention,
     "sdpa_mask": sdpa_mask_attention,
     "flex_attention": flex_alibi_attention,
-    "flex_attention_compiled": flex_compiled_alibi_attention,
     "flex_attention_certified": flex_certified_alibi_attention,
-    "flex_attention_certified_compiled": flex_certified_compiled_alibi_attention,
     "flash_attention_2": flash_alibi_attention,
     "flash_attention_2_varlen": flash_varlen_alibi_attention,
     "paged": paged_alibi_attention,
     "paged_flash_attention_2": paged_flash_alibi_attention,
-    "paged_flash_attention_2_kvcache": paged_flash_kvcache_alibi_attention,
     "sdpa_packed": packed_alibi_attention,
 }
 
-# The plan's path -> the function that builds its payload once per forward (a path's variants share theirs)
+# The plan's path -> the function that builds its payload once per forward (the route's variant goes into it)
 PREPARE_PATHS = {
     "eager": prepare_eager,
     "sdpa_split": prepare_sdpa_split,
     "sdpa_split_certified": prepare_sdpa_split_certified,
     "sdpa_bank": prepare_sdpa_bank,
-    "sdpa_decode_in_ranges": prepare_sdpa_decode_in_ranges,
-    "sdpa_decode_in_ranges_segmented": prepare_sdpa_decode_in_ranges,
     "sdpa_decode_certified": prepare_sdpa_decode_certified,
-    "sdpa_decode_certified_segmented": prepare_sdpa_decode_certified,
     "sdpa_mask": prepare_sdpa_mask,
     "flex_attention": prepare_flex_attention,
-    "flex_attention_compiled": prepare_flex_attention,
     "flex_attention_certified": prepare_flex_attention_certified,
-    "flex_attention_certified_compiled": prepare_flex_attention_certified,
     "flash_attention_2": prepare_flash_attention_2,
     "flash_attention_2_varlen": prepare_flash_attention_2_varlen,
     "paged": prepare_paged,
     "paged_flash_attention_2": prepare_paged,
-    "paged_flash_attention_2_kvcache": prepare_paged,
     "sdpa_packed": prepare_sdpa_packed,
 }
 assert tuple(ALIBI_ATTENTION_FUNCTIONS) == PATHS == tuple(PREPARE_PATHS), "every path has one function and one prepare"

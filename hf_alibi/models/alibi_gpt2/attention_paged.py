@@ -84,6 +84,7 @@ class PagedPlan:
     cu_seq_lens_q: torch.Tensor | None = None
     max_length_q: int = 0
     kernel_cache: tuple | None = None  # (k_cache, v_cache, block_table, cu_seq_lens_k) of the decode fast path
+    kvcache: bool = False  # paged_flash_attention_2's decode fast path (`Route.kvcache`): the kernel reads the blocks
     train_seq_len: int | None = None  # the length-dependent `alibi_scaling`: FlashAttention-2's slopes per request
 
     def update_cache(self, cache, key, value, layer_idx: int, plan: AlibiAttentionPlan):
@@ -94,7 +95,7 @@ class PagedPlan:
         """
         kwargs = dict(self.cache_kwargs)
         key, value = cache.update(key, value, layer_idx, kwargs)  # (1, H', K, D)
-        if plan.path != "paged_flash_attention_2_kvcache":
+        if not self.kvcache:
             return key, value, plan
         fast = (kwargs["k_cache"], kwargs["v_cache"], kwargs["block_table"], kwargs["cu_seq_lens_k"])
         return key, value, replace(plan, payload=replace(self, kernel_cache=fast))
@@ -144,12 +145,13 @@ def plan_paged_attention(
             raise ValueError(f"ALiBi GPT-2 has full-attention layers only, got cache layer types {sorted(cu_k)}")
         cu_k = cu_k["full_attention"]
     facts = AlibiAttentionPlan("", slopes, query_length, query_length, 0)  # one flattened row
-    path = choose_path(implementation, facts, slopes.device.type, tracing=False, paged=True,
-                       block_table=paged_kwargs.get("block_table") is not None).path  # fmt: skip
+    route = choose_path(implementation, facts, slopes.device.type, tracing=False, paged=True,
+                        block_table=paged_kwargs.get("block_table") is not None)  # fmt: skip
+    path = route.path
     if path != "paged":  # FlashAttention-2 takes the boundaries as they are
         paged = PagedPlan(cache_kwargs, query_length, cu_seq_lens_q=cache_kwargs["cu_seq_lens_q"],
                           max_length_q=int(paged_kwargs.get("max_length_q") or query_length),
-                          train_seq_len=train_seq_len)  # fmt: skip
+                          train_seq_len=train_seq_len, kvcache=route.kvcache)  # fmt: skip
         return replace(facts, path=path, payload=paged)
 
     cu_q_list, cu_k_list = cache_kwargs["cu_seq_lens_q"].tolist(), cu_k.tolist()  # one host read per forward

@@ -63,7 +63,6 @@ def sdpa_alibi_split(
     key_padding: torch.Tensor | None = None,
     scaling: float | None = None,
     chunks: tuple[int, ...] = SPLIT_CHUNKS,
-    key_ranges=None,
     plan: "SplitPlan | None" = None,
 ) -> torch.Tensor:
     """Causal ALiBi attention of `query` (B, H, q, D) over `key`/`value` (B, H, kv, D); returns (B, H, q, D).
@@ -71,9 +70,9 @@ def sdpa_alibi_split(
     Query row r sits at absolute position `offset + r` (`offset` = cached tokens) and sees keys j <= offset + r with
     bias -slopes[h] * (offset + r - j); keys from offset + q on are never read (a static cache may be longer).
     `key_padding` (B, kv) bool is True for real tokens. Rows with no visible key get a finite, meaningless output.
-    `scaling` defaults to D ** -0.5. `key_ranges` (`attention_plan.KeyRanges`) leaves out, per head and block of
-    query rows, the keys before the block's first key; the blocks then replace `chunks`. `plan` is these arguments'
-    `split_plan`, built once per forward and shared by every layer (forward and backward); None builds it here.
+    `scaling` defaults to D ** -0.5. `plan` is these arguments' `split_plan`, built once per forward and shared by
+    every layer (forward and backward), or such a plan cut to key ranges (`SplitPlan.in_key_ranges`: per head and
+    block of query rows, the keys before the block's first key are left out); None builds it here.
     """
     batch, heads, q_len, dim = query.shape
     if key.shape != value.shape or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
@@ -86,11 +85,6 @@ def sdpa_alibi_split(
         raise ValueError(f"key_padding must have shape ({batch}, {key.shape[2]}), got {tuple(key_padding.shape)}")
     if not chunks or any(c < 1 for c in chunks) or any(a <= b for a, b in zip(chunks, chunks[1:])):
         raise ValueError(f"chunks must be decreasing positive row counts, coarse to fine, got {chunks!r}")
-    if key_ranges is not None and tuple(key_ranges.first_key.shape) != (heads, -(-q_len // key_ranges.rows)):
-        raise ValueError(
-            f"key_ranges.first_key must have shape ({heads}, {-(-q_len // key_ranges.rows)}), "
-            f"got {tuple(key_ranges.first_key.shape)}"
-        )
     if query.device.type != "cpu":
         raise ValueError(f"the split runs on the CPU flash kernels, got {query.device.type} tensors")
     scaling = dim**-0.5 if scaling is None else scaling
@@ -98,7 +92,7 @@ def sdpa_alibi_split(
         return torch.empty_like(query)
     dtype = torch.promote_types(query.dtype, torch.float32)
     if plan is None or plan.dtype != dtype:
-        plan = split_plan(slopes.to(query.device), offset, q_len, key_padding, chunks, batch, key_ranges, dtype)
+        plan = split_plan(slopes.to(query.device), offset, q_len, key_padding, chunks, batch, dtype)
     elif (plan.q_len, plan.offset, plan.heads, plan.batch) != (q_len, offset, heads, batch):
         raise ValueError(
             f"the split plan is for q={plan.q_len}, offset={plan.offset}, {plan.heads} heads, batch {plan.batch}; "
@@ -107,14 +101,11 @@ def sdpa_alibi_split(
     return _SplitAttention.apply(query, key, value, plan, scaling)
 
 
-def split_plan(slopes, offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1, key_ranges=None,
+def split_plan(slopes, offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1,
                dtype=torch.float32) -> "SplitPlan":  # fmt: skip
     """Every call of the split for these facts, with its masks in `dtype` (fp32; fp64 for fp64 inputs)."""
-    first_keys = None
-    if key_ranges is not None:
-        chunks, first_keys = (key_ranges.rows,), tuple(map(tuple, key_ranges.first_key.tolist()))
     slopes = slopes.to(torch.promote_types(dtype, torch.float32))  # biases, log-sum-exps and merges in it
-    return SplitPlan(slopes, offset, q_len, key_padding, tuple(chunks), batch, first_keys)
+    return SplitPlan(slopes, offset, q_len, key_padding, tuple(chunks), batch)
 
 
 def _key_bias(slopes: torch.Tensor, visible: int, key_padding: torch.Tensor | None) -> torch.Tensor:
@@ -240,11 +231,11 @@ class SplitPlan:
     parallel region instead of one each (`groups`).
     """
 
-    def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1, first_keys=None):
+    def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1):
         self.offset, self.key_padding, self.heads, self.slopes = offset, key_padding, slopes.shape[0], slopes
         self.q_len, self.batch, self.dtype, self.chunks = q_len, batch, slopes.dtype, chunks
         self.calls = _cover([], offset, 0, q_len, 0, chunks, (0, self.heads))
-        self._set_calls(self.calls if first_keys is None else self._ranged_calls(first_keys))
+        self._set_calls(self.calls)
         self.visible = offset + q_len
         self.ramp = _key_bias(slopes, self.visible, None)[0, :, 0]  # (H, visible): -m * (visible - 1 - j)
         self.diagonal = _diagonal_bias(slopes, min(chunks[-1], q_len))  # (1, H, n, n)
@@ -253,7 +244,7 @@ class SplitPlan:
         """The same calls for the global heads `heads` (a tensor-parallel rank's): `plan` is the attention plan
         already cut to them (its slopes and key ranges)."""
         return split_plan(plan.slopes, self.offset, self.q_len, self.key_padding, self.chunks, self.batch,
-                          plan.key_ranges, self.dtype)  # fmt: skip
+                          self.dtype)  # fmt: skip
 
     def in_key_ranges(self, first_key: torch.Tensor) -> "SplitPlan":
         """This plan's calls cut to `first_key` ((H, blocks) first key per head and block of `chunks[0]` rows), its

@@ -104,9 +104,11 @@ class CertifiedSplit:
 
 @dataclass(frozen=True, eq=False)
 class CertifiedFlex:
-    """`flex_attention_certified`: nothing per forward beyond eps (each layer builds its per-head block mask)."""
+    """`flex_attention_certified`: nothing per forward beyond eps (each layer builds its per-head block mask), and
+    whether FlexAttention's fused kernel runs (`Route.compiled`)."""
 
     eps: float
+    compiled: bool = False
 
     def for_heads(self, heads: slice, plan: AlibiAttentionPlan) -> "CertifiedFlex":
         return self
@@ -114,12 +116,14 @@ class CertifiedFlex:
 
 @dataclass(frozen=True, eq=False)
 class CertifiedDecode:
-    """`sdpa_decode_certified`: the decoding row's per-key bias bank (padding folded in) and the cache's running
-    key-norm summary (None: each layer summarises its keys afresh)."""
+    """`sdpa_decode_certified`: the decoding row's per-key bias bank (padding folded in), the cache's running
+    key-norm summary (None: each layer summarises its keys afresh), and whether long key runs go to the CPU flash
+    kernel in segments (`Route.segmented`)."""
 
     eps: float
     bank: BiasBank
     key_norms: object | None = None
+    segmented: bool = False
 
     def for_heads(self, heads: slice, plan: AlibiAttentionPlan) -> "CertifiedDecode":
         return replace(self, bank=self.bank.for_heads(heads, plan))
@@ -127,18 +131,19 @@ class CertifiedDecode:
 
 def prepare_sdpa_split_certified(plan: AlibiAttentionPlan, preparation: Preparation) -> CertifiedSplit:
     split = split_plan(plan.slopes, plan.query_offset, plan.query_length, plan.key_padding, (ROWS,), plan.batch,
-                       None, preparation.dtype)  # fmt: skip
+                       dtype=preparation.dtype)  # fmt: skip
     return CertifiedSplit(preparation.skip_eps, split)
 
 
 def prepare_sdpa_decode_certified(plan: AlibiAttentionPlan, preparation: Preparation) -> CertifiedDecode:
     bank, folded = bias_bank(plan, 1)  # (B|1, H, 1, kv), padding folded in
     norms = preparation.key_norms() if preparation.key_norms is not None else None
-    return CertifiedDecode(preparation.skip_eps, BiasBank(bank, mask_in_dtype(bank, preparation.dtype), folded), norms)
+    bank = BiasBank(bank, mask_in_dtype(bank, preparation.dtype), folded)
+    return CertifiedDecode(preparation.skip_eps, bank, norms, preparation.segmented)
 
 
 def prepare_flex_attention_certified(plan: AlibiAttentionPlan, preparation: Preparation) -> CertifiedFlex:
-    return CertifiedFlex(preparation.skip_eps)
+    return CertifiedFlex(preparation.skip_eps, preparation.compiled)
 
 
 def certified_flex_ranges(plan: AlibiAttentionPlan, query, key, scaling: float) -> KeyRanges:
