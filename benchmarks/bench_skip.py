@@ -96,7 +96,7 @@ def kept_fractions(model, ids, eps: float) -> list[float]:
     import torch
 
     import hf_alibi.models.alibi_gpt2.attention_alibi as attention
-    from hf_alibi.models.alibi_gpt2.attention_skip import kept_fraction
+    from benchmarks.skip_research import kept_fraction
 
     used, certified_split = [], attention.certified_split
 

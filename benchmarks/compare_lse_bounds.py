@@ -53,8 +53,8 @@ def kept(name, table):
 
 def measure(model, ids, eps):
     from benchmarks.measure_kept_fraction import capture_queries_keys
+    from benchmarks.skip_research import certified_key_starts, kept_fraction
     from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-    from hf_alibi.models.alibi_gpt2.attention_skip import certified_key_starts, kept_fraction
     from hf_alibi.models.alibi_gpt2.attention_skip_ranges import ROW_GROUP, certified_split
 
     slopes, scaling = model.transformer.alibi_slopes.float(), model.transformer.h[0].attn.scaling

@@ -109,8 +109,8 @@ def test_far_keys_are_skipped_for_steep_heads_and_kept_for_the_flattest():
         plan = steep_plan(query, key)
         assert plan.payload.eps == EPS and plan.path == "sdpa_split_certified"
         _, ranges = certified_split(query, key, value, plan, 0.25)
-        from_diagonal_logits = certified_key_starts(query, key, plan.slopes, 0.25, 0, EPS, ROWS, KEY_BLOCK, near=1,
-                                                    centroid=False, row_group=ROW_GROUP)  # fmt: skip
+        from_diagonal_logits = certified_key_starts(query, key, plan.slopes, 0.25, 0, EPS, ROWS, KEY_BLOCK,
+                                                    row_group=ROW_GROUP)  # fmt: skip
     first = ranges.first_key  # (H, blocks)
     assert ranges.rows == ROWS and first.shape == (4, 2048 // ROWS)
     # the kernel's diagonal log-sum-exps bound each row's LSE at least as tightly as its diagonal logit alone

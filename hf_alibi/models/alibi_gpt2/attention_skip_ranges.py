@@ -38,12 +38,11 @@ ROWS = 256
 # Keys per block of the bound. Finer blocks certify more of the steep heads (results/skip/kept_fraction.md: at 8k on
 # the demo checkpoint 0.356 of causal work kept with 64-key blocks against 0.381 with 256) for 4x the bound's work.
 KEY_BLOCK = 64
-# Nearest keys whose exact log-sum-exp bounds each row's from below (Theorem 2) on FlexAttention's prefill, where no
-# kernel has computed a block first: the diagonal alone (decoding uses it too). On the demo checkpoint at 8k, 32 near
-# keys certified 0.352 of causal work against 0.381, but their float64 products cost more than they save. The split
-# needs none: its diagonal blocks' log-sum-exps (Theorem 4) certify 0.382 against the diagonal logit's 0.399 at no
-# extra cost (the exact log-sum-exp of every key would give 0.353; an oracle that knows the dropped mass, 0.304).
-NEAR = 1
+# FlexAttention's prefill, where no kernel has computed a block first, bounds each row's log-sum-exp from below by its
+# diagonal logit (Theorem 2; decoding uses it too). On the demo checkpoint at 8k, 32 near keys certified 0.352 of
+# causal work against 0.381, but their float64 products cost more than they save (`benchmarks/skip_research.py`).
+# The split needs none: its diagonal blocks' log-sum-exps (Theorem 4) certify 0.382 against the diagonal logit's 0.399
+# at no extra cost (the exact log-sum-exp of every key would give 0.353; an oracle that knows the dropped mass, 0.304).
 # Rows bounded together (sorted by query norm): 16x less work than row by row, for 0.001 more kept work at 8k
 # (0.3803 / 0.3818 with 4 / 16 rows; 0.3923 with 16 rows unsorted).
 ROW_GROUP = 16
@@ -148,11 +147,11 @@ def prepare_flex_attention_certified(plan: AlibiAttentionPlan, preparation: Prep
 
 def certified_flex_ranges(plan: AlibiAttentionPlan, query, key, scaling: float) -> KeyRanges:
     """A FlexAttention prefill layer's certified ranges for `query` (B, H, q, D) over `key` (B, H, kv, D), the plan's
-    keys, from each row's diagonal logit (`NEAR`)."""
+    keys, from each row's diagonal logit."""
     with torch.no_grad():  # a certificate of this forward's queries and keys: the ranges are constants to autograd
         starts = certified_key_starts(
             query.detach(), key.detach(), plan.slopes, scaling, plan.query_offset, plan.payload.eps, ROWS, KEY_BLOCK,
-            plan.key_padding, near=NEAR, centroid=False, row_group=ROW_GROUP,  # centred: ~0.001 less kept work
+            plan.key_padding, row_group=ROW_GROUP,
         )  # (H, blocks)  # fmt: skip
     return KeyRanges(ROWS, starts)
 
@@ -194,7 +193,7 @@ def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float,
         real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None], 0.0)
         lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, rows, q.shape[-1])
         starts = certified_key_starts(
-            q, k, slopes, scaling, offset, plan.payload.eps, rows, key_block, padding, centroid=False,
+            q, k, slopes, scaling, offset, plan.payload.eps, rows, key_block, padding,
             row_group=ROW_GROUP, lse_lower=lower, query_norms=query_norms, key_norms=key_norms,
         )  # (H, R)  # fmt: skip
         if batch == 1:  # one call per head over all its blocks, not one per (head, block): `shared_key_windows`
@@ -214,7 +213,7 @@ def certified_decode_ranges(plan: AlibiAttentionPlan, query, key, scaling: float
         norms = payload.key_norms(layer, key, plan.key_padding)  # (1, H, blocks)
     else:
         norms = key_block_norms(key, KEY_BLOCK, plan.key_padding).amax(0, keepdim=True)  # (1, H, blocks)
-    # the diagonal logit (Theorem 2 with N = {i}) in float64, as `near_key_lse(..., near=1)` gives it, in a step's
+    # the diagonal logit (Theorem 2 with N = {i}) in float64, as `diagonal_lse` gives it, in a step's
     # fewest operations
     lse = (query[:, :, 0].double() * key[:, :, position].double()).sum(-1) * scaling  # (B, H)
     if plan.key_padding is not None:  # a padded row (its own token is padding) has no certificate: keep it dense
