@@ -39,7 +39,7 @@ from .attention_plan import (
     visible_keys,
     with_host_offset,
 )
-from .attention_sdpa_split import SPLIT_CHUNKS, _flash, head_runs, sdpa_alibi_split, split_kernels_work, split_plan
+from .attention_sdpa_split import SPLIT_CHUNKS, _flash, head_runs, split_attention, split_kernels_work, split_plan
 from .attention_skip_ranges import (
     certified_decode_ranges,
     certified_flex_ranges,
@@ -123,6 +123,8 @@ def alibi_attention(
     `layer` names the layer (certified decoding keeps a key-norm summary per layer of a cache).
     Weights (post-softmax, (B, H, q, buffer)) come only from a plan built for `"eager"`, the model's choice when
     `output_attentions` is asked for; a static cache's unwritten slots get weight 0.
+    The forward's inputs were validated once, when it was planned; what is checked here per call (heads, weights
+    asked of a non-eager plan) are integer comparisons a direct caller can get wrong, and the paths check nothing.
     """
     if heads is not None and heads != plan.heads:  # (the model hands its layers the rank's plan already)
         if not isinstance(heads, slice) or len(range(plan.slopes.shape[0])[heads]) != query.shape[1]:
@@ -205,12 +207,9 @@ def sdpa_mask_attention(query, key, value, plan, scaling, layer=None):
 
 
 def sdpa_split_attention(query, key, value, plan, scaling, layer=None):
-    """SDPA on the CPU flash kernels with no (q, kv) bias (`attention_sdpa_split`), the forward's calls planned."""
-    output = sdpa_alibi_split(
-        query, key, value, plan.slopes, plan.query_offset, plan.key_padding, scaling,
-        chunks=plan.payload.chunks, plan=plan.payload,
-    )  # (B, H, q, D)  # fmt: skip
-    return output.transpose(1, 2), None  # (B, q, H, D)
+    """SDPA on the CPU flash kernels with no (q, kv) bias (`attention_sdpa_split`), the forward's calls planned (and
+    its inputs validated) once: no per-layer checks."""
+    return split_attention(query, key, value, plan.payload, scaling).transpose(1, 2), None  # (B, q, H, D)
 
 
 def sdpa_split_certified_attention(query, key, value, plan, scaling, layer=None):

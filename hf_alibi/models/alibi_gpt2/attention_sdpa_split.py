@@ -90,14 +90,27 @@ def sdpa_alibi_split(
     scaling = dim**-0.5 if scaling is None else scaling
     if q_len == 0:
         return torch.empty_like(query)
-    dtype = torch.promote_types(query.dtype, torch.float32)
-    if plan is None or plan.dtype != dtype:
+    if plan is None:
+        dtype = torch.promote_types(query.dtype, torch.float32)
         plan = split_plan(slopes.to(query.device), offset, q_len, key_padding, chunks, batch, dtype)
     elif (plan.q_len, plan.offset, plan.heads, plan.batch) != (q_len, offset, heads, batch):
         raise ValueError(
             f"the split plan is for q={plan.q_len}, offset={plan.offset}, {plan.heads} heads, batch {plan.batch}; "
             f"the call has q={q_len}, offset={offset}, {heads} heads, batch {batch}"
         )
+    return split_attention(query, key, value, plan, scaling)
+
+
+def split_attention(query, key, value, plan: "SplitPlan", scaling: float) -> torch.Tensor:
+    """The split of `query` (B, H, q, D) over `key`/`value` (B, H, kv, D) by a plan built for these shapes, without
+    re-checking them: the model's per-layer call (its plan validated the forward's inputs once). A layer in another
+    dtype than the plan's masks gets the same calls with masks in its own (fp64 inputs: fp64 masks)."""
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    if plan.dtype != dtype:
+        ranged = plan.first_keys
+        plan = split_plan(plan.slopes.to(query.device), plan.offset, plan.q_len, plan.key_padding, plan.chunks,
+                          plan.batch, dtype)  # fmt: skip
+        plan = plan if ranged is None else plan.in_key_ranges(torch.tensor(ranged))
     return _SplitAttention.apply(query, key, value, plan, scaling)
 
 
@@ -235,6 +248,7 @@ class SplitPlan:
         self.offset, self.key_padding, self.heads, self.slopes = offset, key_padding, slopes.shape[0], slopes
         self.q_len, self.batch, self.dtype, self.chunks = q_len, batch, slopes.dtype, chunks
         self.calls = _cover([], offset, 0, q_len, 0, chunks, (0, self.heads))
+        self.first_keys = None  # (H, blocks) first keys as nested tuples once cut to key ranges (`in_key_ranges`)
         self._set_calls(self.calls)
         self.visible = offset + q_len
         self.ramp = _key_bias(slopes, self.visible, None)[0, :, 0]  # (H, visible): -m * (visible - 1 - j)
@@ -252,7 +266,8 @@ class SplitPlan:
         if len(self.chunks) != 1:
             raise ValueError(f"key ranges cut a one-level plan (chunks = (rows,)), this one has {self.chunks}")
         ranged = copy.copy(self)
-        ranged._set_calls(self._ranged_calls(tuple(map(tuple, first_key.tolist()))))
+        ranged.first_keys = tuple(map(tuple, first_key.tolist()))
+        ranged._set_calls(self._ranged_calls(ranged.first_keys))
         return ranged
 
     def _ranged_calls(self, first_keys):
