@@ -8,45 +8,40 @@ and key/value (B, H, kv, D), and returns ((B, q, H, D) output, (B, H, q, kv) wei
 plan; `layer` (the layer's index, as transformers' functions get the module) matters to certified decoding alone.
 """
 
-import functools
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from .alibi import length_scaled_slopes
+from .attention_eager import eager_alibi_attention, prepare_eager, prepare_sdpa_mask, sdpa_mask_attention
 from .attention_flash import (
     flash_alibi_attention,
     flash_varlen_alibi_attention,
     paged_flash_alibi_attention,
     prepare_flash_attention_2_varlen,
 )
+from .attention_flex import flex_alibi_attention, prepare_flex_attention
 from .attention_packed import packed_alibi_attention, prepare_sdpa_packed
 from .attention_plan import (
     PATHS,
     SDPA_QUERY_CHUNK,
     AlibiAttentionPlan,
     Preparation,
-    BiasBank,
-    FullBias,
     _is_static,
-    bias_bank,
     choose_path,
-    flex_block_mask,
-    full_bias,
-    mask_in_dtype,
     plan_facts,
-    visible_keys,
     with_host_offset,
 )
-from .attention_sdpa_split import SPLIT_CHUNKS, _flash, head_runs, split_attention, split_kernels_work, split_plan
+from .attention_sdpa import prepare_sdpa_bank, sdpa_bank_attention
+from .attention_sdpa_split import SPLIT_CHUNKS, split_attention, split_kernels_work, split_plan
 from .attention_skip_ranges import (
-    certified_decode_ranges,
-    certified_flex_ranges,
-    certified_split,
+    flex_certified_alibi_attention,
     prepare_flex_attention_certified,
     prepare_sdpa_decode_certified,
     prepare_sdpa_split_certified,
+    sdpa_decode_certified_attention,
+    sdpa_split_certified_attention,
     skipping_pays,
 )
 
@@ -149,37 +144,6 @@ def alibi_attention(
     return output, weights
 
 
-@dataclass(frozen=True, eq=False)
-class FlexBlocks:
-    """`flex_attention`: the forward's block mask (padding, documents), the same for every head; `compiled`:
-    FlexAttention's fused kernel (`Route.compiled`)."""
-
-    block_mask: object
-    compiled: bool = False
-
-    def for_heads(self, heads: slice, plan: AlibiAttentionPlan) -> "FlexBlocks":
-        return self
-
-
-def prepare_eager(plan, preparation) -> FullBias:
-    bias = full_bias(plan)  # (B|1, H, q, kv) fp32: the eager path scores in fp32
-    return FullBias(bias, bias)
-
-
-def prepare_sdpa_mask(plan, preparation) -> FullBias:
-    bias = full_bias(plan)  # (B|1, H, q, kv)
-    return FullBias(bias, mask_in_dtype(bias, preparation.dtype))
-
-
-def prepare_sdpa_bank(plan, preparation) -> BiasBank:
-    bank, folded = bias_bank(plan, preparation.query_chunk)  # (B|1, H, chunk, kv)
-    return BiasBank(bank, mask_in_dtype(bank, preparation.dtype), folded)
-
-
-def prepare_flex_attention(plan, preparation) -> FlexBlocks:
-    return FlexBlocks(flex_block_mask(plan), preparation.compiled)
-
-
 def prepare_flash_attention_2(plan, preparation) -> None:
     return None  # the kernel takes the slopes and causality itself
 
@@ -189,162 +153,10 @@ def prepare_sdpa_split(plan, preparation):
                       dtype=preparation.dtype)  # fmt: skip
 
 
-def eager_alibi_attention(query, key, value, plan, scaling, layer=None):
-    """The reference: scores in fp32, plus the plan's fp32 relative bias (every mask folded in), softmax in fp32."""
-    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scaling  # (B, H, q, kv)
-    weights = torch.softmax(scores + plan.payload.bias, dim=-1).to(value.dtype)  # (B, H, q, kv)
-    weights = F.dropout(weights, p=plan.dropout, training=plan.dropout > 0)
-    output = torch.matmul(weights, value)  # (B, H, q, D)
-    return output.transpose(1, 2), weights  # (B, q, H, D)
-
-
-def sdpa_mask_attention(query, key, value, plan, scaling, layer=None):
-    """One SDPA call with the plan's whole (B|1, H, q, kv) mask."""
-    output = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=plan.payload.in_dtype(query.dtype), dropout_p=plan.dropout, scale=scaling
-    )  # (B, H, q, D)
-    return output.transpose(1, 2), None  # (B, q, H, D)
-
-
 def sdpa_split_attention(query, key, value, plan, scaling, layer=None):
     """SDPA on the CPU flash kernels with no (q, kv) bias (`attention_sdpa_split`), the forward's calls planned (and
     its inputs validated) once: no per-layer checks."""
     return split_attention(query, key, value, plan.payload, scaling).transpose(1, 2), None  # (B, q, H, D)
-
-
-def sdpa_split_certified_attention(query, key, value, plan, scaling, layer=None):
-    """The split computes the diagonals, certifies the rest from their log-sum-exps, then reads only the kept keys
-    (`attention_skip_ranges.certified_split`)."""
-    return certified_split(query, key, value, plan, scaling)[0].transpose(1, 2), None  # (B, q, H, D)
-
-
-def sdpa_bank_attention(query, key, value, plan, scaling, layer=None):
-    """Public SDPA per query chunk; each chunk's mask is a view of the plan's bias bank.
-
-    Rows [s, e) sit at absolute positions offset + s .. offset + e - 1 and see keys [0, offset + e). With
-    E = offset + e and n = e - s, the bank row a' = a + chunk - n and column c = j + kv - E hold exactly
-    -m * ((offset + s + a) - j), so the chunk's mask is bank[:, :, chunk - n:, kv - E:].
-    """
-    bank = plan.payload.in_dtype(query.dtype)  # (B|1, H, chunk, kv)
-    chunk, kv = bank.shape[2], plan.key_length
-    q_len, offset = plan.query_length, plan.query_offset
-    outputs = []
-    for start in range(0, q_len, chunk):
-        end = min(start + chunk, q_len)
-        n, visible = end - start, offset + end
-        mask = bank[:, :, chunk - n :, kv - visible :]  # (B|1, H, n, visible), a view
-        if not plan.payload.folded:
-            keep = visible_keys(plan, slice(start, end), slice(0, visible))  # (B|1, 1|H, n|1, visible) or None
-            if keep is not None:
-                mask = mask.masked_fill(~keep, torch.finfo(mask.dtype).min)  # (B|1, H, n, visible)
-        out = F.scaled_dot_product_attention(
-            query[:, :, start:end], key[:, :, :visible], value[:, :, :visible],
-            attn_mask=mask, dropout_p=plan.dropout, scale=scaling,
-        )  # (B, H, n, D)  # fmt: skip
-        outputs.append(out)
-    output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (B, H, q, D)
-    return output.transpose(1, 2), None  # (B, q, H, D)
-
-
-def sdpa_decode_certified_attention(query, key, value, plan, scaling, layer=None):
-    """A decoding row over its layer's certified key ranges (`attention_skip_ranges.certified_decode_ranges`): one
-    public call per run of heads that share a first key, over keys [first, kv) with the bank's per-key bias, so
-    skipped keys are not read at all. `segmented` (the payload's): each run's keys cut into `DECODE_SEGMENT`-key
-    segments that go to the CPU flash kernel as one batch (a call over one query row cannot spread over threads
-    otherwise: the kernel splits work by batch, heads and query rows), merged exactly by their log-sum-exps."""
-    ranges = certified_decode_ranges(plan, query, key, scaling, layer)
-    attend_row = _segmented_row if plan.payload.segmented else _public_row
-    return _decode_in_ranges(query, key, value, plan, plan.payload.bank, ranges, scaling, attend_row), None
-
-
-def _decode_in_ranges(query, key, value, plan, bank, ranges, scaling, attend_row):
-    """(B, 1, H, D): each run of heads sharing a first key attends keys [first, kv) through `attend_row`."""
-    bias = bank.in_dtype(query.dtype)  # (B|1, H, 1, kv)
-    outputs = []
-    for head, end, first in head_runs(ranges.first_key[:, 0].tolist()):
-        heads = slice(head, end)
-        outputs.append(attend_row(query[:, heads], key[:, heads], value[:, heads], bias[:, heads], first,
-                                  plan.dropout, scaling))  # (B, h, 1, D)  # fmt: skip
-    output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, H, 1, D)
-    return output.transpose(1, 2)  # (B, 1, H, D)
-
-
-def _public_row(query, key, value, bias, first, dropout, scaling):
-    """(B, h, 1, D) over keys [first, kv): one public SDPA call."""
-    return F.scaled_dot_product_attention(query, key[:, :, first:], value[:, :, first:], attn_mask=bias[..., first:],
-                                          dropout_p=dropout, scale=scaling)  # fmt: skip
-
-
-DECODE_SEGMENT = 2048  # keys per segment of a decoding row's long key range
-
-
-def _segmented_row(query, key, value, bias, first, dropout, scaling):
-    """Batch 1, one row (1, h, 1, D) over keys [first, kv): whole segments as one kernel batch, the rest after.
-
-    A range shorter than two segments is one segment, and its one call is the answer.
-    """
-    kv = key.shape[2]
-    count = (kv - first) // DECODE_SEGMENT if kv - first >= 2 * DECODE_SEGMENT else 0
-    split = first + count * DECODE_SEGMENT
-    parts = []
-    if count:
-        def segments(tensor):  # keys [first, split) of (1, h, kv, D) as (count, h, S, D), a view
-            return tensor[0, :, first:split].unflatten(1, (count, DECODE_SEGMENT)).transpose(0, 1)
-
-        mask = bias[0, :, :, first:split].unflatten(2, (count, DECODE_SEGMENT)).permute(2, 0, 1, 3)  # (count, h, 1, S)
-        rows = query.expand(count, -1, -1, -1)  # (count, h, 1, D)
-        parts.append(_flash(rows, segments(key), segments(value), mask, scaling))  # (count, h, 1, D), (count, h, 1)
-    if split < kv:
-        parts.append(_flash(query, key[:, :, split:], value[:, :, split:], bias[:, :, :, split:], scaling))
-    if len(parts) == 1 and parts[0][0].shape[0] == 1:
-        return parts[0][0].to(query.dtype)  # (1, h, 1, D)
-    out, lse = (torch.cat(tensors) for tensors in zip(*parts))  # (segments, h, 1, D), (segments, h, 1)
-    weights = torch.softmax(lse.float(), dim=0)[..., None]  # (segments, h, 1, 1): each segment's share of the mass
-    return (weights * out.float()).sum(0, keepdim=True).to(query.dtype)  # (1, h, 1, D)
-
-
-def flex_alibi_attention(query, key, value, plan, scaling, layer=None):
-    """FlexAttention with the analytic ALiBi `score_mod`: no bias tensor at all, masked blocks skipped. On CPU this
-    runs FlexAttention's unfused path unless the model is under `torch.compile`; `compiled` (the payload's): the
-    fused kernel, for a model that runs eagerly on a GPU (what transformers' flex integration does), whose skipped
-    blocks are never read."""
-    return _flex(query, key, value, plan, scaling, plan.payload.block_mask, _flex_attention(plan.payload.compiled))
-
-
-def flex_certified_alibi_attention(query, key, value, plan, scaling, layer=None):
-    """FlexAttention over the layer's certified key ranges, as per-head block masks (`compiled` as above)."""
-    block_mask = flex_block_mask(plan, certified_flex_ranges(plan, query, key, scaling))
-    return _flex(query, key, value, plan, scaling, block_mask, _flex_attention(plan.payload.compiled))
-
-
-def _flex(query, key, value, plan, scaling, block_mask, attend):
-    if query.device.type == "cpu" and query.requires_grad:
-        raise ValueError(
-            "attn_implementation='flex_attention' has no backward pass on CPU in this torch version: train with "
-            "'sdpa' on CPU, or run inference under torch.no_grad()"
-        )
-    slopes, offset = plan.slopes.to(query.device), plan.query_offset
-    if query.device.type == "cpu":  # torch 2.13's CPU flex template lowers only inputs laid out as (B, H, L, D)
-        query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
-
-    def alibi_score(score, b, h, q_idx, kv_idx):
-        return score - slopes[h] * (q_idx + offset - kv_idx)
-
-    output = attend(query, key, value, score_mod=alibi_score, block_mask=block_mask, scale=scaling)
-    return output.transpose(1, 2), None  # (B, q, H, D)
-
-
-def _flex_attention(compiled: bool):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return _compiled_flex_attention() if compiled else flex_attention
-
-
-@functools.cache
-def _compiled_flex_attention():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
 
 
 def paged_alibi_attention(query, key, value, plan, scaling, layer=None):

@@ -1,5 +1,5 @@
 """One ALiBi attention plan per forward: the facts every layer shares, the one function that chooses the path, and
-the masks the paths build from those facts.
+the visibility every path's masks are built from (`visible_keys`).
 
 The model plans once per forward (`attention_alibi.plan_alibi_attention`, or `attention_paged.plan_paged_attention`
 under continuous batching): `plan_facts` validates the raw inputs (the 2-D padding mask, packed-row `position_ids` or
@@ -21,14 +21,14 @@ The paths (`PATHS`; `choose_path` is the only place that picks one, and a `Route
 
 | path | when `choose_path` picks it | file |
 |---|---|---|
-| `eager` | `attn_implementation="eager"` or `output_attentions`: the fp32 reference, the only one with weights | attention_alibi.py |
+| `eager` | `attn_implementation="eager"` or `output_attentions`: the fp32 reference, the only one with weights | attention_eager.py |
 | `sdpa_split` | sdpa, CPU, > 1 query row ending at the last key, no dropout, no tracing, probe passed | attention_sdpa_split.py |
 | `sdpa_split_certified` | the same with `alibi_skip_eps` (a number, or `"auto"` where `skipping_pays`) | attention_skip_ranges.py |
-| `sdpa_bank` | sdpa otherwise: decoding rows, dropout, GPUs, traced graphs, `alibi_sdpa_split=False` | attention_alibi.py |
+| `sdpa_bank` | sdpa otherwise: decoding rows, dropout, GPUs, traced graphs, `alibi_sdpa_split=False` | attention_sdpa.py |
 | `sdpa_packed` | packed rows on the split where skipping applies to a document: each document alone | attention_packed.py |
-| `sdpa_decode_certified` | one decoding row that skips; `segmented`: CPU, batch 1, no dropout, probe passed | attention_alibi.py |
-| `sdpa_mask` | sdpa, queries not ending at the last key as plain ints (static cache compiled, export) | attention_alibi.py |
-| `flex_attention` | flex_attention; `compiled`: on a GPU outside tracing (the fused kernel) | attention_alibi.py |
+| `sdpa_decode_certified` | one decoding row that skips; `segmented`: CPU, batch 1, no dropout, probe passed | attention_skip_ranges.py |
+| `sdpa_mask` | sdpa, queries not ending at the last key as plain ints (static cache compiled, export) | attention_eager.py |
+| `flex_attention` | flex_attention; `compiled`: on a GPU outside tracing (the fused kernel) | attention_flex.py |
 | `flex_attention_certified` | flex_attention with skipping, outside tracing; `compiled` as above | attention_skip_ranges.py |
 | `flash_attention_2` | flash_attention_2 without padding or packed rows (flash-attn's `alibi_slopes`) | attention_flash.py |
 | `flash_attention_2_varlen` | flash_attention_2 with padding or packed rows: the real tokens only | attention_flash.py |
@@ -47,7 +47,6 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .alibi import alibi_causal_bias
 from .attention_packed import document_lengths, documents_from_cu_seq_lens, packed_documents
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
@@ -125,29 +124,6 @@ class Preparation(NamedTuple):
     plan_part: object | None = None  # sdpa_packed: `plan_part(length)` plans one uncached row (a document) alone
     segmented: bool = False  # sdpa_decode_certified: long key runs in segments on the CPU flash kernel
     compiled: bool = False  # flex_attention(_certified): FlexAttention's fused kernel
-
-
-@dataclass(frozen=True, eq=False)
-class FullBias:
-    """`eager` and `sdpa_mask`: one fp32 (B|1, H, q, kv) bias with every mask folded in, and its cast."""
-
-    bias: torch.Tensor  # fp32
-    cast: torch.Tensor  # `bias` in the layers' compute dtype, cast once (`bias` itself if fp32)
-
-    def in_dtype(self, dtype: torch.dtype) -> torch.Tensor:
-        """The bias in `dtype`: the one cast at planning time, or (a layer in another dtype) a cast of fp32."""
-        return self.cast if self.cast.dtype == dtype else mask_in_dtype(self.bias, dtype)
-
-    def for_heads(self, heads: slice, plan: AlibiAttentionPlan) -> "FullBias":
-        return replace(self, bias=self.bias[:, heads], cast=self.cast[:, heads])
-
-
-@dataclass(frozen=True, eq=False)
-class BiasBank(FullBias):
-    """`sdpa_bank` and the decoding rows: the bias (B|1, H, chunk, kv) of the last `chunk` queries against all keys,
-    which every chunk's mask slices; `folded`: a single chunk, whose bank already hides padding and documents."""
-
-    folded: bool = False
 
 
 def plan_facts(slopes: torch.Tensor, batch: int, query_length: int, key_length: int, query_offset=None,
@@ -360,52 +336,3 @@ def visible_keys(plan: AlibiAttentionPlan, rows: slice = slice(None), keys: slic
     return keep
 
 
-def full_bias(plan: AlibiAttentionPlan) -> torch.Tensor:
-    """One fp32 (B|1, H, q, kv) bias with every mask folded in: eager's, and sdpa_mask's before its cast."""
-    bias = alibi_causal_bias(plan.slopes, plan.query_length, plan.key_length, plan.query_offset)[None]  # (1, H, q, kv)
-    keep = visible_keys(plan)
-    return bias if keep is None else bias.masked_fill(~keep, torch.finfo(torch.float32).min)  # (B|1, H, q, kv)
-
-
-def bias_bank(plan: AlibiAttentionPlan, query_chunk: int) -> tuple[torch.Tensor, bool]:
-    """The bias of the last `chunk` queries against all keys (chunks' masks slice it), and whether masks are in it.
-
-    A single chunk (decoding, short inputs) gets padding and documents folded in once, here.
-    """
-    chunk = min(plan.query_length, query_chunk)
-    bank = alibi_causal_bias(plan.slopes, chunk, plan.key_length)[None]  # (1, H, chunk, kv) fp32
-    if chunk < plan.query_length:
-        return bank, False
-    keep = visible_keys(plan)
-    return (bank if keep is None else bank.masked_fill(~keep, torch.finfo(torch.float32).min)), True
-
-
-def flex_block_mask(plan: AlibiAttentionPlan, ranges: KeyRanges | None = None):
-    """Causal, padding- and document-aware (and key-range-aware: certified `ranges`, per head): blocks no query of a
-    block can see are skipped.
-
-    Padding is read from the mask as given where the plan has it (`AlibiAttentionPlan.attention_mask`): torch 2.13's
-    CPU inductor cannot lower a mask_mod that reads the graph's own `.bool()` of it (packed rows' document indices
-    lower: `tests/modeling_alibi_gpt2/test_compile_export.py` compiles both).
-    """
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    offset, key_padding, documents = plan.query_offset, plan.key_padding, plan.documents
-    given = plan.attention_mask
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        keep = kv_idx <= q_idx + offset
-        if given is not None:
-            keep = keep & (given[b, kv_idx] != 0)
-        elif key_padding is not None:
-            keep = keep & key_padding[b, kv_idx]
-        if documents is not None:
-            keep = keep & (documents[b, q_idx] == documents[b, kv_idx])
-        if ranges is not None:
-            keep = keep & (kv_idx >= ranges.first_key[h, q_idx // ranges.rows])
-        return keep
-
-    per_row = key_padding if key_padding is not None else documents
-    batch = None if per_row is None else per_row.shape[0]
-    heads = None if ranges is None else plan.slopes.shape[0]  # per-head masks only when heads differ
-    return create_block_mask(mask_mod, batch, heads, plan.query_length, plan.key_length, device=plan.slopes.device)

@@ -21,7 +21,9 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import DynamicLayer, StaticLayer
 
-from .attention_plan import AUTO_EPS, AlibiAttentionPlan, BiasBank, KeyRanges, Preparation, bias_bank, mask_in_dtype  # noqa: F401
+from .attention_flex import flex_block_mask, flex_over_blocks
+from .attention_plan import AUTO_EPS, AlibiAttentionPlan, KeyRanges, Preparation, mask_in_dtype  # noqa: F401
+from .attention_sdpa import BiasBank, bias_bank, decode_in_ranges
 from .attention_sdpa_split import SplitPlan, _SplitAttention, attend_diagonals, shared_key_windows, split_plan
 from .attention_skip import (
     certified_decode_start,
@@ -220,6 +222,28 @@ def certified_decode_ranges(plan: AlibiAttentionPlan, query, key, scaling: float
         lse = lse.masked_fill(~plan.key_padding[:, None, position], -torch.inf)
     starts = certified_decode_start(query, norms, plan.slopes, scaling, position, payload.eps, KEY_BLOCK, lse)
     return KeyRanges(1, starts.amin(0)[:, None])  # (H, 1)
+
+
+def sdpa_split_certified_attention(query, key, value, plan, scaling, layer=None):
+    """The split computes the diagonals, certifies the rest from their log-sum-exps, then reads only the kept keys
+    (`certified_split`)."""
+    return certified_split(query, key, value, plan, scaling)[0].transpose(1, 2), None  # (B, q, H, D)
+
+
+def sdpa_decode_certified_attention(query, key, value, plan, scaling, layer=None):
+    """A decoding row over its layer's certified key ranges (`certified_decode_ranges`): one
+    public call per run of heads that share a first key, over keys [first, kv) with the bank's per-key bias, so
+    skipped keys are not read at all; `segmented` (the payload's): in key segments on the CPU flash kernel
+    (`attention_sdpa.decode_in_ranges`)."""
+    ranges = certified_decode_ranges(plan, query, key, scaling, layer)
+    return decode_in_ranges(query, key, value, plan, plan.payload.bank, ranges, scaling, plan.payload.segmented), None
+
+
+def flex_certified_alibi_attention(query, key, value, plan, scaling, layer=None):
+    """FlexAttention over the layer's certified key ranges, as per-head block masks (`compiled`: the fused kernel)."""
+    block_mask = flex_block_mask(plan, certified_flex_ranges(plan, query, key, scaling))
+    return flex_over_blocks(query, key, value, plan, scaling, block_mask, plan.payload.compiled)
+
 
 
 class RunningKeyNorms:
