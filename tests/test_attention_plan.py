@@ -84,7 +84,7 @@ def test_the_route_holds_every_decision_path_eps_and_host_offset():
     """`choose_path` alone decides what changes the route: weights asked for, `"auto"` per shape (a packed row's
     documents, a static cache's step), and whether a static cache's 0-d count is read to the host."""
     from hf_alibi.models.alibi_gpt2.attention_plan import AUTO_EPS, Route
-    from hf_alibi.models.alibi_gpt2.attention_skip_ranges import skipping_pays
+    from hf_alibi.models.alibi_gpt2.attention_certified import skipping_pays
 
     cpu = dict(device="cpu", tracing=False, kernels_work=lambda: True, skip_pays=skipping_pays)
     slopes = get_alibi_slopes(4)  # the demo's: "auto" skips an 8k prefill (from ~6.2k) and a ~15.3k-key decoding row

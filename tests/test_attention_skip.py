@@ -24,7 +24,7 @@ from benchmarks.skip_research import (
 )
 from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
 from hf_alibi.models.alibi_gpt2.attention_skip import diagonal_lse, key_block_norms, upper_norms
-from hf_alibi.models.alibi_gpt2.attention_skip_ranges import certified_split
+from hf_alibi.models.alibi_gpt2.attention_certified import certified_split
 
 SLOPES = (0.0, 2.0**-8, 2.0**-4, 0.5, 2.0)
 CHECKS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

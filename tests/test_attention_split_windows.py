@@ -18,7 +18,7 @@ from hf_alibi.models.alibi_gpt2.attention_sdpa_split import (
     shared_key_windows,
     split_plan,
 )
-from hf_alibi.models.alibi_gpt2.attention_skip_ranges import KEY_BLOCK, ROWS, certified_split
+from hf_alibi.models.alibi_gpt2.attention_certified import KEY_BLOCK, ROWS, certified_split
 
 
 def certified_like_starts(slopes, offset, q_len, rows, reach_per_slope, seed=0):

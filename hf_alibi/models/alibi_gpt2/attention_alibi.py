@@ -14,6 +14,15 @@ import torch
 import torch.nn.functional as F
 
 from .alibi import length_scaled_slopes
+from .attention_certified import (
+    flex_certified_alibi_attention,
+    prepare_flex_attention_certified,
+    prepare_sdpa_decode_certified,
+    prepare_sdpa_split_certified,
+    sdpa_decode_certified_attention,
+    sdpa_split_certified_attention,
+    skipping_pays,
+)
 from .attention_eager import eager_alibi_attention, prepare_eager, prepare_sdpa_mask, sdpa_mask_attention
 from .attention_flash import (
     flash_alibi_attention,
@@ -35,15 +44,6 @@ from .attention_plan import (
 )
 from .attention_sdpa import prepare_sdpa_bank, sdpa_bank_attention
 from .attention_sdpa_split import SPLIT_CHUNKS, split_attention, split_kernels_work, split_plan
-from .attention_skip_ranges import (
-    flex_certified_alibi_attention,
-    prepare_flex_attention_certified,
-    prepare_sdpa_decode_certified,
-    prepare_sdpa_split_certified,
-    sdpa_decode_certified_attention,
-    sdpa_split_certified_attention,
-    skipping_pays,
-)
 
 
 def plan_alibi_attention(
@@ -75,7 +75,7 @@ def plan_alibi_attention(
     whose chunks have `query_chunk` rows (the config's `alibi_sdpa_split` and `alibi_sdpa_query_chunk`).
     `skip_eps` (the config's `alibi_skip_eps`: `"auto"` or a number) asks for certified key skipping
     (`choose_path` says where it applies); a decoding step that skips reads the running key-norm summary of its cache
-    (`attention_skip_ranges.RunningKeyNorms`) from `key_norms`, a function called only then.
+    (`attention_certified.RunningKeyNorms`) from `key_norms`, a function called only then.
     `output_attentions` plans the eager path, the one that returns weights. `train_seq_len` (the config's
     length-dependent `alibi_scaling`) divides the slopes by max(1, K / n) here, once, K = cached + new keys (a static
     cache's filled part, not its buffer): every path, certified skipping and its rule read the scaled slopes; a

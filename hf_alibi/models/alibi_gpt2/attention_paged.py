@@ -29,6 +29,7 @@ from transformers.generation.continuous_batching import PagedAttentionCache  # l
 
 from .alibi import length_scaled_slopes
 from .attention_alibi import alibi_attention, plan_alibi_attention
+from .attention_certified import skipping_pays
 from .attention_plan import (
     PAGED_PREFIX,
     SDPA_QUERY_CHUNK,
@@ -39,7 +40,6 @@ from .attention_plan import (
 )
 from .attention_sdpa import BiasBank
 from .attention_sdpa_split import split_kernels_work
-from .attention_skip_ranges import skipping_pays
 
 # What transformers' continuous batching hands the model beside `position_ids` (continuous_batching/input_outputs.py)
 PAGED_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "read_index", "write_index",

@@ -23,13 +23,13 @@ The paths (`PATHS`; `choose_path` is the only place that picks one, and a `Route
 |---|---|---|
 | `eager` | `attn_implementation="eager"` or `output_attentions`: the fp32 reference, the only one with weights | attention_eager.py |
 | `sdpa_split` | sdpa, CPU, > 1 query row ending at the last key, no dropout, no tracing, probe passed | attention_sdpa_split.py |
-| `sdpa_split_certified` | the same with `alibi_skip_eps` (a number, or `"auto"` where `skipping_pays`) | attention_skip_ranges.py |
+| `sdpa_split_certified` | the same with `alibi_skip_eps` (a number, or `"auto"` where `skipping_pays`) | attention_certified.py |
 | `sdpa_bank` | sdpa otherwise: decoding rows, dropout, GPUs, traced graphs, `alibi_sdpa_split=False` | attention_sdpa.py |
 | `sdpa_packed` | packed rows on the split where skipping applies to a document: each document alone | attention_packed.py |
-| `sdpa_decode_certified` | one decoding row that skips; `segmented`: CPU, batch 1, no dropout, probe passed | attention_skip_ranges.py |
+| `sdpa_decode_certified` | one decoding row that skips; `segmented`: CPU, batch 1, no dropout, probe passed | attention_certified.py |
 | `sdpa_mask` | sdpa, queries not ending at the last key as plain ints (static cache compiled, export) | attention_eager.py |
 | `flex_attention` | flex_attention; `compiled`: on a GPU outside tracing (the fused kernel) | attention_flex.py |
-| `flex_attention_certified` | flex_attention with skipping, outside tracing; `compiled` as above | attention_skip_ranges.py |
+| `flex_attention_certified` | flex_attention with skipping, outside tracing; `compiled` as above | attention_certified.py |
 | `flash_attention_2` | flash_attention_2 without padding or packed rows (flash-attn's `alibi_slopes`) | attention_flash.py |
 | `flash_attention_2_varlen` | flash_attention_2 with padding or packed rows: the real tokens only | attention_flash.py |
 | `paged` | continuous batching (a `PagedAttentionCache`): each request through its own route | attention_paged.py |
@@ -37,7 +37,7 @@ The paths (`PATHS`; `choose_path` is the only place that picks one, and a `Route
 
 The split and its certified form run on PyTorch's private CPU flash kernels with no (q, kv) bias; the bias bank
 slices one (H, chunk, kv) bias per query chunk; the certified paths compute each layer's key ranges from its own
-queries and keys (`attention_skip_ranges.py`); the paged paths are planned by `attention_paged.plan_paged_attention`,
+queries and keys (`attention_certified.py`); the paged paths are planned by `attention_paged.plan_paged_attention`,
 each request a batch-1 cached forward of its own (the dense decoding rows share one batched call).
 """
 
@@ -58,7 +58,7 @@ PATHS = (
 PAGED_PREFIX = "paged|"  # continuous batching's implementations (transformers names eager models "paged|eager")
 # Rows per query chunk of the bias bank (the config's `alibi_sdpa_query_chunk`)
 SDPA_QUERY_CHUNK = 256
-# `alibi_skip_eps="auto"`'s eps where it skips (`attention_skip_ranges` says where that pays)
+# `alibi_skip_eps="auto"`'s eps where it skips (`attention_certified` says where that pays)
 AUTO_EPS = 1e-7
 
 
@@ -189,7 +189,7 @@ def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, trac
     without caller-given key ranges, on the split (training too: its gradient is that of the attention computed),
     on packed rows (each document as a row of its own), on FlexAttention and on one-row steps over plain-int
     positions. `"auto"` skips on the `sdpa` backend on CPU where `skip_pays(slopes, query_length, key_length)` (the
-    measured rule, `attention_skip_ranges.skipping_pays`) says so for this shape, in training as at inference; a
+    measured rule, `attention_certified.skipping_pays`) says so for this shape, in training as at inference; a
     packed row's shape is each document's. The same rule holds for a decoding row under `generate()` and for each
     request of a continuous batch (`attention_paged.py` asks per request). `kernels_work` (the split's probe) is
     called only when it matters. `paged`: continuous batching's flattened row of requests; `block_table`:

@@ -1,6 +1,6 @@
 """Public SDPA with a bias bank: `sdpa_bank` (per query chunk, each chunk's mask a view of one (B|1, H, chunk, kv)
 bank: decoding rows, dropout, GPUs, traced graphs, `alibi_sdpa_split=False`), and the decoding rows that read only
-some keys per run of heads (`decode_in_ranges`: certified decoding's, `attention_skip_ranges.py`).
+some keys per run of heads (`decode_in_ranges`: certified decoding's, `attention_certified.py`).
 """
 
 from dataclasses import dataclass

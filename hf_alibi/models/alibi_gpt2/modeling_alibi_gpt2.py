@@ -31,7 +31,7 @@ from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention, plan_alibi_attention
 from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
 from .attention_plan import AlibiAttentionPlan
-from .attention_skip_ranges import KeyNormSummaries, RunningKeyNorms
+from .attention_certified import KeyNormSummaries, RunningKeyNorms
 from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
 from .tensor_parallel_alibi_gpt2 import ALIBI_HEADS  # noqa: F401  (registers the styles of the config's TP plan)
 
@@ -190,7 +190,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         # Fixed, never trained: a non-persistent buffer (not in checkpoints, not seen by optimizers).
         self.register_buffer("alibi_slopes", slopes_from_config(config), persistent=False)  # (H,)
-        # Per cache this model decodes with skipping, the running key-norm summary (attention_skip_ranges.py)
+        # Per cache this model decodes with skipping, the running key-norm summary (attention_certified.py)
         self.key_norms = KeyNormSummaries()
         self.gradient_checkpointing = False
         self.post_init()
