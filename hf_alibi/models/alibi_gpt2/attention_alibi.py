@@ -43,7 +43,7 @@ from .attention_plan import (
     with_host_offset,
 )
 from .attention_sdpa import prepare_sdpa_bank, sdpa_bank_attention
-from .attention_sdpa_split import SPLIT_CHUNKS, split_attention, split_kernels_work, split_plan
+from .attention_sdpa_split import prepare_sdpa_split, sdpa_split_attention, split_kernels_work
 
 
 def plan_alibi_attention(
@@ -146,17 +146,6 @@ def alibi_attention(
 
 def prepare_flash_attention_2(plan, preparation) -> None:
     return None  # the kernel takes the slopes and causality itself
-
-
-def prepare_sdpa_split(plan, preparation):
-    return split_plan(plan.slopes, plan.query_offset, plan.query_length, plan.key_padding, SPLIT_CHUNKS, plan.batch,
-                      dtype=preparation.dtype)  # fmt: skip
-
-
-def sdpa_split_attention(query, key, value, plan, scaling, layer=None):
-    """SDPA on the CPU flash kernels with no (q, kv) bias (`attention_sdpa_split`), the forward's calls planned (and
-    its inputs validated) once: no per-layer checks."""
-    return split_attention(query, key, value, plan.payload, scaling).transpose(1, 2), None  # (B, q, H, D)
 
 
 def paged_alibi_attention(query, key, value, plan, scaling, layer=None):

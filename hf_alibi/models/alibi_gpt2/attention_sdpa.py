@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from .alibi import alibi_causal_bias
+from .attention_cpu_flash import _flash
 from .attention_eager import FullBias
 from .attention_plan import AlibiAttentionPlan, mask_in_dtype, visible_keys
-from .attention_sdpa_split import _flash, head_runs
+from .attention_sdpa_split import head_runs
 
 
 @dataclass(frozen=True, eq=False)
