@@ -32,6 +32,7 @@ from .attention_flash import (
 )
 from .attention_flex import flex_alibi_attention, prepare_flex_attention
 from .attention_packed import packed_alibi_attention, prepare_sdpa_packed
+from .attention_paged import paged_alibi_attention, prepare_paged
 from .attention_plan import (
     PATHS,
     SDPA_QUERY_CHUNK,
@@ -146,33 +147,6 @@ def alibi_attention(
 
 def prepare_flash_attention_2(plan, preparation) -> None:
     return None  # the kernel takes the slopes and causality itself
-
-
-def paged_alibi_attention(query, key, value, plan, scaling, layer=None):
-    """A continuous-batching forward (`attention_paged.py`): query (1, H, T, D) holds every request's new rows, key
-    and value (1, H, K, D) every request's keys. Each prefill segment attends its own key slice through its own
-    batch-1 plan; the decoding rows attend their gathered keys in one batched call."""
-    paged = plan.payload
-    batch, heads, _, head_dim = query.shape
-    output = query.new_zeros(batch, paged.total_rows, heads, head_dim)  # (1, T, H, D): padding rows stay zero
-    for segment in paged.segments:
-        rows, keys = slice(segment.row_start, segment.row_end), slice(segment.key_start, segment.key_end)
-        output[:, rows] = alibi_attention(query[:, :, rows], key[:, :, keys], value[:, :, keys], segment.plan,
-                                          scaling, layer=layer)[0]  # (1, q_r, H, D)  # fmt: skip
-    decode = paged.decode
-    if decode is not None:
-        n, longest = decode.rows.shape[0], decode.plan.key_length
-        rows = query[0].index_select(1, decode.rows).transpose(0, 1)[:, :, None]  # (n, H, 1, D)
-        # The cache returns keys as (1, H, K, D) views of (K, H, D): gather whole (H, D) rows, then view per request
-        gathered = [t[0].transpose(0, 1).index_select(0, decode.key_index) for t in (key, value)]  # 2 x (n K_max, H, D)
-        k, v = (t.view(n, longest, heads, head_dim).transpose(1, 2) for t in gathered)  # 2 x (n, H, K_max, D)
-        out = ALIBI_ATTENTION_FUNCTIONS[decode.plan.path](rows, k, v, decode.plan, scaling, layer)[0]  # (n, 1, H, D)
-        output[0].index_copy_(0, decode.rows, out[:, 0])
-    return output, None
-
-
-def prepare_paged(plan, preparation):
-    raise ValueError(f"the paged paths ({plan.path!r}) are planned by attention_paged.plan_paged_attention")
 
 
 # The plan's path -> its function (`attention_plan.py` says why each path exists)

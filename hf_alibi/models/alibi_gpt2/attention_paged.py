@@ -28,7 +28,6 @@ import torch
 from transformers.generation.continuous_batching import PagedAttentionCache  # loaded with GenerationMixin anyway
 
 from .alibi import length_scaled_slopes
-from .attention_alibi import alibi_attention, plan_alibi_attention
 from .attention_certified import skipping_pays
 from .attention_plan import (
     PAGED_PREFIX,
@@ -156,6 +155,7 @@ def plan_paged_attention(
 
     cu_q_list, cu_k_list = cache_kwargs["cu_seq_lens_q"].tolist(), cu_k.tolist()  # one host read per forward
     _check_boundaries(cu_q_list, cu_k_list, query_length, position_ids)
+    from .attention_alibi import plan_alibi_attention  # the entry imports this module
     base = "eager" if implementation == "eager" else "sdpa"
     segments, decoding = [], []
     for request in range(len(cu_q_list) - 1):
@@ -186,6 +186,8 @@ def paged_attention(cache, query, key, value, plan: AlibiAttentionPlan, scaling:
     Like transformers' `PagedAttentionCache.update` (`torch.compiler.disable`), it runs outside compiled graphs:
     the plan it carries out holds each request's boundaries as host ints, which a graph would bake in.
     """
+    from .attention_alibi import alibi_attention  # the entry imports this module
+
     key, value, plan = plan.payload.update_cache(cache, key, value, layer, plan)  # (1, H', K, D)
     return alibi_attention(query, key, value, plan, scaling, heads=heads, layer=layer)
 
@@ -244,3 +246,33 @@ def _decode_group(implementation: str, slopes, decoding: list, dtype, train_seq_
     path = choose_path(implementation, facts, slopes.device.type, tracing=False).path  # eager, or the one-row bank
     plan = replace(facts, path=path, payload=BiasBank(bias, mask_in_dtype(bias, dtype), folded=True))
     return PagedDecode(rows, key_index.reshape(-1), plan)
+
+
+def paged_alibi_attention(query, key, value, plan, scaling, layer=None):
+    """A continuous-batching forward: query (1, H, T, D) holds every request's new rows, key
+    and value (1, H, K, D) every request's keys. Each prefill segment attends its own key slice through its own
+    batch-1 plan; the decoding rows attend their gathered keys in one batched call."""
+    from .attention_alibi import ALIBI_ATTENTION_FUNCTIONS, alibi_attention  # the entry imports this module
+
+    paged = plan.payload
+    batch, heads, _, head_dim = query.shape
+    output = query.new_zeros(batch, paged.total_rows, heads, head_dim)  # (1, T, H, D): padding rows stay zero
+    for segment in paged.segments:
+        rows, keys = slice(segment.row_start, segment.row_end), slice(segment.key_start, segment.key_end)
+        output[:, rows] = alibi_attention(query[:, :, rows], key[:, :, keys], value[:, :, keys], segment.plan,
+                                          scaling, layer=layer)[0]  # (1, q_r, H, D)  # fmt: skip
+    decode = paged.decode
+    if decode is not None:
+        n, longest = decode.rows.shape[0], decode.plan.key_length
+        rows = query[0].index_select(1, decode.rows).transpose(0, 1)[:, :, None]  # (n, H, 1, D)
+        # The cache returns keys as (1, H, K, D) views of (K, H, D): gather whole (H, D) rows, then view per request
+        gathered = [t[0].transpose(0, 1).index_select(0, decode.key_index) for t in (key, value)]  # 2 x (n K_max, H, D)
+        k, v = (t.view(n, longest, heads, head_dim).transpose(1, 2) for t in gathered)  # 2 x (n, H, K_max, D)
+        out = ALIBI_ATTENTION_FUNCTIONS[decode.plan.path](rows, k, v, decode.plan, scaling, layer)[0]  # (n, 1, H, D)
+        output[0].index_copy_(0, decode.rows, out[:, 0])
+    return output, None
+
+
+def prepare_paged(plan, preparation):
+    raise ValueError(f"the paged paths ({plan.path!r}) are planned by attention_paged.plan_paged_attention")
+
