@@ -292,3 +292,16 @@ def test_a_one_head_calls_backward_cut_into_row_parts_for_the_threads_is_the_ker
     for name, got, want in zip(("dq", "dk", "dv"), parts, whole):
         assert got.shape == want.shape, f"{name}: {tuple(got.shape)} != {tuple(want.shape)}"
         assert torch.allclose(got, want, atol=1e-5), f"{name}: largest difference {(got - want).abs().max():.3g}"
+
+
+def test_a_split_plan_is_read_only_like_the_other_payloads():
+    """Every layer of a forward (and its backward) shares the plan: neither it nor a plan cut to key ranges changes."""
+    import dataclasses
+
+    plan = split_plan(SLOPES, 0, 16, None, (8,), 1)
+    ranged = plan.in_key_ranges(torch.zeros(HEADS, 2, dtype=torch.long))
+    for shared in (plan, ranged):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            shared.calls = ()
+        assert isinstance(shared.calls, tuple) and isinstance(shared.groups, tuple)
+    assert plan.first_keys is None and ranged.first_keys == ((0, 0),) * HEADS

@@ -32,6 +32,7 @@ Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/test_attention_sdpa_split.py`
 """
 
 import copy
+import dataclasses
 import itertools
 from typing import NamedTuple
 
@@ -172,6 +173,7 @@ class SplitPlan:
     """
 
     def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1):
+        object.__setattr__(self, "_frozen", False)
         self.offset, self.key_padding, self.heads, self.slopes = offset, key_padding, slopes.shape[0], slopes
         self.q_len, self.batch, self.dtype, self.chunks = q_len, batch, slopes.dtype, chunks
         self.calls = _cover([], offset, 0, q_len, 0, chunks, (0, self.heads))
@@ -180,6 +182,13 @@ class SplitPlan:
         self.visible = offset + q_len
         self.ramp = _key_bias(slopes, self.visible, None)[0, :, 0]  # (H, visible): -m * (visible - 1 - j)
         self.diagonal = _diagonal_bias(slopes, min(chunks[-1], q_len))  # (1, H, n, n)
+        self._frozen = True
+
+    def __setattr__(self, name, value):
+        """Frozen once built, like the other payloads: every layer of the forward (and the backward) shares it."""
+        if self._frozen:
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}: a SplitPlan is shared, read-only")
+        object.__setattr__(self, name, value)
 
     def for_heads(self, heads: slice, plan) -> "SplitPlan":
         """The same calls for the global heads `heads` (a tensor-parallel rank's): `plan` is the attention plan
@@ -192,9 +201,11 @@ class SplitPlan:
         masks shared: what a layer that certifies its own key ranges needs (a one-level plan, one per forward)."""
         if len(self.chunks) != 1:
             raise ValueError(f"key ranges cut a one-level plan (chunks = (rows,)), this one has {self.chunks}")
-        ranged = copy.copy(self)
+        ranged = copy.copy(self)  # the masks shared; the calls its own
+        object.__setattr__(ranged, "_frozen", False)
         ranged.first_keys = tuple(map(tuple, first_key.tolist()))
         ranged._set_calls(self._ranged_calls(ranged.first_keys))
+        ranged._frozen = True
         return ranged
 
     def _ranged_calls(self, first_keys):
@@ -215,12 +226,12 @@ class SplitPlan:
         return calls + [ranged for call in self.calls for ranged in _in_key_ranges(call, rest, rows)]
 
     def _set_calls(self, calls):
-        self.calls = calls
+        self.calls = tuple(calls)
         longest = max(end - start for start, end, *_ in calls)
         self.row_shift = self.slopes[:, None] * torch.arange(longest, device=self.slopes.device)  # (H, rows): m * a
-        self.groups = _group(calls) if self.batch == 1 else [CallGroup(1, 0, *call) for call in calls]
+        groups = _group(calls) if self.batch == 1 else [CallGroup(1, 0, *call) for call in calls]
         # Diagonal blocks first: together they cover every row of every head once, so they start the running results
-        self.groups.sort(key=lambda group: not group.diagonal)
+        self.groups = tuple(sorted(groups, key=lambda group: not group.diagonal))
         # One diagonal call and nothing else (a short uncached prompt): the kernel's own result is the answer, and
         # its own backward the gradient
         self.one_call = len(self.groups) == 1 and self.groups[0].count == 1
