@@ -21,10 +21,11 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import DynamicLayer, StaticLayer
 
+from .attention_cpu_flash import _SplitAttention, attend_diagonals
 from .attention_flex import flex_block_mask, flex_over_blocks
 from .attention_plan import AUTO_EPS, AlibiAttentionPlan, KeyRanges, Preparation, mask_in_dtype  # noqa: F401
 from .attention_sdpa import BiasBank, bias_bank, decode_in_ranges
-from .attention_sdpa_split import SplitPlan, _SplitAttention, attend_diagonals, shared_key_windows, split_plan
+from .attention_sdpa_split import SplitPlan, shared_key_windows, split_plan
 from .attention_skip import (
     certified_decode_start,
     certified_key_starts,

@@ -146,12 +146,11 @@ def plan_paged_attention(
     facts = AlibiAttentionPlan("", slopes, query_length, query_length, 0)  # one flattened row
     route = choose_path(implementation, facts, slopes.device.type, tracing=False, paged=True,
                         block_table=paged_kwargs.get("block_table") is not None)  # fmt: skip
-    path = route.path
-    if path != "paged":  # FlashAttention-2 takes the boundaries as they are
+    if route.path != "paged":  # FlashAttention-2 takes the boundaries as they are
         paged = PagedPlan(cache_kwargs, query_length, cu_seq_lens_q=cache_kwargs["cu_seq_lens_q"],
                           max_length_q=int(paged_kwargs.get("max_length_q") or query_length),
                           train_seq_len=train_seq_len, kvcache=route.kvcache)  # fmt: skip
-        return replace(facts, path=path, payload=paged)
+        return replace(facts, path=route.path, payload=paged)
 
     cu_q_list, cu_k_list = cache_kwargs["cu_seq_lens_q"].tolist(), cu_k.tolist()  # one host read per forward
     _check_boundaries(cu_q_list, cu_k_list, query_length, position_ids)
@@ -175,7 +174,7 @@ def plan_paged_attention(
         segments.append(PagedSegment(*rows, *keys, plan))
     decode = _decode_group(base, slopes, decoding, dtype, train_seq_len) if decoding else None
     paged = PagedPlan(cache_kwargs, query_length, tuple(segments), decode)
-    return replace(facts, path=path, key_length=cu_k_list[-1], payload=paged)
+    return replace(facts, path=route.path, key_length=cu_k_list[-1], payload=paged)
 
 
 @torch.compiler.disable  # the plan's per-request host ints and the cache's views run eagerly (transformers' own

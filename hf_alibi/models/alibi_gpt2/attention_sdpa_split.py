@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-from .attention_cpu_flash import _flash, _flash_backward, split_kernels_work  # noqa: F401  (the probe: this path's)
+from .attention_cpu_flash import _blocks, _SplitAttention, split_kernels_work  # noqa: F401  (the probe: this path's)
 
 # Rows per query chunk on the split path, coarse to fine (see `SplitPlan`). Measured on one call (B=1, H=8, D=64,
 # fp32, `python -m benchmarks.bench_attention_call --threads 1 --clock cpu`, 2026-11-30): against SDPA is_causal,
@@ -331,13 +331,6 @@ def head_runs(first_keys) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _like_kernel_output(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised (B, H, L, D) tensor laid out as (B, L, H, D), as the kernel's own outputs are: the model's
-    `transpose(1, 2).reshape(B, L, H * D)` is then a view, not a copy (what GPT-2's single SDPA call gets)."""
-    batch, heads, length, dim = tensor.shape
-    return torch.empty(batch, length, heads, dim, dtype=dtype, device=tensor.device).transpose(1, 2)
-
-
 def _group(calls):
     """Runs of same-shape calls at a fixed stride: (count, stride, *call) each.
 
@@ -362,126 +355,6 @@ def _group(calls):
             else:
                 runs.append([call])
     return [CallGroup(len(run), run[1].start - run[0].start if len(run) > 1 else 0, *run[0]) for run in runs]
-
-
-def _blocks(tensor, start, n, stride, count, dim=2):
-    """`count` blocks of `n` positions along `dim`, the first at `start`, every `stride`: a view whose dim 0 walks
-    the blocks (`tensor`'s dim 0 must then have size 1), (count, ..., n, ...); with count 1 a plain slice."""
-    if count == 1:
-        return tensor.narrow(dim, start, n)
-    sizes, strides = list(tensor.shape), list(tensor.stride())
-    sizes[0], strides[0], sizes[dim] = count, stride * strides[dim], n
-    return tensor.as_strided(sizes, strides, tensor.storage_offset() + start * strides[dim])
-
-
-def attend_diagonals(plan: SplitPlan, query, key, value, scaling) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run `plan`'s diagonal groups (no autograd): the running output (B, H, q, D) and log-sum-exp (B, H, q) that
-    they start, in the plan's dtype. Every row has exactly one diagonal call.
-
-    When one strided call covers every row and head (batch 1, q a multiple of the block rows), its own results are
-    the running ones: for inputs laid out as the model's, the kernel writes its output as (count, n, H, D) and its
-    log-sum-exp as (count, n, H) in memory, which is exactly (1, q, H, D) and (1, q, H). They are viewed: no second
-    q x H x D buffer, no copy.
-    """
-    diagonals = [group for group in plan.groups if group.diagonal]
-    batch, heads, q_len, dim = query.shape
-    if plan.tiled_diagonals:
-        n = diagonals[0].end  # rows per block: the group's calls tile rows [0, q) in `count` blocks
-        mask, _, rows, keys = plan.views(diagonals[0])
-        out, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (count, H, n, .)
-        if out.dtype == plan.dtype and out.stride() == (n * heads * dim, dim, heads * dim, 1) and (
-            lse.stride() == (n * heads, 1, heads)
-        ):
-            return (out.as_strided((1, heads, q_len, dim), (q_len * heads * dim, dim, heads * dim, 1)),
-                    lse.as_strided((1, heads, q_len), (q_len * heads, 1, heads)))  # fmt: skip
-        output = _like_kernel_output(query, plan.dtype)  # another layout (or dtype): copied in, not recomputed
-        running = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
-        rows(output).copy_(out)
-        rows(running).copy_(lse)
-        return output, running
-    output = _like_kernel_output(query, plan.dtype)  # (B, H, q, D)
-    lse = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
-    attend(plan, diagonals, query, key, value, scaling, output, lse)
-    return output, lse
-
-
-def attend(plan: SplitPlan, groups, query, key, value, scaling, output, lse) -> None:
-    """Run `groups` of `plan` (no autograd) into the running `output` (B, H, q, D) and `lse` (B, H, q), in place.
-
-    A diagonal group writes its rows' running results (every row has exactly one diagonal call, and diagonal groups
-    run first); every other call merges into them: o += share * (o_call - o), l = logaddexp(l, l_call).
-    """
-    for group in groups:
-        diagonal = group.diagonal
-        mask, shift, rows, keys = plan.views(group)
-        out, lse_call = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=diagonal)  # (., H, n, D)
-        lse_call = lse_call if shift is None else lse_call - shift  # (B|count, H, n), true logits' frame
-        running_out, running_lse = rows(output), rows(lse)
-        if diagonal:  # the rows' first call: its result is the running one
-            running_out.copy_(out)
-            running_lse.copy_(lse_call)
-            continue
-        share = torch.sigmoid(lse_call - running_lse)[..., None]  # (., H, n, 1): this call's part of the mass
-        running_out.lerp_(out.to(output.dtype), share)  # o += share * (o_call - o), in place
-        running_lse.copy_(torch.logaddexp(running_lse, lse_call))
-
-
-class _SplitAttention(torch.autograd.Function):
-    """The split on the CPU flash kernels, forward and backward; see the module docstring for the math.
-
-    `diagonals`, when given, are the running (output, log-sum-exp) of the plan's diagonal groups, already computed
-    (certified skipping computes them first to certify the rest): the forward then runs the other groups only. The
-    backward is the same either way: every call of the plan, differentiated with the final output and log-sum-exp.
-    """
-
-    @staticmethod
-    def forward(ctx, query, key, value, plan, scaling, diagonals=None):
-        ctx.plan, ctx.scaling = plan, scaling
-        if plan.one_call and diagonals is None:  # one diagonal call (short rows, nothing cached): the kernel's answer
-            mask, _, rows, keys = plan.views(plan.groups[0])
-            output, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (B, H, q, D)
-            ctx.save_for_backward(query, key, value, output, lse)
-            return output
-        # Running (output, log-sum-exp) of each row over the calls so far, in fp32 (fp64 for fp64 inputs); the
-        # diagonal groups come first and cover every row once, so they write these, and the others merge into them
-        groups = plan.groups
-        if diagonals is None:
-            output = _like_kernel_output(query, plan.dtype)  # (B, H, q, D)
-            lse = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
-        else:  # the diagonal groups' results, already computed: merged into in place
-            (output, lse), groups = diagonals, [group for group in groups if not group.diagonal]
-        attend(plan, groups, query, key, value, scaling, output, lse)
-        output = output.to(query.dtype)
-        ctx.save_for_backward(query, key, value, output, lse)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        query, key, value, output, lse = ctx.saved_tensors
-        plan, offset, q_len = ctx.plan, ctx.plan.offset, query.shape[2]
-        grad_output = grad_output.to(query.dtype)
-        if plan.one_call and key.shape[2] == q_len:  # the forward's one call, differentiated as it is
-            mask, _, _, _ = plan.views(plan.groups[0])
-            dq, dk, dv = _flash_backward(grad_output, query, key, value, output, lse, mask, ctx.scaling, causal=True)
-            return dq, dk, dv, None, None, None
-        # Summed in fp32 (fp64 for fp64 inputs). The diagonal groups come first and cover every query row and every
-        # key in [offset, offset + q) exactly once, so they write their gradients (no zero fill, no add); only cached
-        # keys [0, offset) and a static cache's unread tail are zeroed; the other calls add into them.
-        grads = [_like_kernel_output(t, lse.dtype) for t in (query, key, value)]  # (B, H, L, D)
-        for grad in grads[1:]:
-            grad[:, :, :offset].zero_()
-            grad[:, :, offset + q_len :].zero_()
-        for group in plan.groups:
-            diagonal = group.diagonal
-            mask, shift, rows, keys = plan.views(group)
-            lse_call = rows(lse) if shift is None else rows(lse) + shift  # (B|count, H, n), the call's frame
-            dq, dk, dv = _flash_backward(rows(grad_output), rows(query), keys(key), keys(value), rows(output),
-                                         lse_call, mask, ctx.scaling, causal=diagonal)
-            rows(grads[0]).copy_(dq) if diagonal else rows(grads[0]).add_(dq)
-            for grad, part in ((grads[1], dk), (grads[2], dv)):
-                keys(grad).copy_(part) if diagonal else plan.add_keys(group, grad, part)
-        grad_query, grad_key, grad_value = (g.to(t.dtype) for g, t in zip(grads, (query, key, value)))
-        return grad_query, grad_key, grad_value, None, None, None
 
 
 def prepare_sdpa_split(plan, preparation):
