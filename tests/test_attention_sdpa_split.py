@@ -10,7 +10,7 @@ import torch
 from alibi_reference import reference_attention
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_plan import KeyRanges
+from hf_alibi.models.alibi_gpt2.attention_certified import KeyRanges
 from hf_alibi.models.alibi_gpt2.attention_sdpa_split import (
     SPLIT_CHUNKS,
     SplitPlan,

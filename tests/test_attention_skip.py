@@ -9,12 +9,11 @@ are certified without their document mask (the module docstring proves it safe) 
 
 import pytest
 import torch
+from alibi_reference import reference_attention
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from alibi_reference import reference_attention
-
-# the research bounds (centred, near keys) and the shipped ones they fall back to, on the same inputs
+# the research bounds (centred, near keys), which fall back to the shipped ones, on the same inputs
 from benchmarks.skip_research import (
     certified_decode_start,
     certified_key_starts,
@@ -23,8 +22,8 @@ from benchmarks.skip_research import (
     near_key_lse,
 )
 from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_skip import diagonal_lse, key_block_norms, upper_norms
 from hf_alibi.models.alibi_gpt2.attention_certified import certified_split
+from hf_alibi.models.alibi_gpt2.attention_skip import diagonal_lse, key_block_norms, upper_norms
 
 SLOPES = (0.0, 2.0**-8, 2.0**-4, 0.5, 2.0)
 CHECKS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -10,7 +10,7 @@ from test_attention_sdpa_split import CHUNKINGS, HEADS, SCENARIOS, SLOPES, compa
 
 from hf_alibi import get_alibi_slopes
 from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_plan import KeyRanges
+from hf_alibi.models.alibi_gpt2.attention_certified import KEY_BLOCK, ROWS, KeyRanges, certified_split
 from hf_alibi.models.alibi_gpt2.attention_sdpa_split import (
     SPLIT_CHUNKS,
     SplitPlan,
@@ -18,7 +18,6 @@ from hf_alibi.models.alibi_gpt2.attention_sdpa_split import (
     shared_key_windows,
     split_plan,
 )
-from hf_alibi.models.alibi_gpt2.attention_certified import KEY_BLOCK, ROWS, certified_split
 
 
 def certified_like_starts(slopes, offset, q_len, rows, reach_per_slope, seed=0):

@@ -13,7 +13,7 @@ by a maximum length, never per layer, already in the layers' compute dtype). Eve
 Query row `r` sits at absolute position `query_offset + r`, where `query_offset` is the number of cached tokens (a
 0-d tensor for static caches, so compiled decoding neither syncs nor recompiles). A key `j` is visible to query `i`
 when `j <= i`, it is not padding, and it belongs to the same document (packed rows); the certified paths also leave
-out, per head and block of query rows, the keys before the layer's own certified first key (`KeyRanges`). ALiBi
+out, per head and block of query rows, the keys before the layer's own certified first key (`attention_certified.KeyRanges`). ALiBi
 depends on `i - j` alone, so left padding needs no position shift and a packed document sees exactly the distances
 it would see alone: masking is all it takes.
 
@@ -60,22 +60,6 @@ PAGED_PREFIX = "paged|"  # continuous batching's implementations (transformers n
 SDPA_QUERY_CHUNK = 256
 # `alibi_skip_eps="auto"`'s eps where it skips (`attention_certified` says where that pays)
 AUTO_EPS = 1e-7
-
-
-@dataclass(frozen=True, eq=False)
-class KeyRanges:
-    """The first key each (head, block of `rows` queries) attends to: keys before it are skipped.
-
-    `first_key` is (H, ceil(q / rows)) int64 of absolute key indices; block `b` covers query rows
-    [b * rows, (b + 1) * rows). A block's first key never lies past the block's first query position, so every row
-    keeps at least its own diagonal block. All-zero ranges are dense attention.
-    """
-
-    rows: int
-    first_key: torch.Tensor  # (H, blocks) int64
-
-    def for_heads(self, heads: slice) -> "KeyRanges":
-        return KeyRanges(self.rows, self.first_key[heads])
 
 
 @dataclass(frozen=True, eq=False)
