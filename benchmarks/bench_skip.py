@@ -103,8 +103,8 @@ def kept_fractions(model, ids, eps: float) -> list[float]:
     (untimed) forward through `certified_split`."""
     import torch
 
-    import hf_alibi.models.alibi_gpt2.attention_alibi as attention
-    from hf_alibi.models.alibi_gpt2.attention_skip import kept_fraction
+    import hf_alibi.models.alibi_gpt2.attention_certified as attention
+    from benchmarks.skip_research import kept_fraction
 
     used, certified_split = [], attention.certified_split
 

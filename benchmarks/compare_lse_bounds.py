@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hf_alibi.models.alibi_gpt2.attention_skip_ranges import KEY_BLOCK, ROWS  # the blocks the layers certify with
+from hf_alibi.models.alibi_gpt2.attention_certified import KEY_BLOCK, ROWS  # the blocks the layers certify with
 
 
 def exact_lse_and_oracle(query, key, slopes, scaling, eps):
@@ -52,10 +52,10 @@ def kept(name, table):
 
 
 def measure(model, ids, eps):
+    from benchmarks.skip_research import certified_key_starts, kept_fraction
     from hf_alibi.experiments.kept_context import capture_queries_keys
     from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-    from hf_alibi.models.alibi_gpt2.attention_skip import certified_key_starts, kept_fraction
-    from hf_alibi.models.alibi_gpt2.attention_skip_ranges import ROW_GROUP, certified_split
+    from hf_alibi.models.alibi_gpt2.attention_certified import ROW_GROUP, certified_split
 
     slopes, scaling = model.transformer.alibi_slopes.float(), model.transformer.h[0].attn.scaling
     length = ids.shape[1]

@@ -58,8 +58,9 @@ def distinct_weights(folders: dict[str, Path]) -> dict[str, list[str]]:
 
 def load_model(folder: Path, random_init: bool = False):
     """The checkpoint on SDPA in eval mode; `random_init`: its config with freshly initialised weights (seed 0)."""
-    import hf_alibi  # noqa: F401  (registers the ALiBi model with the Auto classes)
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    import hf_alibi  # noqa: F401  (registers the ALiBi model with the Auto classes)
 
     if random_init:
         torch.manual_seed(0)
@@ -82,7 +83,7 @@ def heldout_stream(tokenizer, length: int) -> torch.Tensor:
 
 def fractions(layers, slopes, scaling, eps, row_block, key_block, near, centroid) -> list[list[float]]:
     """Kept fraction per (layer, head) of causal key work for captured (query, key) pairs."""
-    from hf_alibi.models.alibi_gpt2.attention_skip import certified_key_starts, kept_fraction
+    from benchmarks.skip_research import certified_key_starts, kept_fraction
 
     table = []
     for query, key in layers:

@@ -15,8 +15,25 @@ from __future__ import annotations
 import torch
 
 from ..models.alibi_gpt2.alibi import length_scaled_slopes
-from ..models.alibi_gpt2.attention_skip import certified_key_starts, kept_fraction
+from ..models.alibi_gpt2.attention_skip import certified_key_starts
 from ..models.alibi_gpt2.configuration_alibi_gpt2 import train_seq_len
+
+
+def kept_fraction(starts: torch.Tensor, query_length: int, row_block: int, query_offset: int = 0) -> torch.Tensor:
+    """Computed keys / causal keys per head, float64 (H,), for `starts` (H, n_row_blocks) of `certified_key_starts`.
+
+    Row r (absolute position i = query_offset + r) computes keys [start, i]: i + 1 - start of its i + 1 causal keys.
+    The heads' mean is the overall fraction (every head has the same causal work). One decoding row: query_length=1.
+    """
+    for name, value in (("row_block", row_block), ("query_length", query_length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if starts.dim() != 2 or starts.shape[1] != -(-query_length // row_block):
+        raise ValueError(f"starts must be (H, {-(-query_length // row_block)}), got {tuple(starts.shape)}")
+    positions = torch.arange(query_offset, query_offset + query_length, device=starts.device)  # (q,)
+    row_starts = starts.repeat_interleave(row_block, dim=1)[:, :query_length]  # (H, q)
+    causal = (positions + 1).double()  # (q,)
+    return (causal - row_starts).sum(-1) / causal.sum()  # (H,)
 
 
 def capture_queries_keys(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -62,4 +79,4 @@ def dropped_fraction(model, ids: torch.Tensor, eps: float = 1e-7, block: int = 3
     return {"overall": float(per_head.mean()), "per_head": per_head.tolist()}
 
 
-__all__ = ["capture_queries_keys", "dropped_fraction", "slopes_at"]
+__all__ = ["capture_queries_keys", "dropped_fraction", "kept_fraction", "slopes_at"]

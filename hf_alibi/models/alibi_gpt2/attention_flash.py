@@ -4,8 +4,8 @@ integration drops the slopes).
 flash-attn's causal mask is bottom-right aligned and its bias is -m * |i + kv - q - j|, i.e. ALiBi's. Padded batches
 and packed rows (`flash_attention_2_varlen`) go through the varlen kernel on the real tokens only, one segment per
 document: the boundaries are worked out once per forward (`prepare_flash_attention_2_varlen`). Continuous batching
-(`paged_flash_attention_2`) hands the request boundaries to the varlen kernel, or (`_kvcache`, transformers' decode
-fast path) its paged kernel reads and writes the cache's blocks itself; with the length-dependent `alibi_scaling`,
+(`paged_flash_attention_2`) hands the request boundaries to the varlen kernel, or (`PagedPlan.kvcache`, transformers'
+decode fast path) its paged kernel reads and writes the cache's blocks itself; with the length-dependent `alibi_scaling`,
 its `alibi_slopes` are per request, (R, H), each scaled by that request's key count.
 """
 
@@ -94,7 +94,9 @@ def flash_varlen_alibi_attention(query, key, value, plan, scaling, layer=None):
 
 def paged_flash_alibi_attention(query, key, value, plan, scaling, layer=None):
     """Continuous batching's flattened row: the varlen kernel over the request boundaries (bottom-right causality
-    within each request)."""
+    within each request), or the paged kernel on the decode fast path (`PagedPlan.kvcache`)."""
+    if plan.payload.kvcache:
+        return _paged_flash_kvcache(query, key, value, plan, scaling)
     flash_attn = _flash_attn()
     paged = plan.payload
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D), (K, H, D)
@@ -110,7 +112,7 @@ def paged_flash_alibi_attention(query, key, value, plan, scaling, layer=None):
     return out[None], None  # (1, T, H, D)
 
 
-def paged_flash_kvcache_alibi_attention(query, key, value, plan, scaling, layer=None):
+def _paged_flash_kvcache(query, key, value, plan, scaling):
     """The decode fast path (one row per request): `cache.update` returned only the new keys, and the paged kernel
     reads and writes the cache's blocks (`PagedPlan.update_cache` gives the layer's blocks)."""
     flash_attn = _flash_attn()

@@ -28,18 +28,17 @@ import torch
 from transformers.generation.continuous_batching import PagedAttentionCache  # loaded with GenerationMixin anyway
 
 from .alibi import length_scaled_slopes
-from .attention_alibi import alibi_attention, plan_alibi_attention
-from .attention_sdpa_split import split_kernels_work
-from .attention_skip_ranges import skipping_pays
+from .attention_certified import skipping_pays
 from .attention_plan import (
     PAGED_PREFIX,
     SDPA_QUERY_CHUNK,
     AlibiAttentionPlan,
-    BiasBank,
     choose_path,
     mask_in_dtype,
     plan_facts,
 )
+from .attention_sdpa import BiasBank
+from .attention_sdpa_split import split_kernels_work
 
 # What transformers' continuous batching hands the model beside `position_ids` (continuous_batching/input_outputs.py)
 PAGED_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "read_index", "write_index",
@@ -84,6 +83,7 @@ class PagedPlan:
     cu_seq_lens_q: torch.Tensor | None = None
     max_length_q: int = 0
     kernel_cache: tuple | None = None  # (k_cache, v_cache, block_table, cu_seq_lens_k) of the decode fast path
+    kvcache: bool = False  # paged_flash_attention_2's decode fast path (`Route.kvcache`): the kernel reads the blocks
     train_seq_len: int | None = None  # the length-dependent `alibi_scaling`: FlashAttention-2's slopes per request
 
     def update_cache(self, cache, key, value, layer_idx: int, plan: AlibiAttentionPlan):
@@ -94,7 +94,7 @@ class PagedPlan:
         """
         kwargs = dict(self.cache_kwargs)
         key, value = cache.update(key, value, layer_idx, kwargs)  # (1, H', K, D)
-        if plan.path != "paged_flash_attention_2_kvcache":
+        if not self.kvcache:
             return key, value, plan
         fast = (kwargs["k_cache"], kwargs["v_cache"], kwargs["block_table"], kwargs["cu_seq_lens_k"])
         return key, value, replace(plan, payload=replace(self, kernel_cache=fast))
@@ -144,16 +144,17 @@ def plan_paged_attention(
             raise ValueError(f"ALiBi GPT-2 has full-attention layers only, got cache layer types {sorted(cu_k)}")
         cu_k = cu_k["full_attention"]
     facts = AlibiAttentionPlan("", slopes, query_length, query_length, 0)  # one flattened row
-    path = choose_path(implementation, facts, slopes.device.type, tracing=False, paged=True,
-                       block_table=paged_kwargs.get("block_table") is not None).path  # fmt: skip
-    if path != "paged":  # FlashAttention-2 takes the boundaries as they are
+    route = choose_path(implementation, facts, slopes.device.type, tracing=False, paged=True,
+                        block_table=paged_kwargs.get("block_table") is not None)  # fmt: skip
+    if route.path != "paged":  # FlashAttention-2 takes the boundaries as they are
         paged = PagedPlan(cache_kwargs, query_length, cu_seq_lens_q=cache_kwargs["cu_seq_lens_q"],
                           max_length_q=int(paged_kwargs.get("max_length_q") or query_length),
-                          train_seq_len=train_seq_len)  # fmt: skip
-        return replace(facts, path=path, payload=paged)
+                          train_seq_len=train_seq_len, kvcache=route.kvcache)  # fmt: skip
+        return replace(facts, path=route.path, payload=paged)
 
     cu_q_list, cu_k_list = cache_kwargs["cu_seq_lens_q"].tolist(), cu_k.tolist()  # one host read per forward
     _check_boundaries(cu_q_list, cu_k_list, query_length, position_ids)
+    from .attention_alibi import plan_alibi_attention  # the entry imports this module
     base = "eager" if implementation == "eager" else "sdpa"
     segments, decoding = [], []
     for request in range(len(cu_q_list) - 1):
@@ -173,7 +174,7 @@ def plan_paged_attention(
         segments.append(PagedSegment(*rows, *keys, plan))
     decode = _decode_group(base, slopes, decoding, dtype, train_seq_len) if decoding else None
     paged = PagedPlan(cache_kwargs, query_length, tuple(segments), decode)
-    return replace(facts, path=path, key_length=cu_k_list[-1], payload=paged)
+    return replace(facts, path=route.path, key_length=cu_k_list[-1], payload=paged)
 
 
 @torch.compiler.disable  # the plan's per-request host ints and the cache's views run eagerly (transformers' own
@@ -184,6 +185,8 @@ def paged_attention(cache, query, key, value, plan: AlibiAttentionPlan, scaling:
     Like transformers' `PagedAttentionCache.update` (`torch.compiler.disable`), it runs outside compiled graphs:
     the plan it carries out holds each request's boundaries as host ints, which a graph would bake in.
     """
+    from .attention_alibi import alibi_attention  # the entry imports this module
+
     key, value, plan = plan.payload.update_cache(cache, key, value, layer, plan)  # (1, H', K, D)
     return alibi_attention(query, key, value, plan, scaling, heads=heads, layer=layer)
 
@@ -242,3 +245,33 @@ def _decode_group(implementation: str, slopes, decoding: list, dtype, train_seq_
     path = choose_path(implementation, facts, slopes.device.type, tracing=False).path  # eager, or the one-row bank
     plan = replace(facts, path=path, payload=BiasBank(bias, mask_in_dtype(bias, dtype), folded=True))
     return PagedDecode(rows, key_index.reshape(-1), plan)
+
+
+def paged_alibi_attention(query, key, value, plan, scaling, layer=None):
+    """A continuous-batching forward: query (1, H, T, D) holds every request's new rows, key
+    and value (1, H, K, D) every request's keys. Each prefill segment attends its own key slice through its own
+    batch-1 plan; the decoding rows attend their gathered keys in one batched call."""
+    from .attention_alibi import ALIBI_ATTENTION_FUNCTIONS, alibi_attention  # the entry imports this module
+
+    paged = plan.payload
+    batch, heads, _, head_dim = query.shape
+    output = query.new_zeros(batch, paged.total_rows, heads, head_dim)  # (1, T, H, D): padding rows stay zero
+    for segment in paged.segments:
+        rows, keys = slice(segment.row_start, segment.row_end), slice(segment.key_start, segment.key_end)
+        output[:, rows] = alibi_attention(query[:, :, rows], key[:, :, keys], value[:, :, keys], segment.plan,
+                                          scaling, layer=layer)[0]  # (1, q_r, H, D)  # fmt: skip
+    decode = paged.decode
+    if decode is not None:
+        n, longest = decode.rows.shape[0], decode.plan.key_length
+        rows = query[0].index_select(1, decode.rows).transpose(0, 1)[:, :, None]  # (n, H, 1, D)
+        # The cache returns keys as (1, H, K, D) views of (K, H, D): gather whole (H, D) rows, then view per request
+        gathered = [t[0].transpose(0, 1).index_select(0, decode.key_index) for t in (key, value)]  # 2 x (n K_max, H, D)
+        k, v = (t.view(n, longest, heads, head_dim).transpose(1, 2) for t in gathered)  # 2 x (n, H, K_max, D)
+        out = ALIBI_ATTENTION_FUNCTIONS[decode.plan.path](rows, k, v, decode.plan, scaling, layer)[0]  # (n, 1, H, D)
+        output[0].index_copy_(0, decode.rows, out[:, 0])
+    return output, None
+
+
+def prepare_paged(plan, preparation):
+    raise ValueError(f"the paged paths ({plan.path!r}) are planned by attention_paged.plan_paged_attention")
+

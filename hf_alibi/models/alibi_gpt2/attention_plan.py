@@ -1,50 +1,44 @@
 """One ALiBi attention plan per forward: the facts every layer shares, the one function that chooses the path, and
-the masks the paths build from those facts.
+the visibility every path's masks are built from (`visible_keys`).
 
 The model plans once per forward (`attention_alibi.plan_alibi_attention`, or `attention_paged.plan_paged_attention`
 under continuous batching): `plan_facts` validates the raw inputs (the 2-D padding mask, packed-row `position_ids` or
 `cu_seq_lens`, the cache length) and derives the masking facts; `choose_path` decides the whole `Route` from those
-facts (the path, the eps it skips with, whether a static cache's count is read to the host; `output_attentions` and
-`"auto"` included); that path's `prepare_<path>` builds its small frozen payload (never sized by a maximum length, never per layer, already in the
-layers' compute dtype). Every layer hands the frozen plan to `alibi_attention`, which looks its path up in
-`ALIBI_ATTENTION_FUNCTIONS`, the way transformers' `ALL_ATTENTION_FUNCTIONS` works.
+facts (the path, its variant, the eps it skips with, whether a static cache's count is read to the host;
+`output_attentions` and `"auto"` included); that path's `prepare_<path>` builds its small frozen payload (never sized
+by a maximum length, never per layer, already in the layers' compute dtype). Every layer hands the frozen plan to
+`alibi_attention`, which looks its path up in `ALIBI_ATTENTION_FUNCTIONS`, the way transformers'
+`ALL_ATTENTION_FUNCTIONS` works.
 
 Query row `r` sits at absolute position `query_offset + r`, where `query_offset` is the number of cached tokens (a
 0-d tensor for static caches, so compiled decoding neither syncs nor recompiles). A key `j` is visible to query `i`
-when `j <= i`, it is not padding, it belongs to the same document (packed rows), and it lies in the query block's
-key range if the plan has `key_ranges`. ALiBi depends on `i - j` alone, so left padding needs no position shift and a
-packed document sees exactly the distances it would see alone: masking is all it takes.
+when `j <= i`, it is not padding, and it belongs to the same document (packed rows); the certified paths also leave
+out, per head and block of query rows, the keys before the layer's own certified first key (`attention_certified.KeyRanges`). ALiBi
+depends on `i - j` alone, so left padding needs no position shift and a packed document sees exactly the distances
+it would see alone: masking is all it takes.
 
-The paths (`PATHS`; `choose_path` is the only place that picks one) and why each exists:
-- `eager`: the reference (scores, bias and softmax in fp32), and the only path that returns attention weights.
-- `sdpa_split`: SDPA on the CPU flash kernels with no (q, kv) bias at all (`attention_sdpa_split.py`): the fast path
-  for multi-row, unpacked, dropout-free CPU calls in eager mode, when its private kernels pass their probe.
-- `sdpa_split_certified`: the same with certified key skipping (`alibi_skip_eps`, `attention_skip_ranges.py`): each
-  layer computes its blocks' diagonals, certifies from their log-sum-exps which far keys it may leave out, then reads
-  only the kept ones.
-- `sdpa_bank`: public SDPA per query chunk, each chunk's mask a view of one (H, chunk, kv) bias bank: every call
-  with queries ending at the last key that the split cannot take (decoding rows, packed rows that do not skip,
-  dropout, GPUs, compiled and exported graphs, a failed probe, `alibi_sdpa_split=False`).
-- `sdpa_packed`: packed rows where skipping applies to a document (`attention_packed.py`): each document attends as
-  an uncached row of its own, through its own plan (the split, certified where the rule says it pays for its length).
-- `sdpa_decode_in_ranges`: a decoding row with given `key_ranges`: one public call per run of heads sharing a first
-  key, over the kept keys only. `_segmented`: on the CPU flash kernels (batch 1, no dropout), a long run is cut into
-  segments that go to the kernel as one batch, so one row spreads over threads.
-- `sdpa_decode_certified` (and `_segmented`): the same, with the ranges certified per layer from the query, the
-  diagonal logit and a running summary of the cache's key norms.
-- `sdpa_mask`: one (B|1, H, q, kv) mask, for queries that do not end at the last key as plain ints: a static cache's
-  compiled steps (a 0-d tensor offset; a decoding step has q = 1, so its mask is per key) and symbolic lengths
-  under torch.export.
-- `flex_attention`: the analytic `score_mod` and a block mask (padding, documents, key ranges) that skips blocks;
-  `_certified`: per-layer certified key ranges as per-head block masks; `_compiled` (either): FlexAttention's fused
-  kernel, for a model that runs eagerly on a GPU (a traced model compiles the kernel with it).
-- `flash_attention_2`: flash-attn's own `alibi_slopes` (CUDA); `_varlen`: padded batches and packed rows through the
-  varlen kernel on the real tokens only (`attention_flash.py`).
-- `paged` / `paged_flash_attention_2` (`_kvcache`): transformers' continuous batching (a `PagedAttentionCache` and
-  one flattened row of requests), planned by `attention_paged.plan_paged_attention`: each request attends as a
-  batch-1 cached forward of its own, through the route `choose_path` gives that request (a decoding row skips where it
-  would under `generate()`; the dense ones share one batched call); FlashAttention-2 takes the request boundaries directly
-  (`_kvcache`: its paged kernel reads and writes the cache's blocks on the decode fast path).
+The paths (`PATHS`; `choose_path` is the only place that picks one, and a `Route`'s variant flags pick within one):
+
+| path | when `choose_path` picks it | file |
+|---|---|---|
+| `eager` | `attn_implementation="eager"` or `output_attentions`: the fp32 reference, the only one with weights | attention_eager.py |
+| `sdpa_split` | sdpa, CPU, > 1 query row ending at the last key, no dropout, no tracing, probe passed | attention_sdpa_split.py |
+| `sdpa_split_certified` | the same with `alibi_skip_eps` (a number, or `"auto"` where `skipping_pays`) | attention_certified.py |
+| `sdpa_bank` | sdpa otherwise: decoding rows, dropout, GPUs, traced graphs, `alibi_sdpa_split=False` | attention_sdpa.py |
+| `sdpa_packed` | packed rows on the split where skipping applies to a document: each document alone | attention_packed.py |
+| `sdpa_decode_certified` | one decoding row that skips; `segmented`: CPU, batch 1, no dropout, probe passed | attention_certified.py |
+| `sdpa_mask` | sdpa, queries not ending at the last key as plain ints (static cache compiled, export) | attention_eager.py |
+| `flex_attention` | flex_attention; `compiled`: on a GPU outside tracing (the fused kernel) | attention_flex.py |
+| `flex_attention_certified` | flex_attention with skipping, outside tracing; `compiled` as above | attention_certified.py |
+| `flash_attention_2` | flash_attention_2 without padding or packed rows (flash-attn's `alibi_slopes`) | attention_flash.py |
+| `flash_attention_2_varlen` | flash_attention_2 with padding or packed rows: the real tokens only | attention_flash.py |
+| `paged` | continuous batching (a `PagedAttentionCache`): each request through its own route | attention_paged.py |
+| `paged_flash_attention_2` | the same on flash_attention_2; `kvcache`: transformers hands the block tables | attention_flash.py |
+
+The split and its certified form run on PyTorch's private CPU flash kernels with no (q, kv) bias; the bias bank
+slices one (H, chunk, kv) bias per query chunk; the certified paths compute each layer's key ranges from its own
+queries and keys (`attention_certified.py`); the paged paths are planned by `attention_paged.plan_paged_attention`,
+each request a batch-1 cached forward of its own (the dense decoding rows share one batched call).
 """
 
 from dataclasses import dataclass, replace
@@ -53,45 +47,19 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .alibi import alibi_causal_bias
 from .attention_packed import document_lengths, documents_from_cu_seq_lens, packed_documents
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 PATHS = (
-    "eager", "sdpa_split", "sdpa_split_certified", "sdpa_bank", "sdpa_decode_in_ranges",
-    "sdpa_decode_in_ranges_segmented", "sdpa_decode_certified", "sdpa_decode_certified_segmented", "sdpa_mask",
-    "flex_attention", "flex_attention_compiled", "flex_attention_certified", "flex_attention_certified_compiled",
-    "flash_attention_2", "flash_attention_2_varlen", "paged", "paged_flash_attention_2",
-    "paged_flash_attention_2_kvcache", "sdpa_packed",
+    "eager", "sdpa_split", "sdpa_split_certified", "sdpa_bank", "sdpa_decode_certified", "sdpa_mask",
+    "flex_attention", "flex_attention_certified", "flash_attention_2", "flash_attention_2_varlen", "paged",
+    "paged_flash_attention_2", "sdpa_packed",
 )  # fmt: skip
 PAGED_PREFIX = "paged|"  # continuous batching's implementations (transformers names eager models "paged|eager")
 # Rows per query chunk of the bias bank (the config's `alibi_sdpa_query_chunk`)
 SDPA_QUERY_CHUNK = 256
-# `alibi_skip_eps="auto"`'s eps where it skips (`attention_skip_ranges` says where that pays)
+# `alibi_skip_eps="auto"`'s eps where it skips (`attention_certified` says where that pays)
 AUTO_EPS = 1e-7
-
-
-@dataclass(frozen=True, eq=False)
-class KeyRanges:
-    """The first key each (head, block of `rows` queries) attends to: keys before it are skipped.
-
-    `first_key` is (H, ceil(q / rows)) int64 of absolute key indices; block `b` covers query rows
-    [b * rows, (b + 1) * rows). A block's first key never lies past the block's first query position, so every row
-    keeps at least its own diagonal block. All-zero ranges are dense attention.
-    """
-
-    rows: int
-    first_key: torch.Tensor  # (H, blocks) int64
-
-    def keep(self, query_offset, query_length: int, key_length: int, rows: slice = slice(None)) -> torch.Tensor:
-        """(1, H, q', kv) bool: True where key j >= the first key of query row r's block, for query `rows`."""
-        row_index = torch.arange(query_length, device=self.first_key.device)[rows]  # (q',)
-        first = self.first_key[:, row_index // self.rows]  # (H, q')
-        keys = torch.arange(key_length, device=self.first_key.device)  # (kv,)
-        return (keys[None, None, :] >= first[:, :, None])[None]  # (1, H, q', kv)
-
-    def for_heads(self, heads: slice) -> "KeyRanges":
-        return KeyRanges(self.rows, self.first_key[heads])
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,7 +79,6 @@ class AlibiAttentionPlan:
     dropout: float = 0.0  # attention-probability dropout (the model's, in training)
     key_padding: torch.Tensor | None = None  # (B, kv) bool, True = real token; None = no padding
     documents: torch.Tensor | None = None  # (B, kv) document index of each token of packed rows; None = one each
-    key_ranges: KeyRanges | None = None  # per (head, query block) first key; None = every causal key
     heads: slice | None = None  # the global heads `slopes` are (`for_heads`: a tensor-parallel rank's); None: all
     batch: int = 1
     # `key_padding`'s source, the 2-D 0/1 mask as the caller gave it (when it covers the keys): FlexAttention's
@@ -127,8 +94,7 @@ class AlibiAttentionPlan:
             raise ValueError(f"heads={heads!r} must be a non-empty slice of the plan's {self.slopes.shape[0]} heads")
         if self.heads is not None:
             raise ValueError(f"this plan holds heads {self.heads!r} already; slice the forward's plan for {heads!r}")
-        ranges = None if self.key_ranges is None else self.key_ranges.for_heads(heads)
-        subset = replace(self, slopes=self.slopes[heads], heads=heads, key_ranges=ranges, payload=None)
+        subset = replace(self, slopes=self.slopes[heads], heads=heads, payload=None)
         return subset if self.payload is None else replace(subset, payload=self.payload.for_heads(heads, subset))
 
 
@@ -140,45 +106,21 @@ class Preparation(NamedTuple):
     skip_eps: float = 0.0  # the certified paths' eps
     key_norms: object | None = None  # certified decoding: a zero-argument function giving the cache's summary
     plan_part: object | None = None  # sdpa_packed: `plan_part(length)` plans one uncached row (a document) alone
-
-
-@dataclass(frozen=True, eq=False)
-class FullBias:
-    """`eager` and `sdpa_mask`: one fp32 (B|1, H, q, kv) bias with every mask folded in, and its cast."""
-
-    bias: torch.Tensor  # fp32
-    cast: torch.Tensor  # `bias` in the layers' compute dtype, cast once (`bias` itself if fp32)
-
-    def in_dtype(self, dtype: torch.dtype) -> torch.Tensor:
-        """The bias in `dtype`: the one cast at planning time, or (a layer in another dtype) a cast of fp32."""
-        return self.cast if self.cast.dtype == dtype else mask_in_dtype(self.bias, dtype)
-
-    def for_heads(self, heads: slice, plan: AlibiAttentionPlan) -> "FullBias":
-        return replace(self, bias=self.bias[:, heads], cast=self.cast[:, heads])
-
-
-@dataclass(frozen=True, eq=False)
-class BiasBank(FullBias):
-    """`sdpa_bank` and the decoding rows: the bias (B|1, H, chunk, kv) of the last `chunk` queries against all keys,
-    which every chunk's mask slices; `folded`: a single chunk, whose bank already hides padding and documents."""
-
-    folded: bool = False
+    segmented: bool = False  # sdpa_decode_certified: long key runs in segments on the CPU flash kernel
+    compiled: bool = False  # flex_attention(_certified): FlexAttention's fused kernel
 
 
 def plan_facts(slopes: torch.Tensor, batch: int, query_length: int, key_length: int, query_offset=None,
-               attention_mask=None, position_ids=None, cu_seq_lens=None, dropout: float = 0.0, key_ranges=None,
-               tracing: bool = False) -> AlibiAttentionPlan:  # fmt: skip
+               attention_mask=None, position_ids=None, cu_seq_lens=None, dropout: float = 0.0, tracing: bool = False) -> AlibiAttentionPlan:  # fmt: skip
     """One forward's inputs validated once and turned into facts (`plan_alibi_attention` documents the arguments)."""
     slopes = slopes.float()
     if query_offset is None:
         query_offset = key_length - query_length
     key_padding = _key_padding(attention_mask, batch, query_offset, query_length, key_length, tracing)
     documents = _documents(position_ids, cu_seq_lens, attention_mask, batch, query_offset, query_length, tracing)
-    if key_ranges is not None:
-        _check_key_ranges(key_ranges, slopes, query_offset, query_length, tracing)
     given = attention_mask if key_padding is not None else None
     facts = AlibiAttentionPlan("", slopes, query_length, key_length, query_offset, float(dropout), key_padding,
-                               documents, key_ranges, batch=batch, attention_mask=given)  # fmt: skip
+                               documents, batch=batch, attention_mask=given)  # fmt: skip
     # A static cache hands every layer its whole buffer and counts its tokens in a 0-d tensor. Outside compilation a
     # prefill (or any multi-row step) reads that count once, so its keys are the filled ones only: the rest are
     # unwritten and causally hidden, and a bias over them would cost (q, max_cache_len) per head. One-row steps keep
@@ -210,11 +152,15 @@ def _settled(plan: AlibiAttentionPlan) -> AlibiAttentionPlan:
 @dataclass(frozen=True)
 class Route:
     """Everything `choose_path` decides for one forward (or one request, one document): the path, the eps it skips
-    with, and whether the plan needs a static cache's 0-d count on the host first (`with_host_offset`)."""
+    with, whether the plan needs a static cache's 0-d count on the host first (`with_host_offset`), and the path's
+    variant (its payload carries it; the path's one function reads it)."""
 
     path: str  # a key of ALIBI_ATTENTION_FUNCTIONS
     eps: float = 0.0  # certified skipping's eps; 0.0 on every path that does not skip
     host_offset: bool = False
+    segmented: bool = False  # sdpa_decode_certified: one row of batch 1 spread over threads in key segments
+    compiled: bool = False  # flex_attention(_certified): FlexAttention's fused kernel (an eager model on a GPU)
+    kvcache: bool = False  # paged_flash_attention_2: the paged kernel reads the cache's blocks (decode fast path)
 
 
 def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, tracing: bool, sdpa_split: bool = True,
@@ -227,7 +173,7 @@ def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, trac
     without caller-given key ranges, on the split (training too: its gradient is that of the attention computed),
     on packed rows (each document as a row of its own), on FlexAttention and on one-row steps over plain-int
     positions. `"auto"` skips on the `sdpa` backend on CPU where `skip_pays(slopes, query_length, key_length)` (the
-    measured rule, `attention_skip_ranges.skipping_pays`) says so for this shape, in training as at inference; a
+    measured rule, `attention_certified.skipping_pays`) says so for this shape, in training as at inference; a
     packed row's shape is each document's. The same rule holds for a decoding row under `generate()` and for each
     request of a continuous batch (`attention_paged.py` asks per request). `kernels_work` (the split's probe) is
     called only when it matters. `paged`: continuous batching's flattened row of requests; `block_table`:
@@ -237,7 +183,7 @@ def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, trac
     if paged:
         if implementation != "flash_attention_2":
             return Route("paged")
-        return Route("paged_flash_attention_2_kvcache" if block_table else "paged_flash_attention_2")
+        return Route("paged_flash_attention_2", kvcache=block_table)
     if implementation not in SUPPORTED_ATTENTION:
         raise ValueError(
             f"attn_implementation={implementation!r} is not supported by ALiBi GPT-2; choose one of "
@@ -252,12 +198,16 @@ def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, trac
         plan = with_host_offset(plan)
     path = _path(implementation, plan, device, tracing, sdpa_split, eps > 0, kernels_work)
     skipping = "certified" in path or path == "sdpa_packed"
-    return Route(path, eps if skipping else 0.0, host and isinstance(plan.query_offset, int))
+    compiled = path.startswith("flex_attention") and device == "cuda" and not tracing
+    # one row of batch 1 cannot spread over threads (the kernel splits work by batch, heads and query rows)
+    segmented = path == "sdpa_decode_certified" and device == "cpu" and plan.dropout == 0.0 and plan.batch == 1 and (
+        kernels_work())  # fmt: skip
+    return Route(path, eps if skipping else 0.0, host and isinstance(plan.query_offset, int), segmented, compiled)
 
 
 def _skip_eps(implementation, plan, device, tracing, skip_eps, skip_pays) -> float:
     """The eps a route may skip with: the config's number, or for `"auto"` `AUTO_EPS` where the rule says it pays."""
-    if tracing or plan.key_ranges is not None:
+    if tracing:
         return 0.0
     if skip_eps != "auto":
         return float(skip_eps)
@@ -278,14 +228,14 @@ def _path(implementation, plan, device, tracing, sdpa_split, skip, kernels_work)
     if implementation == "eager":
         return "eager"
     if implementation == "flash_attention_2":
-        if plan.key_ranges is not None:
-            raise ValueError("key_ranges: flash-attn's kernel has no per-head key ranges; use 'sdpa' or "
-                             "'flex_attention'")  # fmt: skip
         dense = plan.key_padding is None and plan.documents is None
         return "flash_attention_2" if dense else "flash_attention_2_varlen"
     if implementation == "flex_attention":
-        path = "flex_attention_certified" if skip else "flex_attention"
-        return f"{path}_compiled" if device == "cuda" and not tracing else path
+        if tracing and device == "cpu" and plan.documents is not None:
+            # torch 2.13's CPU inductor lowers a mask_mod over document indices the graph computed itself, but on
+            # AVX2 (AMD EPYC) the fused kernel it builds returns wrong rows; a compiled packed row takes the one mask
+            return "sdpa_mask"
+        return "flex_attention_certified" if skip else "flex_attention"
     bottom_right = (  # plain ints and queries that end at the last key: no cache, dynamic, static outside compile
         isinstance(plan.query_offset, int)
         and _is_static(plan.query_length)
@@ -295,12 +245,7 @@ def _path(implementation, plan, device, tracing, sdpa_split, skip, kernels_work)
     if not bottom_right:
         return "sdpa_mask"
     if plan.query_length == 1:  # a decoding row: its bank row is already a per-key bias, one public call
-        if not skip and plan.key_ranges is None:
-            return "sdpa_bank"
-        path = "sdpa_decode_certified" if skip else "sdpa_decode_in_ranges"
-        # one row of batch 1 cannot spread over threads (the kernel splits work by batch, heads and query rows)
-        segmented = device == "cpu" and plan.dropout == 0.0 and plan.batch == 1 and kernels_work()
-        return f"{path}_segmented" if segmented else path
+        return "sdpa_decode_certified" if skip else "sdpa_bank"
     split = (
         sdpa_split
         and plan.dropout == 0.0  # the CPU flash kernel has no dropout
@@ -365,27 +310,8 @@ def _documents(position_ids, cu_seq_lens, attention_mask, batch, query_offset, q
     return packed_documents(position_ids, batch)
 
 
-def _check_key_ranges(ranges: KeyRanges, slopes, query_offset, query_length, tracing) -> None:
-    if isinstance(ranges.rows, bool) or not isinstance(ranges.rows, int) or ranges.rows < 1:
-        raise ValueError(f"key_ranges.rows must be a positive integer, got {ranges.rows!r}")
-    blocks = -(-query_length // ranges.rows)
-    if tuple(ranges.first_key.shape) != (slopes.shape[0], blocks):
-        raise ValueError(
-            f"key_ranges.first_key must have shape ({slopes.shape[0]}, {blocks}) (heads, blocks of {ranges.rows} "
-            f"query rows), got {tuple(ranges.first_key.shape)}"
-        )
-    if tracing or not isinstance(query_offset, int):
-        return
-    block_start = query_offset + torch.arange(blocks, device=ranges.first_key.device) * ranges.rows  # (blocks,)
-    if bool((ranges.first_key < 0).any()) or bool((ranges.first_key > block_start).any()):
-        raise ValueError(
-            "key_ranges.first_key must lie in [0, the block's first query position] so that every row keeps its "
-            f"diagonal block, got {ranges.first_key.tolist()} for blocks starting at {block_start.tolist()}"
-        )
-
-
 def visible_keys(plan: AlibiAttentionPlan, rows: slice = slice(None), keys: slice = slice(None)):
-    """Padding, document and key-range visibility for query `rows` and `keys`: bool (B|1, 1|H, q'|1, kv'), or None.
+    """Padding and document visibility for query `rows` and `keys`: bool (B|1, 1|q'|1, kv'), or None.
 
     Causality is not included: the bias carries it.
     """
@@ -395,57 +321,6 @@ def visible_keys(plan: AlibiAttentionPlan, rows: slice = slice(None), keys: slic
     if plan.documents is not None:
         same = plan.documents[:, None, rows, None] == plan.documents[:, None, None, keys]  # (B, 1, q', kv')
         keep = same if keep is None else keep & same
-    if plan.key_ranges is not None:
-        ranged = plan.key_ranges.keep(plan.query_offset, plan.query_length, plan.key_length, rows)[..., keys]
-        keep = ranged if keep is None else keep & ranged  # (B|1, H, q', kv')
     return keep
 
 
-def full_bias(plan: AlibiAttentionPlan) -> torch.Tensor:
-    """One fp32 (B|1, H, q, kv) bias with every mask folded in: eager's, and sdpa_mask's before its cast."""
-    bias = alibi_causal_bias(plan.slopes, plan.query_length, plan.key_length, plan.query_offset)[None]  # (1, H, q, kv)
-    keep = visible_keys(plan)
-    return bias if keep is None else bias.masked_fill(~keep, torch.finfo(torch.float32).min)  # (B|1, H, q, kv)
-
-
-def bias_bank(plan: AlibiAttentionPlan, query_chunk: int) -> tuple[torch.Tensor, bool]:
-    """The bias of the last `chunk` queries against all keys (chunks' masks slice it), and whether masks are in it.
-
-    A single chunk (decoding, short inputs) gets padding, documents and key ranges folded in once, here.
-    """
-    chunk = min(plan.query_length, query_chunk)
-    bank = alibi_causal_bias(plan.slopes, chunk, plan.key_length)[None]  # (1, H, chunk, kv) fp32
-    if chunk < plan.query_length:
-        return bank, False
-    keep = visible_keys(plan)
-    return (bank if keep is None else bank.masked_fill(~keep, torch.finfo(torch.float32).min)), True
-
-
-def flex_block_mask(plan: AlibiAttentionPlan):
-    """Causal, padding-, document- and key-range-aware: blocks no query of a block can see are skipped.
-
-    Padding is read from the mask as given where the plan has it (`AlibiAttentionPlan.attention_mask`): torch 2.13's
-    CPU inductor cannot lower a mask_mod that reads the graph's own `.bool()` of it (packed rows' document indices
-    lower: `tests/modeling_alibi_gpt2/test_compile_export.py` compiles both).
-    """
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    offset, key_padding, documents, ranges = plan.query_offset, plan.key_padding, plan.documents, plan.key_ranges
-    given = plan.attention_mask
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        keep = kv_idx <= q_idx + offset
-        if given is not None:
-            keep = keep & (given[b, kv_idx] != 0)
-        elif key_padding is not None:
-            keep = keep & key_padding[b, kv_idx]
-        if documents is not None:
-            keep = keep & (documents[b, q_idx] == documents[b, kv_idx])
-        if ranges is not None:
-            keep = keep & (kv_idx >= ranges.first_key[h, q_idx // ranges.rows])
-        return keep
-
-    per_row = key_padding if key_padding is not None else documents
-    batch = None if per_row is None else per_row.shape[0]
-    heads = None if ranges is None else plan.slopes.shape[0]  # per-head masks only when heads differ
-    return create_block_mask(mask_mod, batch, heads, plan.query_length, plan.key_length, device=plan.slopes.device)

@@ -32,11 +32,13 @@ Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/test_attention_sdpa_split.py`
 """
 
 import copy
-import functools
+import dataclasses
 import itertools
 from typing import NamedTuple
 
 import torch
+
+from .attention_cpu_flash import _blocks, _SplitAttention, split_kernels_work  # noqa: F401  (the probe: this path's)
 
 # Rows per query chunk on the split path, coarse to fine (see `SplitPlan`). Measured on one call (B=1, H=8, D=64,
 # fp32, `python -m benchmarks.bench_attention_call --threads 1 --clock cpu`, 2026-11-30): against SDPA is_causal,
@@ -49,10 +51,6 @@ SPLIT_CHUNKS = (1024, 256)
 # the split's own ratio of first-level to block rows (1024 / 256)
 _PREFIX_BLOCKS = SPLIT_CHUNKS[0] // SPLIT_CHUNKS[-1]
 
-# Fewest query rows per part when a one-head call's backward is cut into parts for the threads (`_flash_backward`):
-# the kernel's backward tiles 64 rows at a time
-_BACKWARD_PART_ROWS = 64
-
 
 def sdpa_alibi_split(
     query: torch.Tensor,
@@ -63,7 +61,6 @@ def sdpa_alibi_split(
     key_padding: torch.Tensor | None = None,
     scaling: float | None = None,
     chunks: tuple[int, ...] = SPLIT_CHUNKS,
-    key_ranges=None,
     plan: "SplitPlan | None" = None,
 ) -> torch.Tensor:
     """Causal ALiBi attention of `query` (B, H, q, D) over `key`/`value` (B, H, kv, D); returns (B, H, q, D).
@@ -71,9 +68,9 @@ def sdpa_alibi_split(
     Query row r sits at absolute position `offset + r` (`offset` = cached tokens) and sees keys j <= offset + r with
     bias -slopes[h] * (offset + r - j); keys from offset + q on are never read (a static cache may be longer).
     `key_padding` (B, kv) bool is True for real tokens. Rows with no visible key get a finite, meaningless output.
-    `scaling` defaults to D ** -0.5. `key_ranges` (`attention_plan.KeyRanges`) leaves out, per head and block of
-    query rows, the keys before the block's first key; the blocks then replace `chunks`. `plan` is these arguments'
-    `split_plan`, built once per forward and shared by every layer (forward and backward); None builds it here.
+    `scaling` defaults to D ** -0.5. `plan` is these arguments' `split_plan`, built once per forward and shared by
+    every layer (forward and backward), or such a plan cut to key ranges (`SplitPlan.in_key_ranges`: per head and
+    block of query rows, the keys before the block's first key are left out); None builds it here.
     """
     batch, heads, q_len, dim = query.shape
     if key.shape != value.shape or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
@@ -86,35 +83,40 @@ def sdpa_alibi_split(
         raise ValueError(f"key_padding must have shape ({batch}, {key.shape[2]}), got {tuple(key_padding.shape)}")
     if not chunks or any(c < 1 for c in chunks) or any(a <= b for a, b in zip(chunks, chunks[1:])):
         raise ValueError(f"chunks must be decreasing positive row counts, coarse to fine, got {chunks!r}")
-    if key_ranges is not None and tuple(key_ranges.first_key.shape) != (heads, -(-q_len // key_ranges.rows)):
-        raise ValueError(
-            f"key_ranges.first_key must have shape ({heads}, {-(-q_len // key_ranges.rows)}), "
-            f"got {tuple(key_ranges.first_key.shape)}"
-        )
     if query.device.type != "cpu":
         raise ValueError(f"the split runs on the CPU flash kernels, got {query.device.type} tensors")
     scaling = dim**-0.5 if scaling is None else scaling
     if q_len == 0:
         return torch.empty_like(query)
-    dtype = torch.promote_types(query.dtype, torch.float32)
-    if plan is None or plan.dtype != dtype:
-        plan = split_plan(slopes.to(query.device), offset, q_len, key_padding, chunks, batch, key_ranges, dtype)
+    if plan is None:
+        dtype = torch.promote_types(query.dtype, torch.float32)
+        plan = split_plan(slopes.to(query.device), offset, q_len, key_padding, chunks, batch, dtype)
     elif (plan.q_len, plan.offset, plan.heads, plan.batch) != (q_len, offset, heads, batch):
         raise ValueError(
             f"the split plan is for q={plan.q_len}, offset={plan.offset}, {plan.heads} heads, batch {plan.batch}; "
             f"the call has q={q_len}, offset={offset}, {heads} heads, batch {batch}"
         )
+    return split_attention(query, key, value, plan, scaling)
+
+
+def split_attention(query, key, value, plan: "SplitPlan", scaling: float) -> torch.Tensor:
+    """The split of `query` (B, H, q, D) over `key`/`value` (B, H, kv, D) by a plan built for these shapes, without
+    re-checking them: the model's per-layer call (its plan validated the forward's inputs once). A layer in another
+    dtype than the plan's masks gets the same calls with masks in its own (fp64 inputs: fp64 masks)."""
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    if plan.dtype != dtype:
+        ranged = plan.first_keys
+        plan = split_plan(plan.slopes.to(query.device), plan.offset, plan.q_len, plan.key_padding, plan.chunks,
+                          plan.batch, dtype)  # fmt: skip
+        plan = plan if ranged is None else plan.in_key_ranges(torch.tensor(ranged))
     return _SplitAttention.apply(query, key, value, plan, scaling)
 
 
-def split_plan(slopes, offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1, key_ranges=None,
+def split_plan(slopes, offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1,
                dtype=torch.float32) -> "SplitPlan":  # fmt: skip
     """Every call of the split for these facts, with its masks in `dtype` (fp32; fp64 for fp64 inputs)."""
-    first_keys = None
-    if key_ranges is not None:
-        chunks, first_keys = (key_ranges.rows,), tuple(map(tuple, key_ranges.first_key.tolist()))
     slopes = slopes.to(torch.promote_types(dtype, torch.float32))  # biases, log-sum-exps and merges in it
-    return SplitPlan(slopes, offset, q_len, key_padding, tuple(chunks), batch, first_keys)
+    return SplitPlan(slopes, offset, q_len, key_padding, tuple(chunks), batch)
 
 
 def _key_bias(slopes: torch.Tensor, visible: int, key_padding: torch.Tensor | None) -> torch.Tensor:
@@ -132,76 +134,6 @@ def _diagonal_bias(slopes: torch.Tensor, n: int) -> torch.Tensor:
     distance = positions[:, None] - positions[None, :]  # (n, n)
     bias = -slopes[:, None, None] * distance  # (H, n, n), the one H * n * n allocation: filled in place
     return bias.masked_fill_(distance < 0, torch.finfo(slopes.dtype).min)[None]  # (1, H, n, n)
-
-
-@functools.cache
-def split_kernels_work() -> bool:
-    """Whether the private CPU flash ops exist and still mean what the split relies on (checked once, on CPU).
-
-    The forward must return the natural-log log-sum-exp of the masked scores, and the backward must accept a given
-    output and log-sum-exp: both are compared with a float64 formula on a tiny problem.
-    """
-    try:  # grad on and autocast off, whatever the first caller's context (inference mode, bf16 autocast)
-        with torch.inference_mode(False), torch.enable_grad(), torch.autocast("cpu", enabled=False):
-            return _probe_split_kernels()
-    except Exception:  # any failure of a private op (missing, renamed, new signature) selects the public path
-        return False
-
-
-def _probe_split_kernels() -> bool:
-    forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-    generator = torch.Generator().manual_seed(0)  # device="cpu" everywhere: a default-device context may be meta
-    query, key, value, grad = torch.randn(4, 1, 2, 5, 8, generator=generator, device="cpu")  # (B, H, L, D) each
-    mask = torch.randn(1, 2, 1, 5, generator=generator, device="cpu")  # (1, H, 1, kv), broadcast over rows
-    for causal in (False, True):  # the prefix call, and the diagonal call (its causal flag and mask together)
-        exact = [t.double().requires_grad_() for t in (query, key, value)]
-        scores = exact[0] @ exact[1].transpose(-1, -2) * 0.5 + mask.double()  # (B, H, q, kv)
-        if causal:
-            scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool, device="cpu").triu(1), -torch.inf)
-        expected = torch.softmax(scores, -1) @ exact[2]  # (B, H, q, D)
-        expected.backward(grad.double())
-        output, lse = forward(query, key, value, is_causal=causal, attn_mask=mask, scale=0.5)
-        grads = backward(grad, query, key, value, output, lse, 0.0, causal, attn_mask=mask, scale=0.5)
-        pairs = [(output, expected), (lse, torch.logsumexp(scores, -1))] + list(zip(grads, (t.grad for t in exact)))
-        if not all(torch.allclose(got.double(), want, atol=1e-5) for got, want in pairs):
-            return False
-    return True
-
-
-def _flash(query, key, value, mask, scaling, causal=False):
-    """(B, H, n, D) output and (B, H, n) fp32 log-sum-exp of one masked attention call on the CPU flash kernel."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, is_causal=causal, attn_mask=mask, scale=scaling
-    )
-
-
-def _flash_backward(grad, query, key, value, output, lse, mask, scaling, causal=False):
-    """(dq, dk, dv) of one call on the CPU flash kernel's backward, given the output and log-sum-exp it is taken at.
-
-    The backward kernel spreads its work over batch x heads only (each task walks all its rows, since its key
-    gradients add up over them), so a call of one head (certified skipping's ranged calls) ran on one thread: 1.27 ms
-    for 256 rows x 1024 keys with 2 threads, 1.33 ms with one. A non-causal call with fewer batch x heads than
-    threads has its rows cut into that many parts, stacked on the batch dimension over the same keys (a stride-0
-    view), and the parts' key gradients summed: rows are independent given o and l, so it is the same gradient.
-    """
-    batch, heads, n, _ = query.shape
-    parts = max(1, torch.get_num_threads() // (batch * heads)) if batch == 1 and not causal else 1
-    while parts > 1 and (n % parts or n // parts < _BACKWARD_PART_ROWS):
-        parts -= 1
-    if parts == 1:
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad, query, key, value, output, lse, 0.0, causal, attn_mask=mask, scale=scaling
-        )
-
-    def split(tensor):  # (1, h, n, ...) -> (parts, h, n / parts, ...), a view
-        return tensor[0].unflatten(1, (parts, n // parts)).transpose(0, 1)
-
-    keys = [tensor.expand(parts, *tensor.shape[1:]) for tensor in (key, value)]  # (parts, h, kv, D): the same keys
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        split(grad), split(query), *keys, split(output), split(lse), 0.0, False, attn_mask=mask, scale=scaling
-    )  # (parts, h, n / parts, D), (parts, h, kv, D) x 2
-    return dq.transpose(0, 1).flatten(1, 2)[None], dk.sum(0, keepdim=True), dv.sum(0, keepdim=True)
 
 
 class SplitCall(NamedTuple):
@@ -240,28 +172,40 @@ class SplitPlan:
     parallel region instead of one each (`groups`).
     """
 
-    def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1, first_keys=None):
+    def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1):
+        object.__setattr__(self, "_frozen", False)
         self.offset, self.key_padding, self.heads, self.slopes = offset, key_padding, slopes.shape[0], slopes
         self.q_len, self.batch, self.dtype, self.chunks = q_len, batch, slopes.dtype, chunks
         self.calls = _cover([], offset, 0, q_len, 0, chunks, (0, self.heads))
-        self._set_calls(self.calls if first_keys is None else self._ranged_calls(first_keys))
+        self.first_keys = None  # (H, blocks) first keys as nested tuples once cut to key ranges (`in_key_ranges`)
+        self._set_calls(self.calls)
         self.visible = offset + q_len
         self.ramp = _key_bias(slopes, self.visible, None)[0, :, 0]  # (H, visible): -m * (visible - 1 - j)
         self.diagonal = _diagonal_bias(slopes, min(chunks[-1], q_len))  # (1, H, n, n)
+        self._frozen = True
+
+    def __setattr__(self, name, value):
+        """Frozen once built, like the other payloads: every layer of the forward (and the backward) shares it."""
+        if self._frozen:
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}: a SplitPlan is shared, read-only")
+        object.__setattr__(self, name, value)
 
     def for_heads(self, heads: slice, plan) -> "SplitPlan":
         """The same calls for the global heads `heads` (a tensor-parallel rank's): `plan` is the attention plan
         already cut to them (its slopes and key ranges)."""
         return split_plan(plan.slopes, self.offset, self.q_len, self.key_padding, self.chunks, self.batch,
-                          plan.key_ranges, self.dtype)  # fmt: skip
+                          self.dtype)  # fmt: skip
 
     def in_key_ranges(self, first_key: torch.Tensor) -> "SplitPlan":
         """This plan's calls cut to `first_key` ((H, blocks) first key per head and block of `chunks[0]` rows), its
         masks shared: what a layer that certifies its own key ranges needs (a one-level plan, one per forward)."""
         if len(self.chunks) != 1:
             raise ValueError(f"key ranges cut a one-level plan (chunks = (rows,)), this one has {self.chunks}")
-        ranged = copy.copy(self)
-        ranged._set_calls(self._ranged_calls(tuple(map(tuple, first_key.tolist()))))
+        ranged = copy.copy(self)  # the masks shared; the calls its own
+        object.__setattr__(ranged, "_frozen", False)
+        ranged.first_keys = tuple(map(tuple, first_key.tolist()))
+        ranged._set_calls(self._ranged_calls(ranged.first_keys))
+        ranged._frozen = True
         return ranged
 
     def _ranged_calls(self, first_keys):
@@ -282,12 +226,12 @@ class SplitPlan:
         return calls + [ranged for call in self.calls for ranged in _in_key_ranges(call, rest, rows)]
 
     def _set_calls(self, calls):
-        self.calls = calls
+        self.calls = tuple(calls)
         longest = max(end - start for start, end, *_ in calls)
         self.row_shift = self.slopes[:, None] * torch.arange(longest, device=self.slopes.device)  # (H, rows): m * a
-        self.groups = _group(calls) if self.batch == 1 else [CallGroup(1, 0, *call) for call in calls]
+        groups = _group(calls) if self.batch == 1 else [CallGroup(1, 0, *call) for call in calls]
         # Diagonal blocks first: together they cover every row of every head once, so they start the running results
-        self.groups.sort(key=lambda group: not group.diagonal)
+        self.groups = tuple(sorted(groups, key=lambda group: not group.diagonal))
         # One diagonal call and nothing else (a short uncached prompt): the kernel's own result is the answer, and
         # its own backward the gradient
         self.one_call = len(self.groups) == 1 and self.groups[0].count == 1
@@ -387,13 +331,6 @@ def head_runs(first_keys) -> list[tuple[int, int, int]]:
     return runs
 
 
-def _like_kernel_output(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised (B, H, L, D) tensor laid out as (B, L, H, D), as the kernel's own outputs are: the model's
-    `transpose(1, 2).reshape(B, L, H * D)` is then a view, not a copy (what GPT-2's single SDPA call gets)."""
-    batch, heads, length, dim = tensor.shape
-    return torch.empty(batch, length, heads, dim, dtype=dtype, device=tensor.device).transpose(1, 2)
-
-
 def _group(calls):
     """Runs of same-shape calls at a fixed stride: (count, stride, *call) each.
 
@@ -420,121 +357,13 @@ def _group(calls):
     return [CallGroup(len(run), run[1].start - run[0].start if len(run) > 1 else 0, *run[0]) for run in runs]
 
 
-def _blocks(tensor, start, n, stride, count, dim=2):
-    """`count` blocks of `n` positions along `dim`, the first at `start`, every `stride`: a view whose dim 0 walks
-    the blocks (`tensor`'s dim 0 must then have size 1), (count, ..., n, ...); with count 1 a plain slice."""
-    if count == 1:
-        return tensor.narrow(dim, start, n)
-    sizes, strides = list(tensor.shape), list(tensor.stride())
-    sizes[0], strides[0], sizes[dim] = count, stride * strides[dim], n
-    return tensor.as_strided(sizes, strides, tensor.storage_offset() + start * strides[dim])
+def prepare_sdpa_split(plan, preparation):
+    return split_plan(plan.slopes, plan.query_offset, plan.query_length, plan.key_padding, SPLIT_CHUNKS, plan.batch,
+                      dtype=preparation.dtype)  # fmt: skip
 
 
-def attend_diagonals(plan: SplitPlan, query, key, value, scaling) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run `plan`'s diagonal groups (no autograd): the running output (B, H, q, D) and log-sum-exp (B, H, q) that
-    they start, in the plan's dtype. Every row has exactly one diagonal call.
+def sdpa_split_attention(query, key, value, plan, scaling, layer=None):
+    """SDPA on the CPU flash kernels with no (q, kv) bias (`attention_sdpa_split`), the forward's calls planned (and
+    its inputs validated) once: no per-layer checks."""
+    return split_attention(query, key, value, plan.payload, scaling).transpose(1, 2), None  # (B, q, H, D)
 
-    When one strided call covers every row and head (batch 1, q a multiple of the block rows), its own results are
-    the running ones: for inputs laid out as the model's, the kernel writes its output as (count, n, H, D) and its
-    log-sum-exp as (count, n, H) in memory, which is exactly (1, q, H, D) and (1, q, H). They are viewed: no second
-    q x H x D buffer, no copy.
-    """
-    diagonals = [group for group in plan.groups if group.diagonal]
-    batch, heads, q_len, dim = query.shape
-    if plan.tiled_diagonals:
-        n = diagonals[0].end  # rows per block: the group's calls tile rows [0, q) in `count` blocks
-        mask, _, rows, keys = plan.views(diagonals[0])
-        out, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (count, H, n, .)
-        if out.dtype == plan.dtype and out.stride() == (n * heads * dim, dim, heads * dim, 1) and (
-            lse.stride() == (n * heads, 1, heads)
-        ):
-            return (out.as_strided((1, heads, q_len, dim), (q_len * heads * dim, dim, heads * dim, 1)),
-                    lse.as_strided((1, heads, q_len), (q_len * heads, 1, heads)))  # fmt: skip
-        output = _like_kernel_output(query, plan.dtype)  # another layout (or dtype): copied in, not recomputed
-        running = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
-        rows(output).copy_(out)
-        rows(running).copy_(lse)
-        return output, running
-    output = _like_kernel_output(query, plan.dtype)  # (B, H, q, D)
-    lse = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
-    attend(plan, diagonals, query, key, value, scaling, output, lse)
-    return output, lse
-
-
-def attend(plan: SplitPlan, groups, query, key, value, scaling, output, lse) -> None:
-    """Run `groups` of `plan` (no autograd) into the running `output` (B, H, q, D) and `lse` (B, H, q), in place.
-
-    A diagonal group writes its rows' running results (every row has exactly one diagonal call, and diagonal groups
-    run first); every other call merges into them: o += share * (o_call - o), l = logaddexp(l, l_call).
-    """
-    for group in groups:
-        diagonal = group.diagonal
-        mask, shift, rows, keys = plan.views(group)
-        out, lse_call = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=diagonal)  # (., H, n, D)
-        lse_call = lse_call if shift is None else lse_call - shift  # (B|count, H, n), true logits' frame
-        running_out, running_lse = rows(output), rows(lse)
-        if diagonal:  # the rows' first call: its result is the running one
-            running_out.copy_(out)
-            running_lse.copy_(lse_call)
-            continue
-        share = torch.sigmoid(lse_call - running_lse)[..., None]  # (., H, n, 1): this call's part of the mass
-        running_out.lerp_(out.to(output.dtype), share)  # o += share * (o_call - o), in place
-        running_lse.copy_(torch.logaddexp(running_lse, lse_call))
-
-
-class _SplitAttention(torch.autograd.Function):
-    """The split on the CPU flash kernels, forward and backward; see the module docstring for the math.
-
-    `diagonals`, when given, are the running (output, log-sum-exp) of the plan's diagonal groups, already computed
-    (certified skipping computes them first to certify the rest): the forward then runs the other groups only. The
-    backward is the same either way: every call of the plan, differentiated with the final output and log-sum-exp.
-    """
-
-    @staticmethod
-    def forward(ctx, query, key, value, plan, scaling, diagonals=None):
-        ctx.plan, ctx.scaling = plan, scaling
-        if plan.one_call and diagonals is None:  # one diagonal call (short rows, nothing cached): the kernel's answer
-            mask, _, rows, keys = plan.views(plan.groups[0])
-            output, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (B, H, q, D)
-            ctx.save_for_backward(query, key, value, output, lse)
-            return output
-        # Running (output, log-sum-exp) of each row over the calls so far, in fp32 (fp64 for fp64 inputs); the
-        # diagonal groups come first and cover every row once, so they write these, and the others merge into them
-        groups = plan.groups
-        if diagonals is None:
-            output = _like_kernel_output(query, plan.dtype)  # (B, H, q, D)
-            lse = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
-        else:  # the diagonal groups' results, already computed: merged into in place
-            (output, lse), groups = diagonals, [group for group in groups if not group.diagonal]
-        attend(plan, groups, query, key, value, scaling, output, lse)
-        output = output.to(query.dtype)
-        ctx.save_for_backward(query, key, value, output, lse)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        query, key, value, output, lse = ctx.saved_tensors
-        plan, offset, q_len = ctx.plan, ctx.plan.offset, query.shape[2]
-        grad_output = grad_output.to(query.dtype)
-        if plan.one_call and key.shape[2] == q_len:  # the forward's one call, differentiated as it is
-            mask, _, _, _ = plan.views(plan.groups[0])
-            dq, dk, dv = _flash_backward(grad_output, query, key, value, output, lse, mask, ctx.scaling, causal=True)
-            return dq, dk, dv, None, None, None
-        # Summed in fp32 (fp64 for fp64 inputs). The diagonal groups come first and cover every query row and every
-        # key in [offset, offset + q) exactly once, so they write their gradients (no zero fill, no add); only cached
-        # keys [0, offset) and a static cache's unread tail are zeroed; the other calls add into them.
-        grads = [_like_kernel_output(t, lse.dtype) for t in (query, key, value)]  # (B, H, L, D)
-        for grad in grads[1:]:
-            grad[:, :, :offset].zero_()
-            grad[:, :, offset + q_len :].zero_()
-        for group in plan.groups:
-            diagonal = group.diagonal
-            mask, shift, rows, keys = plan.views(group)
-            lse_call = rows(lse) if shift is None else rows(lse) + shift  # (B|count, H, n), the call's frame
-            dq, dk, dv = _flash_backward(rows(grad_output), rows(query), keys(key), keys(value), rows(output),
-                                         lse_call, mask, ctx.scaling, causal=diagonal)
-            rows(grads[0]).copy_(dq) if diagonal else rows(grads[0]).add_(dq)
-            for grad, part in ((grads[1], dk), (grads[2], dv)):
-                keys(grad).copy_(part) if diagonal else plan.add_keys(group, grad, part)
-        grad_query, grad_key, grad_value = (g.to(t.dtype) for g, t in zip(grads, (query, key, value)))
-        return grad_query, grad_key, grad_value, None, None, None

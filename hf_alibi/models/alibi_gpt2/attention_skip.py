@@ -10,19 +10,17 @@ every coordinate moves by at most d (max v - min v) <= 2 d max|v|. Certifying d 
 
 Theorem 2 (a lower bound on LSE_i). For any subset N of V_i, LSE_i >= log sum_{j in N} exp(z_ij), since every term is
 positive. The diagonal j = i is visible to every real row (its own token is real and in its own document), so
-N = {i} gives LSE_i >= s q_i.k_i; `near_key_lse` uses the visible keys among the `near` nearest, i - near < j <= i,
-which costs O(L near D) and is tighter whenever a near key has a larger logit than the diagonal.
+N = {i} gives LSE_i >= s q_i.k_i (`diagonal_lse`; the `near` nearest keys are tighter and cost O(L near D): a research
+variant, measured in `benchmarks/skip_research.py`, not shipped).
 Padded keys are left out of N: they are not in V_i, and Theorem 3 does not count them either.
 
 Theorem 3 (an upper bound on a key block's mass). Let K = [a, e] be keys that all lie before t <= i, and
 U_iK >= s q_i.k_j for every real j in K. Since i - j >= i - e for j <= e and m >= 0,
     sum_{j in K, j real} exp(z_ij) <= exp(U_iK - m (i - e)) sum_{d=0}^{|K|-1} exp(-m d) = exp(U_iK - m (i - e)) G,
 G = (1 - e^{-m |K|}) / (1 - e^{-m}) (|K| when m = 0), the geometric sum: it replaces the crude |K| by ~1/m for
-steep heads. Two valid U_iK, and their minimum: Cauchy-Schwarz, s q.k_j <= |s| |q_i| N_K with N_K = max_j |k_j|; and
-about any centre c_K, s q.k_j = s q.c_K + s q.(k_j - c_K) <= s q_i.c_K + |s| |q_i| r_K, r_K = max_j |k_j - c_K|.
-The second is tighter when a block's keys share a large common component: Cauchy-Schwarz charges |q| |k| for it
-although it shifts every logit of the block alike (on the byte-level checkpoints measured in
-results/skip/kept_fraction.md it changes little). A block without real keys has mass 0.
+steep heads. The shipped U_iK is Cauchy-Schwarz, s q.k_j <= |s| |q_i| N_K with N_K = max_j |k_j| (a centred bound
+about each block's mean key changes little on the checkpoints measured in results/skip/kept_fraction.md; it lives in
+`benchmarks/skip_research.py`). A block without real keys has mass 0.
 
 Together: d_i(t) <= sum_{K before t} exp(U_iK - m (i - e_K) + log G - LB_i) =: B_i(t), LB_i from Theorem 2. B_i(t) is
 nondecreasing in t, so the largest block boundary t with B_i(t) <= eps is found by a cumulative log-sum-exp over
@@ -50,13 +48,12 @@ for what the analysis misses, ~1e-4 nats in all). Padded keys enter the kernel a
 exactly 0. On the demo checkpoint at 8k this LB (256-row diagonal blocks) certifies 0.382 of causal work against
 0.399 with the diagonal logit alone, and costs nothing: the split computes those blocks first (`certified_split`).
 
-Cost. Norms O(L H D); per (row, key block) one product q_i.c_K: O(L (L / block) H D), a fraction ~2 / block of the
-attention itself, and O(L (L / block) H) exps. Norms are computed in the inputs' precision (at least float32) and
+Cost. Norms O(L H D); per (group of rows, key block) one bound: O(L (L / block) H) exps. Norms are computed in the inputs' precision (at least float32) and
 rounded up by their error bound (`upper_norms`); everything else is float64, so the certificate holds for exact
 arithmetic on the inputs as given; `_ROUNDING_MARGIN` absorbs float64's own rounding. (The max shift of Theorem 4's
 exps adds at most u |z_j - max z| <= u (2 |s| |q_i| N + m n) per logit, inside its gamma_{D+2} term for D >= 1.)
 
-Decoding. A full cache block never changes, so its summary (max norm; centre and radius) is computed once; the block
+Decoding. A full cache block never changes, so its summary (max norm) is computed once; the block
 being filled always contains the current position and is never dropped, so a running maximum of its norms (what a
 cache extends step by step: `torch.maximum(old, new_norm)`) is all it needs before it completes.
 """
@@ -134,97 +131,22 @@ def key_block_norms(
     return _blocked(norms, block, -math.inf).amax(-1)  # (B, H, nb)
 
 
-def key_block_spheres(
-    key: torch.Tensor, block: int, key_padding: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Centre c_K (mean of the real keys) and radius r_K = max |k_j - c_K| of each `block` of `key` (B, H, kv, D).
-
-    Returns float64 (B, H, nb, D) and (B, H, nb); the radius is -inf for a block without real keys. Any centre makes
-    Theorem 3 valid; the mean keeps the radius small.
-    """
-    _check_positive("block", block)
-    real = _real_keys(key, key_padding).expand(key.shape[0], key.shape[1], -1)  # (B, H, kv)
-    keys = _blocked(key.double() * real[..., None], block, 0.0)  # (B, H, nb, block, D), padded keys zeroed
-    counts = _blocked(real.double(), block, 0.0).sum(-1)  # (B, H, nb)
-    centres = keys.sum(-2) / counts.clamp(min=1)[..., None]  # (B, H, nb, D)
-    distances = (keys - centres[..., None, :]).norm(dim=-1)  # (B, H, nb, block)
-    distances = distances.masked_fill(~_blocked(real, block, False), -math.inf)
-    return centres, distances.amax(-1)
-
-
-def near_key_lse(
+def diagonal_lse(
     query: torch.Tensor,
     key: torch.Tensor,
-    slopes: torch.Tensor,
     scaling: float,
     query_offset: int,
-    near: int,
     key_padding: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """LB_i: the exact float64 log-sum-exp of each row's real keys among i - near < j <= i (Theorem 2).
+    """LB_i of Theorem 2 with N = {i}: each row's diagonal logit s q_i.k_i in float64, (B, H, q).
 
     `query` (B, H, q, D) row r at absolute position `query_offset + r`; `key` (B, H, kv, D); `key_padding` (B, kv)
-    True = real. Packed documents are deliberately not masked (see the module docstring). Returns (B, H, q); -inf on
-    padded rows (no real key). `near=1` is the diagonal logit. One distance t = i - j at a time, for every row at
-    once: `near` row-wise products, O(q near D) work and O(q D) memory, no (q, kv) score block.
+    True = real. -inf on padded rows (their own token is padding: no certificate). The diagonal's bias is 0.
     """
-    _check_positive("near", near)
-    batch, heads, q_len, _ = query.shape
-    _check_slopes(slopes, heads)
-    real = _real_keys(key, key_padding)[:, 0]  # (B|1, kv)
-    m = slopes.double().to(query.device)[:, None]  # (H, 1)
-    scaled = query.double() * scaling  # (B, H, q, D)
-    lse = torch.full((batch, heads, q_len), -math.inf, dtype=torch.float64, device=query.device)
-    for t in range(min(near, query_offset + q_len)):  # key j = i - t, for the rows that have one (j >= 0)
-        first = max(0, t - query_offset)
-        keys = slice(query_offset + first - t, query_offset + q_len - t)
-        logits = (scaled[:, :, first:] * key[:, :, keys].double()).sum(-1) - m * t  # (B, H, q - first)
-        logits = logits.masked_fill(~real[:, None, keys], -math.inf)
-        lse[:, :, first:] = torch.logaddexp(lse[:, :, first:], logits)
-    return lse  # (B, H, q)
-
-
-def block_log_mass_bounds(
-    query: torch.Tensor,
-    lse_lower: torch.Tensor,
-    positions: torch.Tensor,
-    slopes: torch.Tensor,
-    scaling: float,
-    block: int,
-    norms: torch.Tensor,
-    centres: torch.Tensor | None = None,
-    radii: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """log of Theorem 3's bound on each key block's softmax mass, per row: float64 (B, H, rows, nb).
-
-    `query` (B, H, rows, D) at absolute `positions` (rows,); `lse_lower` (B, H, rows) lower bounds on LSE_i;
-    `norms` (B|1, H, nb) from `key_block_norms`; optional `centres` (B|1, H, nb, D) and `radii` (B|1, H, nb) from
-    `key_block_spheres`. Block k holds keys [k block, (k + 1) block), all of them before every row.
-    """
-    n_blocks = norms.shape[-1]
-    if n_blocks * block > int(positions.min()) + 1:
-        raise ValueError(f"{n_blocks} blocks of {block} keys do not all lie at or before position {positions.min()}")
-    query = query.double()
-    q_norm = query.norm(dim=-1, keepdim=True) * abs(scaling)  # (B, H, rows, 1): |s| |q_i|
-    upper = q_norm * norms[:, :, None, :]  # (B, H, rows, nb): Cauchy-Schwarz
-    if centres is not None:
-        centred = (query @ centres.transpose(-1, -2)) * scaling + q_norm * radii[:, :, None, :]  # (B, H, rows, nb)
-        upper = torch.minimum(upper, centred)
-    # A block without real keys has norm -inf; 0 * -inf (a zero query) would be NaN, and its mass is 0 anyway
-    upper = upper.masked_fill((norms == -math.inf)[:, :, None, :], -math.inf)
-    m = slopes.double().to(query.device)  # (H,)
-    ends = torch.arange(1, n_blocks + 1, device=query.device, dtype=torch.float64) * block - 1  # (nb,) e_K
-    distance = positions.double()[:, None] - ends[None, :]  # (rows, nb): i - e_K >= 0
-    log_g = _log_geometric(m, block)  # (H,)
-    return upper - m[:, None, None] * distance + (log_g[:, None, None] - lse_lower[..., None])  # (B, H, rows, nb)
-
-
-def first_kept_key(log_bounds: torch.Tensor, eps: float, block: int) -> torch.Tensor:
-    """The largest block boundary t with sum_{blocks before t} bound <= eps, per row: int64 (...,) from (..., nb)."""
-    _check_eps(eps)
-    if log_bounds.shape[-1] == 0 or eps == 0.0:
-        return torch.zeros(log_bounds.shape[:-1], dtype=torch.long, device=log_bounds.device)
-    return _passing_blocks(log_bounds, eps) * block  # (...,)
+    q_len = query.shape[2]
+    keys = slice(query_offset, query_offset + q_len)
+    lse = (query.double() * scaling * key[:, :, keys].double()).sum(-1)  # (B, H, q)
+    return lse.masked_fill(~_real_keys(key, key_padding)[:, 0, None, keys], -math.inf)
 
 
 def _passing_blocks(log_terms: torch.Tensor, eps: float) -> torch.Tensor:
@@ -248,8 +170,6 @@ def certified_key_starts(
     row_block: int,
     key_block: int,
     key_padding: torch.Tensor | None = None,
-    near: int = 64,
-    centroid: bool = True,
     row_group: int = 1,
     lse_lower: torch.Tensor | None = None,
     query_norms: torch.Tensor | None = None,
@@ -261,13 +181,11 @@ def certified_key_starts(
     `query_offset + q` on are never read); `slopes` (H,) >= 0; `key_padding` (B, kv) True = real. Packed rows need no
     document mask: the starts hold for them as they are (module docstring). The start is a multiple of `key_block`
     and never past the row block's first position, so the diagonal is always computed; for every batch element and
-    every real row of the block the softmax mass of the visible keys before it is <= `eps` (0 = dense). `near` sets
-    Theorem 2's window, `centroid` adds Theorem 3's centred bound to Cauchy-Schwarz. `lse_lower` (B, H, q), if
-    given, replaces the near keys' LSE: any valid lower bound on each real row's LSE (`kernel_lse_lower_bound`).
-    `query_norms` (B, H, q) and `key_norms` (B, H, >= kv'): `upper_norms` of `query` and `key`, if already computed.
-
-    Without `centroid`, the bound is computed for groups of `row_group` rows at once (`_grouped_starts`): valid, a
-    little looser, and `row_group` times less work; 1 is every row on its own.
+    every real row of the block the softmax mass of the visible keys before it is <= `eps` (0 = dense).
+    `lse_lower` (B, H, q) is any valid lower bound on each real row's LSE (`kernel_lse_lower_bound`); None: the
+    diagonal logit (`diagonal_lse`). `query_norms` (B, H, q) and `key_norms` (B, H, >= kv'): `upper_norms` of
+    `query` and `key`, if already computed. The bound (Cauchy-Schwarz) is computed for groups of `row_group` rows at
+    once (`_grouped_starts`): valid, a little looser, and `row_group` times less work; 1 is every row on its own.
     """
     _check_eps(eps)
     _check_positive("row_block", row_block)
@@ -283,40 +201,14 @@ def certified_key_starts(
     if lse_lower is not None and lse_lower.shape != (batch, heads, q_len):
         raise ValueError(f"lse_lower must have shape {(batch, heads, q_len)}, got {tuple(lse_lower.shape)}")
     n_row_blocks = -(-q_len // row_block)
-    starts = torch.zeros(heads, n_row_blocks, dtype=torch.long, device=query.device)
     usable = (query_offset + (n_row_blocks - 1) * row_block) // key_block  # blocks before the last row block
     if eps == 0.0 or usable == 0:
-        return starts
-    droppable = key[:, :, : usable * key_block]  # no later key is ever dropped
+        return torch.zeros(heads, n_row_blocks, dtype=torch.long, device=query.device)
     padding = None if key_padding is None else key_padding[:, : usable * key_block]
-    norms = key_block_norms(droppable, key_block, padding, key_norms)  # (B, H, nb)
-    if not centroid:
-        lse = near_key_lse(query, key, slopes, scaling, query_offset, near, key_padding) if lse_lower is None else (
-            lse_lower.double())  # (B, H, q)  # fmt: skip
-        a = (upper_norms(query) if query_norms is None else query_norms) * abs(scaling)  # (B, H, q)
-        return _grouped_starts(a, lse, norms, slopes, query_offset, eps, row_block, key_block, key_padding,
-                               row_group)  # fmt: skip
-    centres, radii = key_block_spheres(droppable, key_block, padding) if centroid else (None, None)
-    real_rows = None if key_padding is None else key_padding[:, query_offset : query_offset + q_len].bool()  # (B, q)
-    for index, first in enumerate(range(0, q_len, row_block)):
-        last = min(first + row_block, q_len)
-        n = (query_offset + first) // key_block  # blocks wholly before this row block
-        if n == 0:
-            continue
-        rows = slice(first, last)
-        if lse_lower is None:
-            lse = near_key_lse(query[:, :, rows], key, slopes, scaling, query_offset + first, near, key_padding)
-        else:
-            lse = lse_lower[:, :, rows].double()  # (B, H, n_rows)
-        positions = torch.arange(query_offset + first, query_offset + last, device=query.device)  # (n_rows,)
-        log_bounds = block_log_mass_bounds(query[:, :, rows], lse, positions, slopes, scaling, key_block,
-                                           norms[..., :n], None if centres is None else centres[:, :, :n],
-                                           None if radii is None else radii[..., :n])  # (B, H, n_rows, n)  # fmt: skip
-        row_starts = first_kept_key(log_bounds, eps, key_block)  # (B, H, n_rows)
-        if real_rows is not None:  # padded rows do not constrain the start
-            row_starts = row_starts.masked_fill(~real_rows[:, None, rows], n * key_block)
-        starts[:, index] = row_starts.amin(dim=(0, 2))
-    return starts
+    norms = key_block_norms(key[:, :, : usable * key_block], key_block, padding, key_norms)  # (B, H, nb)
+    lse = diagonal_lse(query, key, scaling, query_offset, key_padding) if lse_lower is None else lse_lower.double()
+    a = (upper_norms(query) if query_norms is None else query_norms) * abs(scaling)  # (B, H, q)
+    return _grouped_starts(a, lse, norms, slopes, query_offset, eps, row_block, key_block, key_padding, row_group)
 
 
 # rho of Theorem 4: the relative error of a kernel's vectorised exp (PyTorch's CPU flash kernel uses a few-ULP one)
@@ -360,7 +252,7 @@ def _grouped_starts(a, lse, norms, slopes, offset, eps, row_block, key_block, ke
     groups = -(-row_block // row_group)
     m = slopes.double().to(device)  # (H,)
     positions = offset + torch.arange(q_len, device=device)  # (q,)
-    c = -m[:, None] * positions.double() - lse  # (B, H, q); -inf on padded rows (no real near key)
+    c = -m[:, None] * positions.double() - lse  # (B, H, q); -inf on padded rows (no real diagonal)
     if key_padding is not None:  # padded query rows never constrain the start
         c = c.masked_fill(~key_padding[:, None, offset : offset + q_len].bool(), -math.inf)
     pad_rows = n_row_blocks * row_block - q_len  # rows that constrain nothing: the last block's tail, and each
@@ -395,15 +287,13 @@ def certified_decode_start(
     eps: float,
     block: int,
     lse_lower: torch.Tensor,
-    centres: torch.Tensor | None = None,
-    radii: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """First key one decoding step must compute, per batch element and head: int64 (B, H); `.amin(0)` per head.
 
     `query` (B, H, D) or (B, H, 1, D) at absolute `position`; `block_norms` (B, H, nb) from `key_block_norms` of the
     cache (a running maximum for the block being filled); `lse_lower` (B, H) or (B, H, 1) a lower bound on the row's
-    LSE: `near_key_lse(query, cache_keys, ..., query_offset=position, near=...)` (near=1: the diagonal logit);
-    optional `centres`/`radii` of the cache's full blocks. The start is a multiple of `block` and <= `position`.
+    LSE (the diagonal logit: `diagonal_lse`). The start is a multiple of `block` and <= `position`. Cauchy-Schwarz
+    (Theorem 3), in the few operations a step affords.
     """
     _check_eps(eps)
     _check_positive("block", block)
@@ -420,18 +310,12 @@ def certified_decode_start(
     n = min(position // block, block_norms.shape[-1])  # blocks wholly before the current position's block
     if eps == 0.0 or n == 0:
         return torch.zeros(query.shape[:2], dtype=torch.long, device=query.device)
-    if centres is None:  # Cauchy-Schwarz alone, as in `block_log_mass_bounds`, in the few operations a step affords
-        m, decay = _block_decay(tuple(slopes.tolist()), block, n, str(query.device))  # (H, 1), (H, n)
-        # |s| |q|, kept > 0: a block without real keys has norm -inf and must give -inf, never 0 * -inf = NaN (a
-        # larger factor only loosens the bound on real blocks, whose norms are >= 0)
-        a = (upper_norms(query[:, :, 0]) * abs(scaling)).clamp(min=1e-300)  # (B, H)
-        terms = a[..., None] * block_norms[..., :n] + decay + (-m * position - lse_lower)  # (B, H, n)
-        return _passing_blocks(terms, eps) * block  # (B, H)
-    positions = torch.tensor([position], device=query.device)  # (1,)
-    log_bounds = block_log_mass_bounds(query, lse_lower, positions, slopes, scaling, block, block_norms[..., :n],
-                                       None if centres is None else centres[:, :, :n],
-                                       None if radii is None else radii[..., :n])  # (B, H, 1, n)  # fmt: skip
-    return first_kept_key(log_bounds, eps, block)[..., 0]  # (B, H)
+    m, decay = _block_decay(tuple(slopes.tolist()), block, n, str(query.device))  # (H, 1), (H, n)
+    # |s| |q|, kept > 0: a block without real keys has norm -inf and must give -inf, never 0 * -inf = NaN (a larger
+    # factor only loosens the bound on real blocks, whose norms are >= 0)
+    a = (upper_norms(query[:, :, 0]) * abs(scaling)).clamp(min=1e-300)  # (B, H)
+    terms = a[..., None] * block_norms[..., :n] + decay + (-m * position - lse_lower)  # (B, H, n)
+    return _passing_blocks(terms, eps) * block  # (B, H)
 
 
 def _log_geometric(m: torch.Tensor, block: int) -> torch.Tensor:
@@ -447,19 +331,3 @@ def _block_decay(slopes: tuple, block: int, n: int, device: str) -> tuple[torch.
     log_g = _log_geometric(m, block)  # (H, 1)
     ends = torch.arange(1, n + 1, device=device, dtype=torch.float64) * block - 1  # (n,) e_K
     return m, m * ends + log_g  # (H, 1), (H, n)
-
-
-def kept_fraction(starts: torch.Tensor, query_length: int, row_block: int, query_offset: int = 0) -> torch.Tensor:
-    """Computed keys / causal keys per head, float64 (H,), for `starts` (H, n_row_blocks) of `certified_key_starts`.
-
-    Row r (absolute position i = query_offset + r) computes keys [start, i]: i + 1 - start of its i + 1 causal keys.
-    The heads' mean is the overall fraction (every head has the same causal work). One decoding row: query_length=1.
-    """
-    _check_positive("row_block", row_block)
-    _check_positive("query_length", query_length)
-    if starts.dim() != 2 or starts.shape[1] != -(-query_length // row_block):
-        raise ValueError(f"starts must be (H, {-(-query_length // row_block)}), got {tuple(starts.shape)}")
-    positions = torch.arange(query_offset, query_offset + query_length, device=starts.device)  # (q,)
-    row_starts = starts.repeat_interleave(row_block, dim=1)[:, :query_length]  # (H, q)
-    causal = (positions + 1).double()  # (q,)
-    return (causal - row_starts).sum(-1) / causal.sum()  # (H,)

@@ -136,7 +136,7 @@ class AlibiGPT2Config(PretrainedConfig):
             mass is provably <= eps are not computed, which changes each output by at most `2 * eps * max|v|`
             (`attention_skip.py` proves the bound). `"auto"` skips with eps `1e-7` (exact to fp32 rounding) exactly
             where it was measured to pay: the `sdpa` backend on CPU, for prefills, training steps and decoding
-            steps long enough for the heads' slopes (`attention_skip_ranges.skipping_pays`), dense elsewhere. A
+            steps long enough for the heads' slopes (`attention_certified.skipping_pays`), dense elsewhere. A
             number in `(0, 1)` skips with that eps wherever skipping applies (the `sdpa` backend on CPU, prefill in
             training too, and decoding; `flex_attention`), `0.0` is dense attention. A runtime choice, e.g.
             `from_pretrained(..., alibi_skip_eps=0.0)`.

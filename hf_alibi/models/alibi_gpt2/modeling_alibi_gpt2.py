@@ -31,7 +31,7 @@ from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention, plan_alibi_attention
 from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
 from .attention_plan import AlibiAttentionPlan
-from .attention_skip_ranges import KeyNormSummaries, RunningKeyNorms
+from .attention_certified import KeyNormSummaries, RunningKeyNorms
 from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
 from .tensor_parallel_alibi_gpt2 import ALIBI_HEADS  # noqa: F401  (registers the styles of the config's TP plan)
 
@@ -74,7 +74,7 @@ class AlibiGPT2Attention(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        alibi: AlibiAttentionPlan,
+        plan: AlibiAttentionPlan,
         cache: Cache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -85,12 +85,12 @@ class AlibiGPT2Attention(nn.Module):
             t.view(batch, length, -1, self.head_dim).transpose(1, 2) for t in (query, key, value)
         )  # 3 x (B, H', q, D)
         if is_paged_cache(cache):  # continuous batching: every scheduled request's keys, outside compiled graphs
-            output, weights = paged_attention(cache, query, key, value, alibi, self.scaling, self.layer_idx, self.heads)
+            output, weights = paged_attention(cache, query, key, value, plan, self.scaling, self.layer_idx, self.heads)
         else:
             if cache is not None:
                 key, value = cache.update(key, value, self.layer_idx)  # (B, H', kv, D)
             output, weights = alibi_attention(
-                query, key, value, alibi, self.scaling, output_attentions, heads=self.heads, layer=self.layer_idx
+                query, key, value, plan, self.scaling, output_attentions, heads=self.heads, layer=self.layer_idx
             )  # (B, q, H', D)
         output = output.reshape(batch, length, -1)  # (B, q, H' D)
         del query, key, value  # c_attn's output is freed before c_proj allocates (unless a cache or autograd keeps it)
@@ -128,8 +128,8 @@ class AlibiGPT2Block(GradientCheckpointingLayer):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         self.mlp = AlibiGPT2MLP(inner_dim, config)
 
-    def forward(self, hidden_states, alibi, cache=None, output_attentions=False):
-        attn_output, weights = self.attn(self.ln_1(hidden_states), alibi, cache, output_attentions)
+    def forward(self, hidden_states, plan, cache=None, output_attentions=False):
+        attn_output, weights = self.attn(self.ln_1(hidden_states), plan, cache, output_attentions)
         hidden_states = hidden_states + attn_output
         hidden_states = hidden_states + self.mlp(self.ln_2(hidden_states))
         return hidden_states, weights
@@ -190,7 +190,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         # Fixed, never trained: a non-persistent buffer (not in checkpoints, not seen by optimizers).
         self.register_buffer("alibi_slopes", slopes_from_config(config), persistent=False)  # (H,)
-        # Per cache this model decodes with skipping, the running key-norm summary (attention_skip_ranges.py)
+        # Per cache this model decodes with skipping, the running key-norm summary (attention_certified.py)
         self.key_norms = KeyNormSummaries()
         self.gradient_checkpointing = False
         self.post_init()
@@ -246,25 +246,25 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         if is_paged_cache(cache):  # transformers' continuous batching: one flattened row of requests
             if output_attentions:
                 raise ValueError("output_attentions is not available under continuous batching (a paged cache)")
-            alibi = plan_paged_attention(
+            plan = plan_paged_attention(
                 self.config._attn_implementation or "sdpa", self.alibi_slopes, query_length, position_ids, kwargs,
                 dtype=_compute_dtype(inputs_embeds), sdpa_split=self.config.alibi_sdpa_split,
                 query_chunk=self.config.alibi_sdpa_query_chunk, skip_eps=self.config.alibi_skip_eps,
                 train_seq_len=train_seq_len(self.config.alibi_scaling),
             )  # fmt: skip
         else:
-            cache, alibi = self._plan(cache, batch, query_length, inputs_embeds, attention_mask, position_ids,
+            cache, plan = self._plan(cache, batch, query_length, inputs_embeds, attention_mask, position_ids,
                                       use_cache, output_attentions, kwargs)  # fmt: skip
 
         rank_heads = self.h[0].attn.heads if len(self.h) else None  # every layer of a tensor-parallel rank: the same
         if rank_heads is not None:
-            alibi = alibi.for_heads(rank_heads)  # once per forward, not once per layer
+            plan = plan.for_heads(rank_heads)  # once per forward, not once per layer
 
         hidden_states = self.drop(inputs_embeds)
         # A checkpointed block runs twice (forward, then the backward replay): a cache would get its keys twice.
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.h:
-            hidden_states, _ = block(hidden_states, alibi, None if checkpointing else cache, output_attentions)
+            hidden_states, _ = block(hidden_states, plan, None if checkpointing else cache, output_attentions)
         hidden_states = self.ln_f(hidden_states)
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache if use_cache else None)
 
@@ -278,7 +278,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         if isinstance(past_length, torch.Tensor):
             past_length = past_length.clone()  # the cache advances it in place during this forward
         key_length = cache.get_mask_sizes(query_length, 0)[0] if cache is not None else query_length
-        alibi = plan_alibi_attention(
+        plan = plan_alibi_attention(
             self.config._attn_implementation or "sdpa", self.alibi_slopes, batch, query_length, key_length, past_length,
             attention_mask=attention_mask, position_ids=position_ids, cu_seq_lens=kwargs.get("cu_seq_lens_q"),
             dtype=_compute_dtype(inputs_embeds), dropout=self.config.attn_pdrop if self.training else 0.0,
@@ -287,7 +287,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             key_norms=RunningKeyNorms.for_forward(self.key_norms, cache, past_length, query_length),  # before writes
             output_attentions=output_attentions,  # weights: the eager path in every layer, planned once
         )  # fmt: skip
-        return cache, alibi
+        return cache, plan
 
     def _embed(self, input_ids, inputs_embeds, token_type_ids) -> torch.Tensor:
         """Token (plus segment) embeddings, after checking the input shapes with errors that name them."""

@@ -1,5 +1,5 @@
-"""The attention plan: one place chooses the path, the plan is only read, and what it expresses (key ranges per head
-and query block, a subset of heads) holds on every path against the float64 reference."""
+"""The attention plan: one place chooses the path and its variant, the plan is only read, and what it expresses (a
+subset of heads) holds on every path against the float64 reference."""
 
 import dataclasses
 
@@ -14,7 +14,7 @@ from hf_alibi.models.alibi_gpt2.attention_alibi import (
     alibi_attention,
     plan_alibi_attention,
 )
-from hf_alibi.models.alibi_gpt2.attention_plan import PATHS, KeyRanges, choose_path, plan_facts
+from hf_alibi.models.alibi_gpt2.attention_plan import PATHS, choose_path, plan_facts
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5
@@ -28,10 +28,9 @@ ROUTES = {
 }
 
 
-def facts(query_length=20, key_length=20, offset=None, documents=None, dropout=0.0, key_ranges=False):
+def facts(query_length=20, key_length=20, offset=None, documents=None, dropout=0.0):
     offset = key_length - query_length if offset is None else offset
-    ranges = KeyRanges(1, torch.zeros(HEADS, 1, dtype=torch.long)) if key_ranges else None
-    plan = plan_facts(SLOPES, 1, query_length, key_length, offset, dropout=dropout, key_ranges=ranges)
+    plan = plan_facts(SLOPES, 1, query_length, key_length, offset, dropout=dropout)
     return dataclasses.replace(plan, documents=documents)
 
 
@@ -50,7 +49,7 @@ def facts(query_length=20, key_length=20, offset=None, documents=None, dropout=0
         ("eager", facts(), {}, "eager"),
         ("eager", facts(), dict(skip_eps=1e-7), "eager"),  # the reference never skips
         ("flex_attention", facts(), {}, "flex_attention"),
-        ("flex_attention", facts(), dict(device="cuda"), "flex_attention_compiled"),  # an eager model on a GPU
+        ("flex_attention", facts(), dict(device="cuda"), "flex_attention+compiled"),  # an eager model on a GPU
         ("flex_attention", facts(), dict(device="cuda", tracing=True), "flex_attention"),  # compiled with the model
         ("flash_attention_2", facts(), {}, "flash_attention_2"),
         ("flash_attention_2", facts(documents=torch.zeros(1, 20, dtype=torch.long)), {}, "flash_attention_2_varlen"),
@@ -58,54 +57,58 @@ def facts(query_length=20, key_length=20, offset=None, documents=None, dropout=0
         ("sdpa", facts(), dict(skip_eps=1e-7), "sdpa_split_certified"),
         ("sdpa", facts(), dict(skip_eps=1e-7, tracing=True), "sdpa_bank"),
         ("sdpa", facts(), dict(skip_eps=1e-7, sdpa_split=False), "sdpa_bank"),
-        ("sdpa", facts(query_length=1), dict(skip_eps=1e-7), "sdpa_decode_certified_segmented"),
+        ("sdpa", facts(query_length=1), dict(skip_eps=1e-7), "sdpa_decode_certified+segmented"),
         ("sdpa", facts(query_length=1, dropout=0.1), dict(skip_eps=1e-7), "sdpa_decode_certified"),
         ("sdpa", facts(query_length=1), dict(skip_eps=1e-7, device="cuda"), "sdpa_decode_certified"),
-        ("sdpa", facts(query_length=1, key_ranges=True), {}, "sdpa_decode_in_ranges_segmented"),
-        ("sdpa", facts(query_length=1, key_ranges=True), dict(kernels_work=lambda: False), "sdpa_decode_in_ranges"),
-        ("sdpa", facts(query_length=1, key_ranges=True), dict(skip_eps=1e-7), "sdpa_decode_in_ranges_segmented"),
+        ("sdpa", facts(query_length=1), dict(skip_eps=1e-7, kernels_work=lambda: False), "sdpa_decode_certified"),
+        ("sdpa", facts(query_length=1, key_length=30, offset=torch.tensor(5)), dict(skip_eps=1e-7, tracing=True),
+         "sdpa_mask"),  # fmt: skip
         ("flex_attention", facts(), dict(skip_eps=1e-7), "flex_attention_certified"),
-        ("flex_attention", facts(), dict(skip_eps=1e-7, device="cuda"), "flex_attention_certified_compiled"),
+        ("flex_attention", facts(), dict(skip_eps=1e-7, device="cuda"), "flex_attention_certified+compiled"),
+        ("flex_attention", facts(), dict(skip_eps=1e-7, device="cuda", tracing=True), "flex_attention"),
         # continuous batching's flattened row
         ("sdpa", facts(), dict(paged=True), "paged"),
         ("flash_attention_2", facts(), dict(paged=True), "paged_flash_attention_2"),
-        ("flash_attention_2", facts(), dict(paged=True, block_table=True), "paged_flash_attention_2_kvcache"),
+        ("flash_attention_2", facts(), dict(paged=True, block_table=True), "paged_flash_attention_2+kvcache"),
     ],
 )
-def test_one_function_chooses_every_path(implementation, plan, options, expected):
+def test_one_function_chooses_every_path_and_its_variant(implementation, plan, options, expected):
+    """`expected` is the path, then `+variant` for each of the route's variant flags that is set."""
     arguments = dict(device="cpu", tracing=False, sdpa_split=True, kernels_work=lambda: True) | options
-    assert choose_path(implementation, plan, **arguments).path == expected
+    route = choose_path(implementation, plan, **arguments)
+    variants = [name for name in ("segmented", "compiled", "kvcache") if getattr(route, name)]
+    assert "+".join([route.path, *variants]) == expected
 
 
 def test_the_route_holds_every_decision_path_eps_and_host_offset():
     """`choose_path` alone decides what changes the route: weights asked for, `"auto"` per shape (a packed row's
     documents, a static cache's step), and whether a static cache's 0-d count is read to the host."""
     from hf_alibi.models.alibi_gpt2.attention_plan import AUTO_EPS, Route
-    from hf_alibi.models.alibi_gpt2.attention_skip_ranges import skipping_pays
+    from hf_alibi.models.alibi_gpt2.attention_certified import skipping_pays
 
     cpu = dict(device="cpu", tracing=False, kernels_work=lambda: True, skip_pays=skipping_pays)
-    slopes = get_alibi_slopes(4)  # the demo's: "auto" skips a 4k prefill and a ~15.3k-key decoding row
+    slopes = get_alibi_slopes(4)  # the demo's: "auto" skips a 12k prefill (from ~11.3k) and a ~15.3k-key decoding row
 
     def demo(query_length, key_length, offset=None, documents=None):
         plan = plan_facts(slopes, 1, query_length, key_length, offset)
         return dataclasses.replace(plan, documents=documents)
 
     assert choose_path("sdpa", facts(), output_attentions=True, **cpu) == Route("eager")
-    assert choose_path("sdpa", demo(4096, 4096), skip_eps="auto", **cpu) == Route("sdpa_split_certified", AUTO_EPS)
+    assert choose_path("sdpa", demo(12288, 12288), skip_eps="auto", **cpu) == Route("sdpa_split_certified", AUTO_EPS)
     assert choose_path("sdpa", demo(2048, 2048), skip_eps="auto", **cpu) == Route("sdpa_split")
     assert choose_path("sdpa", demo(1, 16384), skip_eps="auto", **cpu) == Route(
-        "sdpa_decode_certified_segmented", AUTO_EPS)  # fmt: skip
+        "sdpa_decode_certified", AUTO_EPS, segmented=True)  # fmt: skip
     assert choose_path("eager", demo(1, 16384), skip_eps=1e-7, **cpu) == Route("eager")  # eps only where it skips
     # a static cache's decoding step: 16383 cached tokens in a 20000-slot buffer, the count a 0-d tensor
     static = demo(1, 20000, torch.tensor(16383))
     assert choose_path("sdpa", static, skip_eps="auto", **cpu) == Route(
-        "sdpa_decode_certified_segmented", AUTO_EPS, host_offset=True)  # fmt: skip
+        "sdpa_decode_certified", AUTO_EPS, host_offset=True, segmented=True)  # fmt: skip
     assert choose_path("sdpa", demo(1, 20000, torch.tensor(99)), skip_eps="auto", **cpu) == Route("sdpa_mask")
     assert choose_path("flash_attention_2", static, **cpu) == Route("flash_attention_2", host_offset=True)
     # packed rows: by each document's length
-    two = torch.repeat_interleave(torch.tensor([0, 1]), torch.tensor([4096, 100]))[None]  # (1, 4196)
+    two = torch.repeat_interleave(torch.tensor([0, 1]), torch.tensor([12288, 100]))[None]  # (1, 12388)
     small = torch.repeat_interleave(torch.tensor([0, 1]), torch.tensor([2048, 2148]))[None]
-    assert choose_path("sdpa", demo(4196, 4196, documents=two), skip_eps="auto", **cpu) == Route(
+    assert choose_path("sdpa", demo(12388, 12388, documents=two), skip_eps="auto", **cpu) == Route(
         "sdpa_packed", AUTO_EPS)  # fmt: skip
     assert choose_path("sdpa", demo(4196, 4196, documents=small), skip_eps="auto", **cpu) == Route("sdpa_bank")
 
@@ -147,48 +150,13 @@ def qkv(batch, q_len, kv_len):
     return (torch.randn(batch, HEADS, n, DIM) for n in (q_len, kv_len, kv_len))
 
 
-def random_ranges(q_len, offset, rows, seed=0):
-    blocks = -(-q_len // rows)
-    limit = offset + torch.arange(blocks) * rows  # (blocks,) each block's first query position
-    first = (torch.rand(HEADS, blocks, generator=torch.Generator().manual_seed(seed)) * (limit + 1)).long()
-    first[:4] = first[0]  # heads sharing a range
-    return KeyRanges(rows, first)  # (H, blocks)
-
-
-@pytest.mark.parametrize("path", ROUTES)
-@pytest.mark.parametrize("cached", [False, True], ids=["uncached", "cache"])
-def test_key_ranges_match_the_reference_with_those_keys_masked_on_every_path(path, cached):
-    q_len, kv_len = (21, 35) if cached else (29, 29)
-    offset = kv_len - q_len
-    mask = torch.ones(2, kv_len, dtype=torch.long)
-    mask[1, :6] = 0  # left padding
-    ranges = random_ranges(q_len, offset, rows=8)
-    query, key, value = qkv(2, q_len, kv_len)
-    implementation, options = ROUTES[path]
-    plan = plan_alibi_attention(
-        implementation, SLOPES, 2, q_len, kv_len, attention_mask=mask, key_ranges=ranges, **options
-    )
-    assert plan.path == path
-    with torch.no_grad():
-        output, _ = alibi_attention(query, key, value, plan, SCALE)  # (B, q, H, D)
-    first_key = ranges.first_key[:, torch.arange(q_len) // 8]  # (H, q)
-    expected, _, has_keys = reference_attention(
-        query, key, value, SLOPES, scale=SCALE, key_padding=mask.bool(), first_key=first_key
-    )
-    difference = (output.transpose(1, 2).double() - expected).abs().masked_fill(~has_keys, 0).max().item()
-    assert difference <= 1e-5, f"{path}: largest difference from the reference {difference:.3g}"
-
-
-@pytest.mark.parametrize("ranged", [False, True], ids=["dense", "key_ranges"])
 @pytest.mark.parametrize("path", [*ROUTES, "sdpa_mask"])
-def test_a_plan_for_some_heads_gives_those_heads_of_the_full_plan(path, ranged):
+def test_a_plan_for_some_heads_gives_those_heads_of_the_full_plan(path):
     """What a tensor-parallel rank runs: its heads' slice of q, k, v with `heads=` naming their global indices."""
     if path == "sdpa_mask":  # a static cache's decoding step
         implementation, options, q_len, offset = "sdpa", {}, 1, torch.tensor(16)
     else:
         (implementation, options), q_len, offset = ROUTES[path], 17, None
-    if ranged:
-        options = dict(options, key_ranges=random_ranges(q_len, 17 - q_len, rows=8, seed=3))
     query, key, value = qkv(2, q_len, 17)
     plan = plan_alibi_attention(implementation, SLOPES, 2, q_len, 17, offset, **options)
     assert plan.path == path
@@ -215,11 +183,6 @@ def test_bank_dropout_is_unbiased_on_the_exact_probabilities():
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        (dict(key_ranges=KeyRanges(0, torch.zeros(HEADS, 1, dtype=torch.long))), "rows must be a positive"),
-        (dict(key_ranges=KeyRanges(8, torch.zeros(HEADS, 2, dtype=torch.long))), r"shape \(12, 3\)"),
-        (dict(key_ranges=KeyRanges(8, torch.full((HEADS, 3), 9))), "every row keeps its diagonal"),
-        (dict(implementation="flash_attention_2", key_ranges=KeyRanges(8, torch.zeros(HEADS, 3, dtype=torch.long))),
-         "no per-head key ranges"),
         (dict(attention_mask=torch.ones(3, 20)), "batch 2"),
         (dict(attention_mask=torch.ones(2, 19)), r"\(2, 19\)"),
         (dict(attention_mask=torch.ones(2, 1, 20)), "must be 2-D"),

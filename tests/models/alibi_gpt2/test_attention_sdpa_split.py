@@ -10,8 +10,14 @@ import torch
 from alibi_reference import reference_attention
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_plan import KeyRanges
-from hf_alibi.models.alibi_gpt2.attention_sdpa_split import SPLIT_CHUNKS, SplitPlan, sdpa_alibi_split, split_kernels_work
+from hf_alibi.models.alibi_gpt2.attention_certified import KeyRanges
+from hf_alibi.models.alibi_gpt2.attention_sdpa_split import (
+    SPLIT_CHUNKS,
+    SplitPlan,
+    sdpa_alibi_split,
+    split_kernels_work,
+    split_plan,
+)
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5
@@ -62,10 +68,12 @@ def compare(scenario, chunks, dtype, atol, grad_atol, model_layout=False, single
         key_padding = key_padding[1:2]
     batch = 1 if single_row else 2 if key_padding is None else key_padding.shape[0]
     query, key, value = qkv(batch, q_len, kv_len, dtype, model_layout)
-    output = sdpa_alibi_split(query, key, value, SLOPES, offset, key_padding, SCALE, chunks, key_ranges)
-    first_key = None
-    if key_ranges is not None:  # (H, q): each row's block's first key
+    plan, first_key = None, None
+    if key_ranges is not None:  # the split's internal ranges (what certified skipping cuts a plan to); (H, q)
+        plan = split_plan(SLOPES, offset, q_len, key_padding, (key_ranges.rows,), batch, query.dtype)
+        plan = plan.in_key_ranges(key_ranges.first_key)
         first_key = key_ranges.first_key[:, torch.arange(q_len) // key_ranges.rows]
+    output = sdpa_alibi_split(query, key, value, SLOPES, offset, key_padding, SCALE, chunks, plan=plan)
     expected, has_keys = reference(query, key, value, offset, key_padding, first_key)
     assert output.shape == query.shape and output.dtype == dtype
     assert torch.isfinite(output).all(), "NaN or inf in the output (rows without keys must stay finite)"
@@ -168,7 +176,7 @@ def test_key_ranges_leave_out_exactly_the_keys_before_each_blocks_first_key(scen
 def test_key_ranges_never_read_the_skipped_keys():
     q_len, kv_len, offset, _ = SCENARIOS["self"]
     ranges = key_ranges_for("self", rows=8, seed=1)
-    plan = SplitPlan(SLOPES, offset, q_len, None, (8,), 2, tuple(map(tuple, ranges.first_key.tolist())))
+    plan = SplitPlan(SLOPES, offset, q_len, None, (8,), 2).in_key_ranges(ranges.first_key)
     for start, end, key_start, key_end, diagonal, head_start, head_end in plan.calls:
         if not diagonal:
             assert (ranges.first_key[head_start:head_end, start // 8] <= key_start).all()
@@ -207,7 +215,6 @@ def test_probe_rejects_a_kernel_whose_log_sum_exp_changed_meaning(monkeypatch):
         (dict(key_padding=torch.ones(2, 5, dtype=torch.bool)), "key_padding must have shape"),
         (dict(chunks=(8, 16)), "chunks must be decreasing"),
         (dict(chunks=()), "chunks must be decreasing"),
-        (dict(key_ranges=KeyRanges(2, torch.zeros(HEADS, 2, dtype=torch.long))), r"first_key must have shape \(12, 3\)"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_them(change, message):
@@ -264,7 +271,7 @@ def test_backward_keeps_the_callers_denormal_mode_and_gives_float64_gradients_ei
 def test_a_one_head_calls_backward_cut_into_row_parts_for_the_threads_is_the_kernels_own(threads):
     """`_flash_backward` cuts a one-head call's rows into parts stacked on the batch dimension (the kernel spreads
     its backward over batch x heads only); the gradients are the uncut kernel's, to fp32 rounding."""
-    from hf_alibi.models.alibi_gpt2.attention_sdpa_split import _flash, _flash_backward
+    from hf_alibi.models.alibi_gpt2.attention_cpu_flash import _flash, _flash_backward
 
     if not split_kernels_work():
         pytest.skip("the CPU flash kernels are not usable here")
@@ -285,3 +292,16 @@ def test_a_one_head_calls_backward_cut_into_row_parts_for_the_threads_is_the_ker
     for name, got, want in zip(("dq", "dk", "dv"), parts, whole):
         assert got.shape == want.shape, f"{name}: {tuple(got.shape)} != {tuple(want.shape)}"
         assert torch.allclose(got, want, atol=1e-5), f"{name}: largest difference {(got - want).abs().max():.3g}"
+
+
+def test_a_split_plan_is_read_only_like_the_other_payloads():
+    """Every layer of a forward (and its backward) shares the plan: neither it nor a plan cut to key ranges changes."""
+    import dataclasses
+
+    plan = split_plan(SLOPES, 0, 16, None, (8,), 1)
+    ranged = plan.in_key_ranges(torch.zeros(HEADS, 2, dtype=torch.long))
+    for shared in (plan, ranged):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            shared.calls = ()
+        assert isinstance(shared.calls, tuple) and isinstance(shared.groups, tuple)
+    assert plan.first_keys is None and ranged.first_keys == ((0, 0),) * HEADS

@@ -13,17 +13,17 @@ from alibi_reference import reference_attention
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_skip import (
+# the research bounds (centred, near keys), which fall back to the shipped ones, on the same inputs
+from benchmarks.skip_research import (
     certified_decode_start,
     certified_key_starts,
     kept_fraction,
-    key_block_norms,
     key_block_spheres,
     near_key_lse,
-    upper_norms,
 )
-from hf_alibi.models.alibi_gpt2.attention_skip_ranges import certified_split
+from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_certified import certified_split
+from hf_alibi.models.alibi_gpt2.attention_skip import diagonal_lse, key_block_norms, upper_norms
 
 SLOPES = (0.0, 2.0**-8, 2.0**-4, 0.5, 2.0)
 CHECKS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -273,3 +273,5 @@ def test_near_key_lse_is_the_log_sum_exp_of_the_near_real_keys(q_len, kv, offset
     window = (j <= i) & (i - j < near) & padding[:, None, None, :]  # (B, 1, q, kv)
     expected = torch.logsumexp(scores.masked_fill(~window, -torch.inf), dim=-1)  # (B, H, q)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    if near == 1:  # the shipped bound: the diagonal logit
+        torch.testing.assert_close(diagonal_lse(query, key, 0.5, offset, padding), expected, rtol=0, atol=1e-12)

@@ -10,7 +10,7 @@ from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
 from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
 from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
 from hf_alibi.models.alibi_gpt2.attention_skip import certified_key_starts, key_block_norms
-from hf_alibi.models.alibi_gpt2.attention_skip_ranges import KEY_BLOCK, ROW_GROUP, ROWS, certified_decode_ranges, certified_split
+from hf_alibi.models.alibi_gpt2.attention_certified import KEY_BLOCK, ROW_GROUP, ROWS, certified_decode_ranges, certified_split
 
 EPS = 1e-7
 
@@ -109,8 +109,8 @@ def test_far_keys_are_skipped_for_steep_heads_and_kept_for_the_flattest():
         plan = steep_plan(query, key)
         assert plan.payload.eps == EPS and plan.path == "sdpa_split_certified"
         _, ranges = certified_split(query, key, value, plan, 0.25)
-        from_diagonal_logits = certified_key_starts(query, key, plan.slopes, 0.25, 0, EPS, ROWS, KEY_BLOCK, near=1,
-                                                    centroid=False, row_group=ROW_GROUP)  # fmt: skip
+        from_diagonal_logits = certified_key_starts(query, key, plan.slopes, 0.25, 0, EPS, ROWS, KEY_BLOCK,
+                                                    row_group=ROW_GROUP)  # fmt: skip
     first = ranges.first_key  # (H, blocks)
     assert ranges.rows == ROWS and first.shape == (4, 2048 // ROWS)
     # the kernel's diagonal log-sum-exps bound each row's LSE at least as tightly as its diagonal logit alone
@@ -119,7 +119,7 @@ def test_far_keys_are_skipped_for_steep_heads_and_kept_for_the_flattest():
     assert (first[0] >= first[-1]).all(), "a steeper head must never keep more than the flattest"
     with torch.no_grad():  # a decoding step at position 2047 over the same keys
         step = plan_alibi_attention("sdpa", get_alibi_slopes(4), 1, 1, 2048, skip_eps=EPS)
-        assert step.payload.eps == EPS and step.path == "sdpa_decode_certified_segmented"
+        assert step.payload.eps == EPS and step.path == "sdpa_decode_certified" and step.payload.segmented
         decode_first = certified_decode_ranges(step, query[:, :, -1:], key, 0.25, layer=0).first_key  # (H, 1)
     assert decode_first[0, 0] > 1024 and decode_first[0, 0] >= decode_first[-1, 0], decode_first.tolist()
 
@@ -170,7 +170,7 @@ def test_gpu_flex_with_per_head_block_masks_equals_dense_in_fp32():
     mask[1, :100] = 0
     with torch.no_grad():
         plan = plan_alibi_attention("flex_attention", model.transformer.alibi_slopes, 2, 1024, 1024, skip_eps=EPS)
-    assert plan.path == "flex_attention_certified_compiled" and plan.payload.eps == EPS
+    assert plan.path == "flex_attention_certified" and plan.payload.compiled and plan.payload.eps == EPS
     real = mask.bool()
     assert_close_to_dense(logits(model, ids, EPS, attention_mask=mask), logits(model, ids, 0.0, attention_mask=mask), real)
 

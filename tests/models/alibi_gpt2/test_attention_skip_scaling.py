@@ -11,15 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_attention_skip import CHECKS, dropped_mass, problems, real_rows
 
+from benchmarks.skip_research import certified_decode_start, certified_key_starts, kept_fraction, near_key_lse
 from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_skip import (
-    certified_decode_start,
-    certified_key_starts,
-    kept_fraction,
-    key_block_norms,
-    near_key_lse,
-)
-from hf_alibi.models.alibi_gpt2.attention_skip_ranges import certified_split, skipping_pays
+from hf_alibi.models.alibi_gpt2.attention_certified import certified_split, skipping_pays
+from hf_alibi.models.alibi_gpt2.attention_skip import key_block_norms
 
 
 def filled(p):
@@ -111,10 +106,10 @@ def test_interpolated_slopes_skip_fewer_keys_and_auto_asks_with_them():
             _, ranges = certified_split(query, key, value, plan, 8**-0.5)
         kept[train_seq_len] = float(kept_fraction(ranges.first_key, 4096, ranges.rows).mean())
     assert kept[256] > kept[None], kept
-    scaled = interpolated_slopes(slopes, 2048, train_seq_len=64).float()
-    assert skipping_pays(slopes, 2048, 2048) and not skipping_pays(scaled, 2048, 2048)
+    scaled = interpolated_slopes(slopes, 4096, train_seq_len=64).float()
+    assert skipping_pays(slopes, 4096, 4096) and not skipping_pays(scaled, 4096, 4096)
     for train_seq_len, pays in ((None, True), (64, False)):
-        plan = plan_alibi_attention("sdpa", slopes, 1, 2048, 2048, skip_eps="auto", train_seq_len=train_seq_len)
+        plan = plan_alibi_attention("sdpa", slopes, 1, 4096, 4096, skip_eps="auto", train_seq_len=train_seq_len)
         assert (plan.path == "sdpa_split_certified") == pays, (train_seq_len, plan.path)
 
 

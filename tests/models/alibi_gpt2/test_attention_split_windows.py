@@ -10,7 +10,7 @@ from test_attention_sdpa_split import CHUNKINGS, HEADS, SCENARIOS, SLOPES, compa
 
 from hf_alibi import get_alibi_slopes
 from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_plan import KeyRanges
+from hf_alibi.models.alibi_gpt2.attention_certified import KEY_BLOCK, ROWS, KeyRanges, certified_split
 from hf_alibi.models.alibi_gpt2.attention_sdpa_split import (
     SPLIT_CHUNKS,
     SplitPlan,
@@ -18,7 +18,6 @@ from hf_alibi.models.alibi_gpt2.attention_sdpa_split import (
     shared_key_windows,
     split_plan,
 )
-from hf_alibi.models.alibi_gpt2.attention_skip_ranges import KEY_BLOCK, ROWS, certified_split
 
 
 def certified_like_starts(slopes, offset, q_len, rows, reach_per_slope, seed=0):
@@ -57,7 +56,7 @@ def test_grouped_calls_of_windowed_ranges_read_exactly_the_ranges_keys(offset):
     q_len, rows = 1000, 16
     starts, blocks = certified_like_starts(SLOPES, offset, q_len, rows, 8.0)
     windows = shared_key_windows(starts, blocks)
-    plan = SplitPlan(SLOPES.double(), offset, q_len, None, (rows,), 1, tuple(map(tuple, windows.tolist())))
+    plan = SplitPlan(SLOPES.double(), offset, q_len, None, (rows,), 1).in_key_ranges(windows)
     count = torch.zeros(HEADS, q_len, offset + q_len, dtype=torch.int64)
     for start, end, key_start, key_end, diagonal, head_start, head_end in expanded(plan):
         block = torch.ones(end - start, key_end - key_start, dtype=torch.int64)

@@ -79,7 +79,7 @@ def packed(documents):
     return ids, positions
 
 
-DOCUMENTS = (6400, 300, 1, 700)  # one long enough for "auto" to skip, short ones that stay dense
+DOCUMENTS = (11776, 300, 1, 700)  # one long enough for "auto" to skip, short ones that stay dense
 
 
 def test_a_packed_rows_long_document_skips_and_every_document_equals_its_own_forward(record_plans):
@@ -108,7 +108,7 @@ def test_a_packed_rows_long_document_skips_and_every_document_equals_its_own_for
 
 
 def test_a_packed_training_step_that_skips_gives_the_documents_own_gradients(record_plans):
-    documents = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(3)) for n in (6400, 90)]
+    documents = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(3)) for n in (11776, 90)]
     ids, positions = packed(documents)
     packed_model, alone_model = steep_model(), steep_model()
     with record_plans(packed_model) as plans:

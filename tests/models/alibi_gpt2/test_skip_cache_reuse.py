@@ -20,7 +20,7 @@ from transformers import Cache, DynamicCache, DynamicLayer, StaticCache
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 from hf_alibi.models.alibi_gpt2.attention_skip import key_block_norms
-from hf_alibi.models.alibi_gpt2.attention_skip_ranges import KEY_BLOCK, KeyNormSummaries, RunningKeyNorms
+from hf_alibi.models.alibi_gpt2.attention_certified import KEY_BLOCK, KeyNormSummaries, RunningKeyNorms
 
 EPS = 1e-7
 VOCAB, WIDTH, HEADS = 64, 32, 4

@@ -21,8 +21,11 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import DynamicLayer, StaticLayer
 
-from .attention_plan import AUTO_EPS, AlibiAttentionPlan, BiasBank, KeyRanges, Preparation, bias_bank, mask_in_dtype  # noqa: F401
-from .attention_sdpa_split import SplitPlan, _SplitAttention, attend_diagonals, shared_key_windows, split_plan
+from .attention_cpu_flash import _SplitAttention, attend_diagonals
+from .attention_flex import flex_block_mask, flex_over_blocks
+from .attention_plan import AUTO_EPS, AlibiAttentionPlan, Preparation, mask_in_dtype  # noqa: F401
+from .attention_sdpa import BiasBank, bias_bank, decode_in_ranges
+from .attention_sdpa_split import SplitPlan, shared_key_windows, split_plan
 from .attention_skip import (
     certified_decode_start,
     certified_key_starts,
@@ -31,6 +34,20 @@ from .attention_skip import (
     upper_norms,
 )
 
+
+@dataclass(frozen=True, eq=False)
+class KeyRanges:
+    """The first key each (head, block of `rows` queries) attends to: keys before it are skipped.
+
+    `first_key` is (H, ceil(q / rows)) int64 of absolute key indices; block `b` covers query rows
+    [b * rows, (b + 1) * rows). A block's first key never lies past the block's first query position, so every row
+    keeps at least its own diagonal block. All-zero ranges are dense attention.
+    """
+
+    rows: int
+    first_key: torch.Tensor  # (H, blocks) int64
+
+
 # Query rows per block of the certificate, and the split's one level of blocks when skipping. Finer blocks follow
 # steep heads more closely; 256 rows keep the kernel's calls large enough (measured on the demo checkpoint at 8k:
 # 0.382 of causal work kept with 256-row blocks, 0.404 with 512, 0.445 with 1024).
@@ -38,12 +55,11 @@ ROWS = 256
 # Keys per block of the bound. Finer blocks certify more of the steep heads (results/skip/kept_fraction.md: at 8k on
 # the demo checkpoint 0.356 of causal work kept with 64-key blocks against 0.381 with 256) for 4x the bound's work.
 KEY_BLOCK = 64
-# Nearest keys whose exact log-sum-exp bounds each row's from below (Theorem 2) on FlexAttention's prefill, where no
-# kernel has computed a block first: the diagonal alone (decoding uses it too). On the demo checkpoint at 8k, 32 near
-# keys certified 0.352 of causal work against 0.381, but their float64 products cost more than they save. The split
-# needs none: its diagonal blocks' log-sum-exps (Theorem 4) certify 0.382 against the diagonal logit's 0.399 at no
-# extra cost (the exact log-sum-exp of every key would give 0.353; an oracle that knows the dropped mass, 0.304).
-NEAR = 1
+# FlexAttention's prefill, where no kernel has computed a block first, bounds each row's log-sum-exp from below by its
+# diagonal logit (Theorem 2; decoding uses it too). On the demo checkpoint at 8k, 32 near keys certified 0.352 of
+# causal work against 0.381, but their float64 products cost more than they save (`benchmarks/skip_research.py`).
+# The split needs none: its diagonal blocks' log-sum-exps (Theorem 4) certify 0.382 against the diagonal logit's 0.399
+# at no extra cost (the exact log-sum-exp of every key would give 0.353; an oracle that knows the dropped mass, 0.304).
 # Rows bounded together (sorted by query norm): 16x less work than row by row, for 0.001 more kept work at 8k
 # (0.3803 / 0.3818 with 4 / 16 rows; 0.3923 with 16 rows unsorted).
 ROW_GROUP = 16
@@ -66,9 +82,13 @@ ROW_GROUP = 16
 # `python -m benchmarks.bench_skip --forward 4096,8192 --decode 0 --contestants alibi-dense,alibi-auto --load 2
 # --processes 2 --repeats 1`, results/skip/auto_under_load*.md), with the per-head windows of `certified_split`:
 # prefill kept 0.52 at 4k: 1.27x and 1.61x of dense in two runs; 0.40 at 8k: 0.57x. A default must not lose there,
-# so the prefill threshold sits between them, at 0.45 (the demo slopes skip from ~6.2k tokens; was 0.55, from 4k).
+# so the prefill threshold sat between them, at 0.45 (the demo slopes skipped from ~6.2k tokens; was 0.55, from 4k).
+# On a host shared with other test processes instead (no added load, load average 3-4.5, 4 interleaved processes each;
+# `--forward 8192,16384 --contestants alibi-dense,alibi-auto --processes 4`, results/skip/auto_shared_host_8k_16k.md):
+# kept 0.39 at 8k: 1.15x of dense; 0.24 at 16k: 0.61x. A default must lose on no shared machine measured, so the
+# threshold sits between those, at 0.32: the demo slopes skip a prefill (and a training step) from ~11.3k tokens.
 AUTO_REACH = 24.0
-AUTO_PREFILL_KEPT = 0.45
+AUTO_PREFILL_KEPT = 0.32
 AUTO_DECODE_KEPT = 0.15
 
 
@@ -104,9 +124,11 @@ class CertifiedSplit:
 
 @dataclass(frozen=True, eq=False)
 class CertifiedFlex:
-    """`flex_attention_certified`: nothing per forward beyond eps (each layer builds its per-head block mask)."""
+    """`flex_attention_certified`: nothing per forward beyond eps (each layer builds its per-head block mask), and
+    whether FlexAttention's fused kernel runs (`Route.compiled`)."""
 
     eps: float
+    compiled: bool = False
 
     def for_heads(self, heads: slice, plan: AlibiAttentionPlan) -> "CertifiedFlex":
         return self
@@ -114,12 +136,14 @@ class CertifiedFlex:
 
 @dataclass(frozen=True, eq=False)
 class CertifiedDecode:
-    """`sdpa_decode_certified`: the decoding row's per-key bias bank (padding folded in) and the cache's running
-    key-norm summary (None: each layer summarises its keys afresh)."""
+    """`sdpa_decode_certified`: the decoding row's per-key bias bank (padding folded in), the cache's running
+    key-norm summary (None: each layer summarises its keys afresh), and whether long key runs go to the CPU flash
+    kernel in segments (`Route.segmented`)."""
 
     eps: float
     bank: BiasBank
     key_norms: object | None = None
+    segmented: bool = False
 
     def for_heads(self, heads: slice, plan: AlibiAttentionPlan) -> "CertifiedDecode":
         return replace(self, bank=self.bank.for_heads(heads, plan))
@@ -127,27 +151,28 @@ class CertifiedDecode:
 
 def prepare_sdpa_split_certified(plan: AlibiAttentionPlan, preparation: Preparation) -> CertifiedSplit:
     split = split_plan(plan.slopes, plan.query_offset, plan.query_length, plan.key_padding, (ROWS,), plan.batch,
-                       None, preparation.dtype)  # fmt: skip
+                       dtype=preparation.dtype)  # fmt: skip
     return CertifiedSplit(preparation.skip_eps, split)
 
 
 def prepare_sdpa_decode_certified(plan: AlibiAttentionPlan, preparation: Preparation) -> CertifiedDecode:
     bank, folded = bias_bank(plan, 1)  # (B|1, H, 1, kv), padding folded in
     norms = preparation.key_norms() if preparation.key_norms is not None else None
-    return CertifiedDecode(preparation.skip_eps, BiasBank(bank, mask_in_dtype(bank, preparation.dtype), folded), norms)
+    bank = BiasBank(bank, mask_in_dtype(bank, preparation.dtype), folded)
+    return CertifiedDecode(preparation.skip_eps, bank, norms, preparation.segmented)
 
 
 def prepare_flex_attention_certified(plan: AlibiAttentionPlan, preparation: Preparation) -> CertifiedFlex:
-    return CertifiedFlex(preparation.skip_eps)
+    return CertifiedFlex(preparation.skip_eps, preparation.compiled)
 
 
 def certified_flex_ranges(plan: AlibiAttentionPlan, query, key, scaling: float) -> KeyRanges:
     """A FlexAttention prefill layer's certified ranges for `query` (B, H, q, D) over `key` (B, H, kv, D), the plan's
-    keys, from each row's diagonal logit (`NEAR`)."""
+    keys, from each row's diagonal logit."""
     with torch.no_grad():  # a certificate of this forward's queries and keys: the ranges are constants to autograd
         starts = certified_key_starts(
             query.detach(), key.detach(), plan.slopes, scaling, plan.query_offset, plan.payload.eps, ROWS, KEY_BLOCK,
-            plan.key_padding, near=NEAR, centroid=False, row_group=ROW_GROUP,  # centred: ~0.001 less kept work
+            plan.key_padding, row_group=ROW_GROUP,
         )  # (H, blocks)  # fmt: skip
     return KeyRanges(ROWS, starts)
 
@@ -189,7 +214,7 @@ def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float,
         real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None], 0.0)
         lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, rows, q.shape[-1])
         starts = certified_key_starts(
-            q, k, slopes, scaling, offset, plan.payload.eps, rows, key_block, padding, centroid=False,
+            q, k, slopes, scaling, offset, plan.payload.eps, rows, key_block, padding,
             row_group=ROW_GROUP, lse_lower=lower, query_norms=query_norms, key_norms=key_norms,
         )  # (H, R)  # fmt: skip
         if batch == 1:  # one call per head over all its blocks, not one per (head, block): `shared_key_windows`
@@ -209,13 +234,35 @@ def certified_decode_ranges(plan: AlibiAttentionPlan, query, key, scaling: float
         norms = payload.key_norms(layer, key, plan.key_padding)  # (1, H, blocks)
     else:
         norms = key_block_norms(key, KEY_BLOCK, plan.key_padding).amax(0, keepdim=True)  # (1, H, blocks)
-    # the diagonal logit (Theorem 2 with N = {i}) in float64, as `near_key_lse(..., near=1)` gives it, in a step's
+    # the diagonal logit (Theorem 2 with N = {i}) in float64, as `diagonal_lse` gives it, in a step's
     # fewest operations
     lse = (query[:, :, 0].double() * key[:, :, position].double()).sum(-1) * scaling  # (B, H)
     if plan.key_padding is not None:  # a padded row (its own token is padding) has no certificate: keep it dense
         lse = lse.masked_fill(~plan.key_padding[:, None, position], -torch.inf)
     starts = certified_decode_start(query, norms, plan.slopes, scaling, position, payload.eps, KEY_BLOCK, lse)
     return KeyRanges(1, starts.amin(0)[:, None])  # (H, 1)
+
+
+def sdpa_split_certified_attention(query, key, value, plan, scaling, layer=None):
+    """The split computes the diagonals, certifies the rest from their log-sum-exps, then reads only the kept keys
+    (`certified_split`)."""
+    return certified_split(query, key, value, plan, scaling)[0].transpose(1, 2), None  # (B, q, H, D)
+
+
+def sdpa_decode_certified_attention(query, key, value, plan, scaling, layer=None):
+    """A decoding row over its layer's certified key ranges (`certified_decode_ranges`): one
+    public call per run of heads that share a first key, over keys [first, kv) with the bank's per-key bias, so
+    skipped keys are not read at all; `segmented` (the payload's): in key segments on the CPU flash kernel
+    (`attention_sdpa.decode_in_ranges`)."""
+    ranges = certified_decode_ranges(plan, query, key, scaling, layer)
+    return decode_in_ranges(query, key, value, plan, plan.payload.bank, ranges, scaling, plan.payload.segmented), None
+
+
+def flex_certified_alibi_attention(query, key, value, plan, scaling, layer=None):
+    """FlexAttention over the layer's certified key ranges, as per-head block masks (`compiled`: the fused kernel)."""
+    block_mask = flex_block_mask(plan, certified_flex_ranges(plan, query, key, scaling))
+    return flex_over_blocks(query, key, value, plan, scaling, block_mask, plan.payload.compiled)
+
 
 
 class RunningKeyNorms:

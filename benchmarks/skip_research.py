@@ -1,0 +1,251 @@
+"""Research variants of certified key skipping, kept out of the shipped model folder: what was measured against the
+bounds `hf_alibi/models/alibi_gpt2/attention_skip.py` ships (its module docstring has the theorems).
+
+- the centred upper bound of Theorem 3 (`key_block_spheres`, `certified_key_starts(..., centroid=True)`): about any
+  centre c_K, s q.k_j <= s q_i.c_K + |s| |q_i| r_K, r_K = max_j |k_j - c_K|; tighter than Cauchy-Schwarz when a
+  block's keys share a large common component (on the byte-level checkpoints of results/skip/kept_fraction.md it
+  changes little: ~0.001 less kept work at 8k);
+- Theorem 2 over the `near` nearest keys (`near_key_lse`; production uses the diagonal logit, near = 1: on the demo
+  checkpoint at 8k, 32 near keys certified 0.352 of causal work against 0.381, but their float64 products cost more
+  than they save);
+- `kept_fraction`, the measurement `measure_kept_fraction`, `compare_lse_bounds` and `bench_skip` report.
+
+`certified_key_starts` and `certified_decode_start` here take the research options and fall back to the shipped
+functions when they are off, so a test can compare the two on the same inputs.
+"""
+
+import math
+
+import torch
+
+from hf_alibi.experiments.kept_context import kept_fraction  # noqa: F401  (the measurement, re-exported)
+
+from hf_alibi.models.alibi_gpt2 import attention_skip as shipped
+from hf_alibi.models.alibi_gpt2.attention_skip import (
+    _blocked,
+    _check_eps,
+    _check_positive,
+    _check_slopes,
+    _log_geometric,
+    _passing_blocks,
+    _real_keys,
+    key_block_norms,
+)
+
+
+def key_block_spheres(
+    key: torch.Tensor, block: int, key_padding: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Centre c_K (mean of the real keys) and radius r_K = max |k_j - c_K| of each `block` of `key` (B, H, kv, D).
+
+    Returns float64 (B, H, nb, D) and (B, H, nb); the radius is -inf for a block without real keys. Any centre makes
+    Theorem 3 valid; the mean keeps the radius small.
+    """
+    _check_positive("block", block)
+    real = _real_keys(key, key_padding).expand(key.shape[0], key.shape[1], -1)  # (B, H, kv)
+    keys = _blocked(key.double() * real[..., None], block, 0.0)  # (B, H, nb, block, D), padded keys zeroed
+    counts = _blocked(real.double(), block, 0.0).sum(-1)  # (B, H, nb)
+    centres = keys.sum(-2) / counts.clamp(min=1)[..., None]  # (B, H, nb, D)
+    distances = (keys - centres[..., None, :]).norm(dim=-1)  # (B, H, nb, block)
+    distances = distances.masked_fill(~_blocked(real, block, False), -math.inf)
+    return centres, distances.amax(-1)
+
+
+def near_key_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    slopes: torch.Tensor,
+    scaling: float,
+    query_offset: int,
+    near: int,
+    key_padding: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """LB_i: the exact float64 log-sum-exp of each row's real keys among i - near < j <= i (Theorem 2).
+
+    `query` (B, H, q, D) row r at absolute position `query_offset + r`; `key` (B, H, kv, D); `key_padding` (B, kv)
+    True = real. Packed documents are deliberately not masked (see the module docstring). Returns (B, H, q); -inf on
+    padded rows (no real key). `near=1` is the diagonal logit. One distance t = i - j at a time, for every row at
+    once: `near` row-wise products, O(q near D) work and O(q D) memory, no (q, kv) score block.
+    """
+    _check_positive("near", near)
+    batch, heads, q_len, _ = query.shape
+    _check_slopes(slopes, heads)
+    real = _real_keys(key, key_padding)[:, 0]  # (B|1, kv)
+    m = slopes.double().to(query.device)[:, None]  # (H, 1)
+    scaled = query.double() * scaling  # (B, H, q, D)
+    lse = torch.full((batch, heads, q_len), -math.inf, dtype=torch.float64, device=query.device)
+    for t in range(min(near, query_offset + q_len)):  # key j = i - t, for the rows that have one (j >= 0)
+        first = max(0, t - query_offset)
+        keys = slice(query_offset + first - t, query_offset + q_len - t)
+        logits = (scaled[:, :, first:] * key[:, :, keys].double()).sum(-1) - m * t  # (B, H, q - first)
+        logits = logits.masked_fill(~real[:, None, keys], -math.inf)
+        lse[:, :, first:] = torch.logaddexp(lse[:, :, first:], logits)
+    return lse  # (B, H, q)
+
+
+def block_log_mass_bounds(
+    query: torch.Tensor,
+    lse_lower: torch.Tensor,
+    positions: torch.Tensor,
+    slopes: torch.Tensor,
+    scaling: float,
+    block: int,
+    norms: torch.Tensor,
+    centres: torch.Tensor | None = None,
+    radii: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """log of Theorem 3's bound on each key block's softmax mass, per row: float64 (B, H, rows, nb).
+
+    `query` (B, H, rows, D) at absolute `positions` (rows,); `lse_lower` (B, H, rows) lower bounds on LSE_i;
+    `norms` (B|1, H, nb) from `key_block_norms`; optional `centres` (B|1, H, nb, D) and `radii` (B|1, H, nb) from
+    `key_block_spheres`. Block k holds keys [k block, (k + 1) block), all of them before every row.
+    """
+    n_blocks = norms.shape[-1]
+    if n_blocks * block > int(positions.min()) + 1:
+        raise ValueError(f"{n_blocks} blocks of {block} keys do not all lie at or before position {positions.min()}")
+    query = query.double()
+    q_norm = query.norm(dim=-1, keepdim=True) * abs(scaling)  # (B, H, rows, 1): |s| |q_i|
+    upper = q_norm * norms[:, :, None, :]  # (B, H, rows, nb): Cauchy-Schwarz
+    if centres is not None:
+        centred = (query @ centres.transpose(-1, -2)) * scaling + q_norm * radii[:, :, None, :]  # (B, H, rows, nb)
+        upper = torch.minimum(upper, centred)
+    # A block without real keys has norm -inf; 0 * -inf (a zero query) would be NaN, and its mass is 0 anyway
+    upper = upper.masked_fill((norms == -math.inf)[:, :, None, :], -math.inf)
+    m = slopes.double().to(query.device)  # (H,)
+    ends = torch.arange(1, n_blocks + 1, device=query.device, dtype=torch.float64) * block - 1  # (nb,) e_K
+    distance = positions.double()[:, None] - ends[None, :]  # (rows, nb): i - e_K >= 0
+    log_g = _log_geometric(m, block)  # (H,)
+    return upper - m[:, None, None] * distance + (log_g[:, None, None] - lse_lower[..., None])  # (B, H, rows, nb)
+
+
+def first_kept_key(log_bounds: torch.Tensor, eps: float, block: int) -> torch.Tensor:
+    """The largest block boundary t with sum_{blocks before t} bound <= eps, per row: int64 (...,) from (..., nb)."""
+    _check_eps(eps)
+    if log_bounds.shape[-1] == 0 or eps == 0.0:
+        return torch.zeros(log_bounds.shape[:-1], dtype=torch.long, device=log_bounds.device)
+    return _passing_blocks(log_bounds, eps) * block  # (...,)
+
+
+def certified_key_starts(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    slopes: torch.Tensor,
+    scaling: float,
+    query_offset: int,
+    eps: float,
+    row_block: int,
+    key_block: int,
+    key_padding: torch.Tensor | None = None,
+    near: int = 64,
+    centroid: bool = True,
+    row_group: int = 1,
+    lse_lower: torch.Tensor | None = None,
+    query_norms: torch.Tensor | None = None,
+    key_norms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per (head, block of `row_block` query rows): the first key a kernel must compute, int64 (H, n_row_blocks).
+
+    `query` (B, H, q, D), row r at absolute position `query_offset + r`; `key` (B, H, kv, D) (keys from
+    `query_offset + q` on are never read); `slopes` (H,) >= 0; `key_padding` (B, kv) True = real. Packed rows need no
+    document mask: the starts hold for them as they are (module docstring). The start is a multiple of `key_block`
+    and never past the row block's first position, so the diagonal is always computed; for every batch element and
+    every real row of the block the softmax mass of the visible keys before it is <= `eps` (0 = dense). `near` sets
+    Theorem 2's window, `centroid` adds Theorem 3's centred bound to Cauchy-Schwarz. `lse_lower` (B, H, q), if
+    given, replaces the near keys' LSE: any valid lower bound on each real row's LSE (`kernel_lse_lower_bound`).
+    `query_norms` (B, H, q) and `key_norms` (B, H, >= kv'): `upper_norms` of `query` and `key`, if already computed.
+
+    Without `centroid`, the bound is computed for groups of `row_group` rows at once (`_grouped_starts`): valid, a
+    little looser, and `row_group` times less work; 1 is every row on its own.
+    """
+    if not centroid:  # the shipped certificate, with Theorem 2 over the `near` nearest keys unless `lse_lower`
+        if lse_lower is None and near > 1:
+            lse_lower = near_key_lse(query, key, slopes, scaling, query_offset, near, key_padding)
+        return shipped.certified_key_starts(query, key, slopes, scaling, query_offset, eps, row_block, key_block,
+                                            key_padding, row_group, lse_lower, query_norms, key_norms)  # fmt: skip
+    _check_eps(eps)
+    _check_positive("row_block", row_block)
+    _check_positive("key_block", key_block)
+    _check_positive("row_group", row_group)
+    batch, heads, q_len, dim = query.shape
+    if key.dim() != 4 or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
+        raise ValueError(f"key {tuple(key.shape)} does not fit query {tuple(query.shape)}")
+    if not 0 <= query_offset <= key.shape[2] - q_len:
+        raise ValueError(f"query_offset={query_offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
+    _check_slopes(slopes, heads)
+    _real_keys(key, key_padding)  # checks its shape
+    if lse_lower is not None and lse_lower.shape != (batch, heads, q_len):
+        raise ValueError(f"lse_lower must have shape {(batch, heads, q_len)}, got {tuple(lse_lower.shape)}")
+    n_row_blocks = -(-q_len // row_block)
+    starts = torch.zeros(heads, n_row_blocks, dtype=torch.long, device=query.device)
+    usable = (query_offset + (n_row_blocks - 1) * row_block) // key_block  # blocks before the last row block
+    if eps == 0.0 or usable == 0:
+        return starts
+    droppable = key[:, :, : usable * key_block]  # no later key is ever dropped
+    padding = None if key_padding is None else key_padding[:, : usable * key_block]
+    norms = key_block_norms(droppable, key_block, padding, key_norms)  # (B, H, nb)
+    centres, radii = key_block_spheres(droppable, key_block, padding)
+    real_rows = None if key_padding is None else key_padding[:, query_offset : query_offset + q_len].bool()  # (B, q)
+    for index, first in enumerate(range(0, q_len, row_block)):
+        last = min(first + row_block, q_len)
+        n = (query_offset + first) // key_block  # blocks wholly before this row block
+        if n == 0:
+            continue
+        rows = slice(first, last)
+        if lse_lower is None:
+            lse = near_key_lse(query[:, :, rows], key, slopes, scaling, query_offset + first, near, key_padding)
+        else:
+            lse = lse_lower[:, :, rows].double()  # (B, H, n_rows)
+        positions = torch.arange(query_offset + first, query_offset + last, device=query.device)  # (n_rows,)
+        log_bounds = block_log_mass_bounds(query[:, :, rows], lse, positions, slopes, scaling, key_block,
+                                           norms[..., :n], None if centres is None else centres[:, :, :n],
+                                           None if radii is None else radii[..., :n])  # (B, H, n_rows, n)  # fmt: skip
+        row_starts = first_kept_key(log_bounds, eps, key_block)  # (B, H, n_rows)
+        if real_rows is not None:  # padded rows do not constrain the start
+            row_starts = row_starts.masked_fill(~real_rows[:, None, rows], n * key_block)
+        starts[:, index] = row_starts.amin(dim=(0, 2))
+    return starts
+
+
+def certified_decode_start(
+    query: torch.Tensor,
+    block_norms: torch.Tensor,
+    slopes: torch.Tensor,
+    scaling: float,
+    position: int,
+    eps: float,
+    block: int,
+    lse_lower: torch.Tensor,
+    centres: torch.Tensor | None = None,
+    radii: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """First key one decoding step must compute, per batch element and head: int64 (B, H); `.amin(0)` per head.
+
+    `query` (B, H, D) or (B, H, 1, D) at absolute `position`; `block_norms` (B, H, nb) from `key_block_norms` of the
+    cache (a running maximum for the block being filled); `lse_lower` (B, H) or (B, H, 1) a lower bound on the row's
+    LSE: `near_key_lse(query, cache_keys, ..., query_offset=position, near=...)` (near=1: the diagonal logit);
+    optional `centres`/`radii` of the cache's full blocks. The start is a multiple of `block` and <= `position`.
+    """
+    if centres is None:  # Cauchy-Schwarz alone: the shipped step
+        return shipped.certified_decode_start(query, block_norms, slopes, scaling, position, eps, block, lse_lower)
+    _check_eps(eps)
+    _check_positive("block", block)
+    query = query[:, :, None] if query.dim() == 3 else query  # (B, H, 1, D)
+    if query.dim() != 4 or query.shape[2] != 1:
+        raise ValueError(f"query must be (B, H, D) or (B, H, 1, D), got {tuple(query.shape)}")
+    _check_slopes(slopes, query.shape[1])
+    batch, heads = query.shape[:2]
+    if block_norms.dim() != 3 or block_norms.shape[1] != heads or block_norms.shape[0] not in (1, batch):
+        raise ValueError(f"block_norms {tuple(block_norms.shape)} does not fit query {tuple(query.shape)}")
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise ValueError(f"position must be a non-negative integer, got {position!r}")
+    lse_lower = lse_lower.reshape(*query.shape[:2], 1)  # (B, H, 1)
+    n = min(position // block, block_norms.shape[-1])  # blocks wholly before the current position's block
+    if eps == 0.0 or n == 0:
+        return torch.zeros(query.shape[:2], dtype=torch.long, device=query.device)
+    positions = torch.tensor([position], device=query.device)  # (1,)
+    log_bounds = block_log_mass_bounds(query, lse_lower, positions, slopes, scaling, block, block_norms[..., :n],
+                                       None if centres is None else centres[:, :, :n],
+                                       None if radii is None else radii[..., :n])  # (B, H, 1, n)  # fmt: skip
+    return first_kept_key(log_bounds, eps, block)[..., 0]  # (B, H)
+
+
