@@ -99,11 +99,13 @@ def main(argv=None):
             print(json.dumps(records[-1]), flush=True)
     slopes = model.transformer.alibi_slopes.tolist()
     command = "python -m benchmarks.compare_lse_bounds " + " ".join(argv)
-    lines = [f"# Lower bounds on LSE: kept fraction of causal key work\n\n`{command.strip()}`\n\n",
-             f"Checkpoint `{args.checkpoint}`, eps {args.eps:g}, 256-row / 64-key blocks, Cauchy-Schwarz upper bound "
-             "with rows grouped by 16 (the oracle uses no bound). Per head (slope; mean over layers) and overall.\n\n",
-             "| length | lower bound | overall | " + " | ".join(f"1/{round(1 / m)}" for m in slopes) + " |\n",
-             "|" + "---|" * (3 + len(slopes)) + "\n"]  # fmt: skip
+    lines = [
+        f"# Lower bounds on LSE: kept fraction of causal key work\n\n`{command.strip()}`\n\n",
+        f"Checkpoint `{args.checkpoint}`, eps {args.eps:g}, 256-row / 64-key blocks, Cauchy-Schwarz upper bound "
+        "with rows grouped by 16 (the oracle uses no bound). Per head (slope; mean over layers) and overall.\n\n",
+        "| length | lower bound | overall | " + " | ".join(f"1/{round(1 / m)}" for m in slopes) + " |\n",
+        "|" + "---|" * (3 + len(slopes)) + "\n",
+    ]
     for r in records:
         heads = " | ".join(f"{f:.3f}" for f in r["per_head"])
         lines.append(f"| {r['length']} | {r['bound']} | **{r['overall']:.3f}** | {heads} |\n")

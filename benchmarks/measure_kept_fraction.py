@@ -87,8 +87,9 @@ def fractions(layers, slopes, scaling, eps, row_block, key_block, near, centroid
 
     table = []
     for query, key in layers:
-        starts = certified_key_starts(query, key, slopes, scaling, 0, eps, row_block, key_block, near=near,
-                                      centroid=centroid)  # (H, n_row_blocks)  # fmt: skip
+        starts = certified_key_starts(
+            query, key, slopes, scaling, 0, eps, row_block, key_block, near=near, centroid=centroid
+        )  # (H, n_row_blocks)
         table.append(kept_fraction(starts, query.shape[2], row_block).tolist())
     return table
 
@@ -97,8 +98,9 @@ def measure(name: str, model, weights: str, lengths: list[int], tokenizer) -> li
     """Records for one model: the main grid with the default bound, and the bound ablation, at every length."""
     attention = model.transformer.h[0].attn
     slopes = model.transformer.alibi_slopes.float()  # (H,), refilled after loading (NOTES: meta-device buffers)
-    settings = [(DEFAULT_BOUND, *cell) for cell in GRID] + [(bound, 1e-7, 256, 256) for bound in BOUNDS if
-                                                            bound != DEFAULT_BOUND]  # fmt: skip
+    settings = [(DEFAULT_BOUND, *cell) for cell in GRID] + [
+        (bound, 1e-7, 256, 256) for bound in BOUNDS if bound != DEFAULT_BOUND
+    ]
     stream = heldout_stream(tokenizer, max(lengths))
     records = []
     for length in lengths:
@@ -107,11 +109,26 @@ def measure(name: str, model, weights: str, lengths: list[int], tokenizer) -> li
             near, centroid = BOUNDS[bound]
             table = fractions(layers, slopes, attention.scaling, eps, row_block, key_block, near, centroid)
             per_head = torch.tensor(table).mean(0)  # (H,): a head's slope is the same in every layer
-            records.append(dict(model=name, weights=weights, length=length, eps=eps, row_block=row_block,
-                                key_block=key_block, bound=bound, slopes=slopes.tolist(), per_layer_head=table,
-                                per_head=per_head.tolist(), overall=float(per_head.mean())))  # fmt: skip
-            print(f"{name:>17} {weights:>7} L={length:>6} eps={eps:.0e} blocks {row_block}/{key_block} "
-                  f"[{bound}]: overall {records[-1]['overall']:.3f}", flush=True)  # fmt: skip
+            records.append(
+                dict(
+                    model=name,
+                    weights=weights,
+                    length=length,
+                    eps=eps,
+                    row_block=row_block,
+                    key_block=key_block,
+                    bound=bound,
+                    slopes=slopes.tolist(),
+                    per_layer_head=table,
+                    per_head=per_head.tolist(),
+                    overall=float(per_head.mean()),
+                )
+            )
+            print(
+                f"{name:>17} {weights:>7} L={length:>6} eps={eps:.0e} blocks {row_block}/{key_block} "
+                f"[{bound}]: overall {records[-1]['overall']:.3f}",
+                flush=True,
+            )
     return records
 
 
@@ -123,21 +140,26 @@ def markdown(records: list[dict], metadata: dict) -> str:
 
     def row(r):
         per_head = " | ".join(f"{f:.3f}" for f in r["per_head"])
-        return (f"| {r['model']} | {r['weights']} | {r['length']} | {r['eps']:.0e} | {r['row_block']}/"
-                f"{r['key_block']} | **{r['overall']:.3f}** | {per_head} |\n")  # fmt: skip
+        return (
+            f"| {r['model']} | {r['weights']} | {r['length']} | {r['eps']:.0e} | {r['row_block']}/"
+            f"{r['key_block']} | **{r['overall']:.3f}** | {per_head} |\n"
+        )
 
     main = [r for r in records if r["bound"] == DEFAULT_BOUND]
     ablation = [r for r in records if r["eps"] == 1e-7 and r["row_block"] == r["key_block"] == 256]
-    lines = ["# Certified kept fraction of causal key work (hf_alibi.models.alibi_gpt2.attention_skip)\n\n",
-             f"{metadata['command']}\n\n",
-             "Computed keys / causal keys, per head (slope; mean over layers) and overall, at which every real row "
-             "drops softmax mass <= eps (output change <= 2 eps max|v|). One row of held-out standard-library text "
-             "per length, each checkpoint's own byte-level tokenizer. Random weights are labelled `random` and "
-             f"overstate the gain.\n\n## Main grid (bound: {DEFAULT_BOUND})\n\n", header,
-             *(row(r) for r in main),
-             "\n## Ablation of the bound (eps 1e-7, blocks 256/256)\n\n",
-             header.replace("| eps |", "| bound |"),
-             *(row(r).replace(f"| {r['eps']:.0e} |", f"| {r['bound']} |", 1) for r in ablation)]  # fmt: skip
+    lines = [
+        "# Certified kept fraction of causal key work (hf_alibi.models.alibi_gpt2.attention_skip)\n\n",
+        f"{metadata['command']}\n\n",
+        "Computed keys / causal keys, per head (slope; mean over layers) and overall, at which every real row "
+        "drops softmax mass <= eps (output change <= 2 eps max|v|). One row of held-out standard-library text "
+        "per length, each checkpoint's own byte-level tokenizer. Random weights are labelled `random` and "
+        f"overstate the gain.\n\n## Main grid (bound: {DEFAULT_BOUND})\n\n",
+        header,
+        *(row(r) for r in main),
+        "\n## Ablation of the bound (eps 1e-7, blocks 256/256)\n\n",
+        header.replace("| eps |", "| bound |"),
+        *(row(r).replace(f"| {r['eps']:.0e} |", f"| {r['bound']} |", 1) for r in ablation),
+    ]
     return "".join(lines)
 
 
@@ -161,15 +183,25 @@ def main(argv=None):
     records = []
     for name, aliases in distinct_weights(folders).items():
         folder = folders[name]
-        records += measure(" = ".join(aliases), load_model(folder), "trained", args.lengths,
-                           AutoTokenizer.from_pretrained(folder))  # fmt: skip
+        records += measure(
+            " = ".join(aliases), load_model(folder), "trained", args.lengths, AutoTokenizer.from_pretrained(folder)
+        )
     if args.random:
         first = next(iter(folders.values()))
-        records += measure(f"{args.checkpoints[0]} config", load_model(first, random_init=True), "random", args.lengths,
-                           AutoTokenizer.from_pretrained(first))  # fmt: skip
+        records += measure(
+            f"{args.checkpoints[0]} config",
+            load_model(first, random_init=True),
+            "random",
+            args.lengths,
+            AutoTokenizer.from_pretrained(first),
+        )
     command = "python -m benchmarks.measure_kept_fraction " + " ".join(argv)
-    metadata = dict(command=command.strip(), torch=torch.__version__, python=platform.python_version(),
-                    checkpoints={name: str(folder) for name, folder in folders.items()})  # fmt: skip
+    metadata = dict(
+        command=command.strip(),
+        torch=torch.__version__,
+        python=platform.python_version(),
+        checkpoints={name: str(folder) for name, folder in folders.items()},
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(args.out.with_suffix(".json"), json.dumps(dict(metadata=metadata, records=records), indent=1))
     write_text_atomically(args.out.with_suffix(".md"), markdown(records, metadata))

@@ -19,7 +19,6 @@ import math
 import torch
 
 from hf_alibi.experiments.kept_context import kept_fraction  # noqa: F401  (the measurement, re-exported)
-
 from hf_alibi.models.alibi_gpt2 import attention_skip as shipped
 from hf_alibi.models.alibi_gpt2.attention_skip import (
     _blocked,
@@ -160,8 +159,21 @@ def certified_key_starts(
     if not centroid:  # the shipped certificate, with Theorem 2 over the `near` nearest keys unless `lse_lower`
         if lse_lower is None and near > 1:
             lse_lower = near_key_lse(query, key, slopes, scaling, query_offset, near, key_padding)
-        return shipped.certified_key_starts(query, key, slopes, scaling, query_offset, eps, row_block, key_block,
-                                            key_padding, row_group, lse_lower, query_norms, key_norms)  # fmt: skip
+        return shipped.certified_key_starts(
+            query,
+            key,
+            slopes,
+            scaling,
+            query_offset,
+            eps,
+            row_block,
+            key_block,
+            key_padding,
+            row_group,
+            lse_lower,
+            query_norms,
+            key_norms,
+        )
     _check_eps(eps)
     _check_positive("row_block", row_block)
     _check_positive("key_block", key_block)
@@ -196,9 +208,17 @@ def certified_key_starts(
         else:
             lse = lse_lower[:, :, rows].double()  # (B, H, n_rows)
         positions = torch.arange(query_offset + first, query_offset + last, device=query.device)  # (n_rows,)
-        log_bounds = block_log_mass_bounds(query[:, :, rows], lse, positions, slopes, scaling, key_block,
-                                           norms[..., :n], None if centres is None else centres[:, :, :n],
-                                           None if radii is None else radii[..., :n])  # (B, H, n_rows, n)  # fmt: skip
+        log_bounds = block_log_mass_bounds(
+            query[:, :, rows],
+            lse,
+            positions,
+            slopes,
+            scaling,
+            key_block,
+            norms[..., :n],
+            None if centres is None else centres[:, :, :n],
+            None if radii is None else radii[..., :n],
+        )  # (B, H, n_rows, n)
         row_starts = first_kept_key(log_bounds, eps, key_block)  # (B, H, n_rows)
         if real_rows is not None:  # padded rows do not constrain the start
             row_starts = row_starts.masked_fill(~real_rows[:, None, rows], n * key_block)
@@ -243,9 +263,15 @@ def certified_decode_start(
     if eps == 0.0 or n == 0:
         return torch.zeros(query.shape[:2], dtype=torch.long, device=query.device)
     positions = torch.tensor([position], device=query.device)  # (1,)
-    log_bounds = block_log_mass_bounds(query, lse_lower, positions, slopes, scaling, block, block_norms[..., :n],
-                                       None if centres is None else centres[:, :, :n],
-                                       None if radii is None else radii[..., :n])  # (B, H, 1, n)  # fmt: skip
+    log_bounds = block_log_mass_bounds(
+        query,
+        lse_lower,
+        positions,
+        slopes,
+        scaling,
+        block,
+        block_norms[..., :n],
+        None if centres is None else centres[:, :, :n],
+        None if radii is None else radii[..., :n],
+    )  # (B, H, 1, n)
     return first_kept_key(log_bounds, eps, block)[..., 0]  # (B, H)
-
-

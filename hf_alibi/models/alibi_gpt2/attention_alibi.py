@@ -86,18 +86,43 @@ def plan_alibi_attention(
     if train_seq_len is not None:  # K: a 0-d tensor for a static cache (a tensor op: no host sync when compiled)
         filled = key_length if query_offset is None else query_offset + query_length
         slopes = length_scaled_slopes(slopes.float(), filled, train_seq_len)  # (H,)
-    facts = plan_facts(slopes, batch, query_length, key_length, query_offset, attention_mask, position_ids,
-                       cu_seq_lens, dropout, tracing=tracing)  # fmt: skip
+    facts = plan_facts(
+        slopes,
+        batch,
+        query_length,
+        key_length,
+        query_offset,
+        attention_mask,
+        position_ids,
+        cu_seq_lens,
+        dropout,
+        tracing=tracing,
+    )
     route = choose_path(
-        implementation, facts, device=slopes.device.type, tracing=tracing, sdpa_split=sdpa_split,
-        skip_eps=skip_eps, kernels_work=split_kernels_work, skip_pays=skipping_pays,
+        implementation,
+        facts,
+        device=slopes.device.type,
+        tracing=tracing,
+        sdpa_split=sdpa_split,
+        skip_eps=skip_eps,
+        kernels_work=split_kernels_work,
+        skip_pays=skipping_pays,
         output_attentions=output_attentions,
-    )  # fmt: skip
+    )
     facts = with_host_offset(facts) if route.host_offset else facts
 
     def plan_part(length: int) -> AlibiAttentionPlan:  # one uncached row of its own (a packed row's document)
-        return plan_alibi_attention(implementation, slopes, 1, length, length, dtype=dtype, sdpa_split=sdpa_split,
-                                    query_chunk=query_chunk, skip_eps=skip_eps)  # fmt: skip
+        return plan_alibi_attention(
+            implementation,
+            slopes,
+            1,
+            length,
+            length,
+            dtype=dtype,
+            sdpa_split=sdpa_split,
+            query_chunk=query_chunk,
+            skip_eps=skip_eps,
+        )
 
     preparation = Preparation(dtype, query_chunk, route.eps, key_norms, plan_part, route.segmented, route.compiled)
     return replace(facts, path=route.path, payload=PREPARE_PATHS[route.path](facts, preparation))
@@ -130,8 +155,10 @@ def alibi_attention(
             )
         plan = plan.for_heads(heads)
     if plan.slopes.shape[0] != query.shape[1]:
-        raise ValueError(f"the plan holds {plan.slopes.shape[0]} heads (heads={plan.heads!r}) but the query "
-                         f"{query.shape[1]}: pass heads= the global heads this call's query holds")  # fmt: skip
+        raise ValueError(
+            f"the plan holds {plan.slopes.shape[0]} heads (heads={plan.heads!r}) but the query "
+            f"{query.shape[1]}: pass heads= the global heads this call's query holds"
+        )
     if output_attentions and plan.path != "eager":
         raise ValueError(f"attention weights come from the eager path; this forward's plan is {plan.path!r}")
     buffer = key.shape[2]

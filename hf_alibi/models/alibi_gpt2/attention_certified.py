@@ -150,8 +150,15 @@ class CertifiedDecode:
 
 
 def prepare_sdpa_split_certified(plan: AlibiAttentionPlan, preparation: Preparation) -> CertifiedSplit:
-    split = split_plan(plan.slopes, plan.query_offset, plan.query_length, plan.key_padding, (ROWS,), plan.batch,
-                       dtype=preparation.dtype)  # fmt: skip
+    split = split_plan(
+        plan.slopes,
+        plan.query_offset,
+        plan.query_length,
+        plan.key_padding,
+        (ROWS,),
+        plan.batch,
+        dtype=preparation.dtype,
+    )
     return CertifiedSplit(preparation.skip_eps, split)
 
 
@@ -171,14 +178,23 @@ def certified_flex_ranges(plan: AlibiAttentionPlan, query, key, scaling: float) 
     keys, from each row's diagonal logit."""
     with torch.no_grad():  # a certificate of this forward's queries and keys: the ranges are constants to autograd
         starts = certified_key_starts(
-            query.detach(), key.detach(), plan.slopes, scaling, plan.query_offset, plan.payload.eps, ROWS, KEY_BLOCK,
-            plan.key_padding, row_group=ROW_GROUP,
-        )  # (H, blocks)  # fmt: skip
+            query.detach(),
+            key.detach(),
+            plan.slopes,
+            scaling,
+            plan.query_offset,
+            plan.payload.eps,
+            ROWS,
+            KEY_BLOCK,
+            plan.key_padding,
+            row_group=ROW_GROUP,
+        )  # (H, blocks)
     return KeyRanges(ROWS, starts)
 
 
-def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float, rows: int | None = None,
-                    key_block: int = KEY_BLOCK):  # fmt: skip
+def certified_split(
+    query, key, value, plan: AlibiAttentionPlan, scaling: float, rows: int | None = None, key_block: int = KEY_BLOCK
+):
     """The split with certified skipping: (output (B, H, q, D) in the query's dtype, the `KeyRanges` it read: the
     certified ones, or earlier).
 
@@ -214,9 +230,20 @@ def certified_split(query, key, value, plan: AlibiAttentionPlan, scaling: float,
         real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None], 0.0)
         lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, rows, q.shape[-1])
         starts = certified_key_starts(
-            q, k, slopes, scaling, offset, plan.payload.eps, rows, key_block, padding,
-            row_group=ROW_GROUP, lse_lower=lower, query_norms=query_norms, key_norms=key_norms,
-        )  # (H, R)  # fmt: skip
+            q,
+            k,
+            slopes,
+            scaling,
+            offset,
+            plan.payload.eps,
+            rows,
+            key_block,
+            padding,
+            row_group=ROW_GROUP,
+            lse_lower=lower,
+            query_norms=query_norms,
+            key_norms=key_norms,
+        )  # (H, R)
         if batch == 1:  # one call per head over all its blocks, not one per (head, block): `shared_key_windows`
             starts = shared_key_windows(starts, blocks)
     ranges = KeyRanges(rows, starts)
@@ -262,7 +289,6 @@ def flex_certified_alibi_attention(query, key, value, plan, scaling, layer=None)
     """FlexAttention over the layer's certified key ranges, as per-head block masks (`compiled`: the fused kernel)."""
     block_mask = flex_block_mask(plan, certified_flex_ranges(plan, query, key, scaling))
     return flex_over_blocks(query, key, value, plan, scaling, block_mask, plan.payload.compiled)
-
 
 
 class RunningKeyNorms:
@@ -330,8 +356,10 @@ class RunningKeyNorms:
         if self.written is None or offset > self.written:  # keys appended unseen: none of the summary can be trusted
             self.layers = {}
         elif offset < self.written:  # keys dropped (reset, crop): keep what lies before the offset
-            self.layers = {layer: (norms[..., : -(-min(covered, offset) // KEY_BLOCK)], min(covered, offset))
-                           for layer, (norms, covered) in self.layers.items()}  # fmt: skip
+            self.layers = {
+                layer: (norms[..., : -(-min(covered, offset) // KEY_BLOCK)], min(covered, offset))
+                for layer, (norms, covered) in self.layers.items()
+            }
         self.written = offset + query_length
 
     def __call__(self, layer, key: torch.Tensor, key_padding: torch.Tensor | None = None) -> torch.Tensor:

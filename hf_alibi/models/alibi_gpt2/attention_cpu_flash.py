@@ -121,11 +121,15 @@ def attend_diagonals(plan: "SplitPlan", query, key, value, scaling) -> tuple[tor
         n = diagonals[0].end  # rows per block: the group's calls tile rows [0, q) in `count` blocks
         mask, _, rows, keys = plan.views(diagonals[0])
         out, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (count, H, n, .)
-        if out.dtype == plan.dtype and out.stride() == (n * heads * dim, dim, heads * dim, 1) and (
-            lse.stride() == (n * heads, 1, heads)
+        if (
+            out.dtype == plan.dtype
+            and out.stride() == (n * heads * dim, dim, heads * dim, 1)
+            and (lse.stride() == (n * heads, 1, heads))
         ):
-            return (out.as_strided((1, heads, q_len, dim), (q_len * heads * dim, dim, heads * dim, 1)),
-                    lse.as_strided((1, heads, q_len), (q_len * heads, 1, heads)))  # fmt: skip
+            return (
+                out.as_strided((1, heads, q_len, dim), (q_len * heads * dim, dim, heads * dim, 1)),
+                lse.as_strided((1, heads, q_len), (q_len * heads, 1, heads)),
+            )
         output = _like_kernel_output(query, plan.dtype)  # another layout (or dtype): copied in, not recomputed
         running = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
         rows(output).copy_(out)
@@ -207,11 +211,19 @@ class _SplitAttention(torch.autograd.Function):
             diagonal = group.diagonal
             mask, shift, rows, keys = plan.views(group)
             lse_call = rows(lse) if shift is None else rows(lse) + shift  # (B|count, H, n), the call's frame
-            dq, dk, dv = _flash_backward(rows(grad_output), rows(query), keys(key), keys(value), rows(output),
-                                         lse_call, mask, ctx.scaling, causal=diagonal)
+            dq, dk, dv = _flash_backward(
+                rows(grad_output),
+                rows(query),
+                keys(key),
+                keys(value),
+                rows(output),
+                lse_call,
+                mask,
+                ctx.scaling,
+                causal=diagonal,
+            )
             rows(grads[0]).copy_(dq) if diagonal else rows(grads[0]).add_(dq)
             for grad, part in ((grads[1], dk), (grads[2], dv)):
                 keys(grad).copy_(part) if diagonal else plan.add_keys(group, grad, part)
         grad_query, grad_key, grad_value = (g.to(t.dtype) for g, t in zip(grads, (query, key, value)))
         return grad_query, grad_key, grad_value, None, None, None
-

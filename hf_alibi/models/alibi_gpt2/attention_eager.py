@@ -34,7 +34,6 @@ def full_bias(plan: AlibiAttentionPlan) -> torch.Tensor:
     return bias if keep is None else bias.masked_fill(~keep, torch.finfo(torch.float32).min)  # (B|1, H, q, kv)
 
 
-
 def prepare_eager(plan, preparation) -> FullBias:
     bias = full_bias(plan)  # (B|1, H, q, kv) fp32: the eager path scores in fp32
     return FullBias(bias, bias)
@@ -60,4 +59,3 @@ def sdpa_mask_attention(query, key, value, plan, scaling, layer=None):
         query, key, value, attn_mask=plan.payload.in_dtype(query.dtype), dropout_p=plan.dropout, scale=scaling
     )  # (B, H, q, D)
     return output.transpose(1, 2), None  # (B, q, H, D)
-

@@ -72,8 +72,9 @@ def flash_alibi_attention(query, key, value, plan, scaling, layer=None):
     _check_cuda(query)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, L, H, D)
     slopes = plan.slopes.to(device=query.device, dtype=torch.float32)
-    return flash_attn.flash_attn_func(q, k, v, plan.dropout, softmax_scale=scaling, causal=True,
-                                      alibi_slopes=slopes), None  # fmt: skip
+    return flash_attn.flash_attn_func(
+        q, k, v, plan.dropout, softmax_scale=scaling, causal=True, alibi_slopes=slopes
+    ), None
 
 
 def flash_varlen_alibi_attention(query, key, value, plan, scaling, layer=None):
@@ -84,9 +85,18 @@ def flash_varlen_alibi_attention(query, key, value, plan, scaling, layer=None):
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, L, H, D)
     slopes = plan.slopes.to(device=query.device, dtype=torch.float32)
     out = flash_attn.flash_attn_varlen_func(
-        q[varlen.query_keep], k[varlen.key_keep], v[varlen.key_keep], varlen.cu_q, varlen.cu_k, varlen.max_q,
-        varlen.max_k, plan.dropout, softmax_scale=scaling, causal=True, alibi_slopes=slopes,
-    )  # (real queries, H, D)  # fmt: skip
+        q[varlen.query_keep],
+        k[varlen.key_keep],
+        v[varlen.key_keep],
+        varlen.cu_q,
+        varlen.cu_k,
+        varlen.max_q,
+        varlen.max_k,
+        plan.dropout,
+        softmax_scale=scaling,
+        causal=True,
+        alibi_slopes=slopes,
+    )  # (real queries, H, D)
     output = q.new_zeros(q.shape[0], plan.query_length, *q.shape[2:])  # (B, q, H, D); padded queries stay zero
     output[varlen.query_keep] = out
     return output, None
@@ -106,9 +116,17 @@ def paged_flash_alibi_attention(query, key, value, plan, scaling, layer=None):
     max_k = paged.cache_kwargs["max_length_k"]
     max_k = max_k["full_attention"] if isinstance(max_k, dict) else max_k
     out = flash_attn.flash_attn_varlen_func(
-        q, k, v, paged.cu_seq_lens_q.to(torch.int32), cu_k.to(torch.int32), paged.max_length_q, int(max_k),
-        softmax_scale=scaling, causal=True, alibi_slopes=slopes,
-    )  # (T, H, D)  # fmt: skip
+        q,
+        k,
+        v,
+        paged.cu_seq_lens_q.to(torch.int32),
+        cu_k.to(torch.int32),
+        paged.max_length_q,
+        int(max_k),
+        softmax_scale=scaling,
+        causal=True,
+        alibi_slopes=slopes,
+    )  # (T, H, D)
     return out[None], None  # (1, T, H, D)
 
 
@@ -123,9 +141,17 @@ def _paged_flash_kvcache(query, key, value, plan, scaling):
     slopes = _paged_slopes(plan, cu_k[: requests + 1], query.device)  # (H,) or (T, H)
     cache_seqlens = (cu_k[1 : requests + 1] - cu_k[:requests] - 1).to(torch.int32)  # cached tokens per request
     out = flash_attn.flash_attn_with_kvcache(
-        q[:, None], k_cache, v_cache, k[:, None], v[:, None], cache_seqlens=cache_seqlens,
-        block_table=block_table, softmax_scale=scaling, causal=True, alibi_slopes=slopes,
-    )  # (T, 1, H, D)  # fmt: skip
+        q[:, None],
+        k_cache,
+        v_cache,
+        k[:, None],
+        v[:, None],
+        cache_seqlens=cache_seqlens,
+        block_table=block_table,
+        softmax_scale=scaling,
+        causal=True,
+        alibi_slopes=slopes,
+    )  # (T, 1, H, D)
     return out.reshape(1, -1, *out.shape[-2:]), None  # (1, T, H, D)
 
 

@@ -46,7 +46,6 @@ def flex_block_mask(plan: AlibiAttentionPlan, ranges: "KeyRanges | None" = None)
     return create_block_mask(mask_mod, batch, heads, plan.query_length, plan.key_length, device=plan.slopes.device)
 
 
-
 @dataclass(frozen=True, eq=False)
 class FlexBlocks:
     """`flex_attention`: the forward's block mask (padding, documents), the same for every head; `compiled`:
@@ -101,4 +100,3 @@ def _compiled_flex_attention():
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention, dynamic=False)
-

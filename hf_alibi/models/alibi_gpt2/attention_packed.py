@@ -77,7 +77,8 @@ def packed_alibi_attention(query, key, value, plan, scaling, layer=None):
     rows = [[] for _ in range(query.shape[0])]
     for row, start, end, part in plan.payload.parts:
         tokens, batch = slice(start, end), slice(row, row + 1)
-        out, _ = alibi_attention(query[batch, :, tokens], key[batch, :, tokens], value[batch, :, tokens], part,
-                                 scaling, layer=layer)  # (1, l, H, D)  # fmt: skip
+        out, _ = alibi_attention(
+            query[batch, :, tokens], key[batch, :, tokens], value[batch, :, tokens], part, scaling, layer=layer
+        )  # (1, l, H, D)
         rows[row].append(out)
     return torch.cat([torch.cat(outputs, dim=1) for outputs in rows], dim=0), None  # (B, q, H, D)

@@ -41,8 +41,15 @@ from .attention_sdpa import BiasBank
 from .attention_sdpa_split import split_kernels_work
 
 # What transformers' continuous batching hands the model beside `position_ids` (continuous_batching/input_outputs.py)
-PAGED_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "read_index", "write_index",
-                "block_table")  # fmt: skip
+PAGED_KWARGS = (
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "max_length_q",
+    "max_length_k",
+    "read_index",
+    "write_index",
+    "block_table",
+)
 PAGED_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 
 
@@ -132,8 +139,9 @@ def plan_paged_attention(
             f"continuous batching runs ALiBi GPT-2 on {PAGED_IMPLEMENTATIONS}, not attn_implementation="
             f"{implementation!r}: load the model with one of those"
         )
-    missing = [name for name in ("cu_seq_lens_q", "cu_seq_lens_k", "read_index", "write_index") if
-               name not in paged_kwargs]  # fmt: skip
+    missing = [
+        name for name in ("cu_seq_lens_q", "cu_seq_lens_k", "read_index", "write_index") if name not in paged_kwargs
+    ]
     if missing:
         raise ValueError(f"a PagedAttentionCache forward needs the continuous-batching arguments {missing}")
     slopes = slopes.float()
@@ -144,17 +152,29 @@ def plan_paged_attention(
             raise ValueError(f"ALiBi GPT-2 has full-attention layers only, got cache layer types {sorted(cu_k)}")
         cu_k = cu_k["full_attention"]
     facts = AlibiAttentionPlan("", slopes, query_length, query_length, 0)  # one flattened row
-    route = choose_path(implementation, facts, slopes.device.type, tracing=False, paged=True,
-                        block_table=paged_kwargs.get("block_table") is not None)  # fmt: skip
+    route = choose_path(
+        implementation,
+        facts,
+        slopes.device.type,
+        tracing=False,
+        paged=True,
+        block_table=paged_kwargs.get("block_table") is not None,
+    )
     if route.path != "paged":  # FlashAttention-2 takes the boundaries as they are
-        paged = PagedPlan(cache_kwargs, query_length, cu_seq_lens_q=cache_kwargs["cu_seq_lens_q"],
-                          max_length_q=int(paged_kwargs.get("max_length_q") or query_length),
-                          train_seq_len=train_seq_len, kvcache=route.kvcache)  # fmt: skip
+        paged = PagedPlan(
+            cache_kwargs,
+            query_length,
+            cu_seq_lens_q=cache_kwargs["cu_seq_lens_q"],
+            max_length_q=int(paged_kwargs.get("max_length_q") or query_length),
+            train_seq_len=train_seq_len,
+            kvcache=route.kvcache,
+        )
         return replace(facts, path=route.path, payload=paged)
 
     cu_q_list, cu_k_list = cache_kwargs["cu_seq_lens_q"].tolist(), cu_k.tolist()  # one host read per forward
     _check_boundaries(cu_q_list, cu_k_list, query_length, position_ids)
     from .attention_alibi import plan_alibi_attention  # the entry imports this module
+
     base = "eager" if implementation == "eager" else "sdpa"
     segments, decoding = [], []
     for request in range(len(cu_q_list) - 1):
@@ -168,9 +188,18 @@ def plan_paged_attention(
             decoding.append((rows[0], keys))  # dense decoding rows share one batched call
             continue
         plan = plan_alibi_attention(
-            base, slopes, 1, q_len, k_len, k_len - q_len, dtype=dtype, sdpa_split=sdpa_split,
-            query_chunk=query_chunk, skip_eps=skip_eps, train_seq_len=train_seq_len,
-        )  # fmt: skip
+            base,
+            slopes,
+            1,
+            q_len,
+            k_len,
+            k_len - q_len,
+            dtype=dtype,
+            sdpa_split=sdpa_split,
+            query_chunk=query_chunk,
+            skip_eps=skip_eps,
+            train_seq_len=train_seq_len,
+        )
         segments.append(PagedSegment(*rows, *keys, plan))
     decode = _decode_group(base, slopes, decoding, dtype, train_seq_len) if decoding else None
     paged = PagedPlan(cache_kwargs, query_length, tuple(segments), decode)
@@ -195,21 +224,33 @@ def _decodes_dense(implementation: str, slopes, key_length: int, sdpa_split: boo
     """Whether `choose_path` routes a request's decoding row over `key_length` keys to a dense path, as it would
     that row under `generate()` (a batch-1 step of a dynamic cache): the same rule, asked per request."""
     facts = plan_facts(slopes, 1, 1, key_length, key_length - 1)
-    route = choose_path(implementation, facts, slopes.device.type, tracing=False, sdpa_split=sdpa_split,
-                        skip_eps=skip_eps, kernels_work=split_kernels_work, skip_pays=skipping_pays)  # fmt: skip
+    route = choose_path(
+        implementation,
+        facts,
+        slopes.device.type,
+        tracing=False,
+        sdpa_split=sdpa_split,
+        skip_eps=skip_eps,
+        kernels_work=split_kernels_work,
+        skip_pays=skipping_pays,
+    )
     return route.eps == 0.0
 
 
 def _check_boundaries(cu_q: list[int], cu_k: list[int], query_length: int, position_ids) -> None:
     """Each request has at least as many keys as new tokens, and its new tokens sit at its last positions."""
     if len(cu_q) != len(cu_k) or cu_q[0] != 0 or cu_k[0] != 0 or cu_q[-1] > query_length:
-        raise ValueError(f"inconsistent continuous-batching boundaries cu_seq_lens_q={cu_q}, cu_seq_lens_k={cu_k} "
-                         f"for {query_length} tokens")  # fmt: skip
+        raise ValueError(
+            f"inconsistent continuous-batching boundaries cu_seq_lens_q={cu_q}, cu_seq_lens_k={cu_k} "
+            f"for {query_length} tokens"
+        )
     for request in range(len(cu_q) - 1):
         q_len, k_len = cu_q[request + 1] - cu_q[request], cu_k[request + 1] - cu_k[request]
         if q_len < 0 or k_len < q_len:
-            raise ValueError(f"request {request} has {q_len} new tokens but {k_len} keys (cu_seq_lens_q={cu_q}, "
-                             f"cu_seq_lens_k={cu_k})")  # fmt: skip
+            raise ValueError(
+                f"request {request} has {q_len} new tokens but {k_len} keys (cu_seq_lens_q={cu_q}, "
+                f"cu_seq_lens_k={cu_k})"
+            )
     if position_ids is None or cu_q[-1] == 0:
         return
     lengths = torch.tensor([b - a for a, b in zip(cu_q, cu_q[1:])])  # (R,)
@@ -258,8 +299,9 @@ def paged_alibi_attention(query, key, value, plan, scaling, layer=None):
     output = query.new_zeros(batch, paged.total_rows, heads, head_dim)  # (1, T, H, D): padding rows stay zero
     for segment in paged.segments:
         rows, keys = slice(segment.row_start, segment.row_end), slice(segment.key_start, segment.key_end)
-        output[:, rows] = alibi_attention(query[:, :, rows], key[:, :, keys], value[:, :, keys], segment.plan,
-                                          scaling, layer=layer)[0]  # (1, q_r, H, D)  # fmt: skip
+        output[:, rows] = alibi_attention(
+            query[:, :, rows], key[:, :, keys], value[:, :, keys], segment.plan, scaling, layer=layer
+        )[0]  # (1, q_r, H, D)
     decode = paged.decode
     if decode is not None:
         n, longest = decode.rows.shape[0], decode.plan.key_length
@@ -274,4 +316,3 @@ def paged_alibi_attention(query, key, value, plan, scaling, layer=None):
 
 def prepare_paged(plan, preparation):
     raise ValueError(f"the paged paths ({plan.path!r}) are planned by attention_paged.plan_paged_attention")
-

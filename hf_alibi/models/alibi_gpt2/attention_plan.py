@@ -51,10 +51,20 @@ from .attention_packed import document_lengths, documents_from_cu_seq_lens, pack
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 PATHS = (
-    "eager", "sdpa_split", "sdpa_split_certified", "sdpa_bank", "sdpa_decode_certified", "sdpa_mask",
-    "flex_attention", "flex_attention_certified", "flash_attention_2", "flash_attention_2_varlen", "paged",
-    "paged_flash_attention_2", "sdpa_packed",
-)  # fmt: skip
+    "eager",
+    "sdpa_split",
+    "sdpa_split_certified",
+    "sdpa_bank",
+    "sdpa_decode_certified",
+    "sdpa_mask",
+    "flex_attention",
+    "flex_attention_certified",
+    "flash_attention_2",
+    "flash_attention_2_varlen",
+    "paged",
+    "paged_flash_attention_2",
+    "sdpa_packed",
+)
 PAGED_PREFIX = "paged|"  # continuous batching's implementations (transformers names eager models "paged|eager")
 # Rows per query chunk of the bias bank (the config's `alibi_sdpa_query_chunk`)
 SDPA_QUERY_CHUNK = 256
@@ -110,8 +120,18 @@ class Preparation(NamedTuple):
     compiled: bool = False  # flex_attention(_certified): FlexAttention's fused kernel
 
 
-def plan_facts(slopes: torch.Tensor, batch: int, query_length: int, key_length: int, query_offset=None,
-               attention_mask=None, position_ids=None, cu_seq_lens=None, dropout: float = 0.0, tracing: bool = False) -> AlibiAttentionPlan:  # fmt: skip
+def plan_facts(
+    slopes: torch.Tensor,
+    batch: int,
+    query_length: int,
+    key_length: int,
+    query_offset=None,
+    attention_mask=None,
+    position_ids=None,
+    cu_seq_lens=None,
+    dropout: float = 0.0,
+    tracing: bool = False,
+) -> AlibiAttentionPlan:
     """One forward's inputs validated once and turned into facts (`plan_alibi_attention` documents the arguments)."""
     slopes = slopes.float()
     if query_offset is None:
@@ -119,8 +139,18 @@ def plan_facts(slopes: torch.Tensor, batch: int, query_length: int, key_length: 
     key_padding = _key_padding(attention_mask, batch, query_offset, query_length, key_length, tracing)
     documents = _documents(position_ids, cu_seq_lens, attention_mask, batch, query_offset, query_length, tracing)
     given = attention_mask if key_padding is not None else None
-    facts = AlibiAttentionPlan("", slopes, query_length, key_length, query_offset, float(dropout), key_padding,
-                               documents, batch=batch, attention_mask=given)  # fmt: skip
+    facts = AlibiAttentionPlan(
+        "",
+        slopes,
+        query_length,
+        key_length,
+        query_offset,
+        float(dropout),
+        key_padding,
+        documents,
+        batch=batch,
+        attention_mask=given,
+    )
     # A static cache hands every layer its whole buffer and counts its tokens in a 0-d tensor. Outside compilation a
     # prefill (or any multi-row step) reads that count once, so its keys are the filled ones only: the rest are
     # unwritten and causally hidden, and a bias over them would cost (q, max_cache_len) per head. One-row steps keep
@@ -163,10 +193,19 @@ class Route:
     kvcache: bool = False  # paged_flash_attention_2: the paged kernel reads the cache's blocks (decode fast path)
 
 
-def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, tracing: bool, sdpa_split: bool = True,
-                skip_eps: float | str = 0.0, kernels_work=lambda: False, paged: bool = False,
-                block_table: bool = False, skip_pays=lambda slopes, query_length, key_length: False,
-                output_attentions: bool = False) -> Route:  # fmt: skip
+def choose_path(
+    implementation: str,
+    plan: AlibiAttentionPlan,
+    device: str,
+    tracing: bool,
+    sdpa_split: bool = True,
+    skip_eps: float | str = 0.0,
+    kernels_work=lambda: False,
+    paged: bool = False,
+    block_table: bool = False,
+    skip_pays=lambda slopes, query_length, key_length: False,
+    output_attentions: bool = False,
+) -> Route:
     """The route for a backend and a plan's facts (module docstring): the only function that chooses one.
 
     `skip_eps > 0` (the config's `alibi_skip_eps`) asks for certified key skipping; it applies outside tracing,
@@ -192,16 +231,24 @@ def choose_path(implementation: str, plan: AlibiAttentionPlan, device: str, trac
     if output_attentions:
         implementation = "eager"
     eps = _skip_eps(implementation, plan, device, tracing, skip_eps, skip_pays)
-    host = isinstance(plan.query_offset, torch.Tensor) and not tracing and (
-        eps > 0 or implementation == "flash_attention_2")  # fmt: skip
+    host = (
+        isinstance(plan.query_offset, torch.Tensor)
+        and not tracing
+        and (eps > 0 or implementation == "flash_attention_2")
+    )
     if host:
         plan = with_host_offset(plan)
     path = _path(implementation, plan, device, tracing, sdpa_split, eps > 0, kernels_work)
     skipping = "certified" in path or path == "sdpa_packed"
     compiled = path.startswith("flex_attention") and device == "cuda" and not tracing
     # one row of batch 1 cannot spread over threads (the kernel splits work by batch, heads and query rows)
-    segmented = path == "sdpa_decode_certified" and device == "cpu" and plan.dropout == 0.0 and plan.batch == 1 and (
-        kernels_work())  # fmt: skip
+    segmented = (
+        path == "sdpa_decode_certified"
+        and device == "cpu"
+        and plan.dropout == 0.0
+        and plan.batch == 1
+        and (kernels_work())
+    )
     return Route(path, eps if skipping else 0.0, host and isinstance(plan.query_offset, int), segmented, compiled)
 
 
@@ -322,5 +369,3 @@ def visible_keys(plan: AlibiAttentionPlan, rows: slice = slice(None), keys: slic
         same = plan.documents[:, None, rows, None] == plan.documents[:, None, None, keys]  # (B, 1, q', kv')
         keep = same if keep is None else keep & same
     return keep
-
-

@@ -36,7 +36,6 @@ def bias_bank(plan: AlibiAttentionPlan, query_chunk: int) -> tuple[torch.Tensor,
     return (bank if keep is None else bank.masked_fill(~keep, torch.finfo(torch.float32).min)), True
 
 
-
 def prepare_sdpa_bank(plan, preparation) -> BiasBank:
     bank, folded = bias_bank(plan, preparation.query_chunk)  # (B|1, H, chunk, kv)
     return BiasBank(bank, mask_in_dtype(bank, preparation.dtype), folded)
@@ -62,9 +61,13 @@ def sdpa_bank_attention(query, key, value, plan, scaling, layer=None):
             if keep is not None:
                 mask = mask.masked_fill(~keep, torch.finfo(mask.dtype).min)  # (B|1, H, n, visible)
         out = F.scaled_dot_product_attention(
-            query[:, :, start:end], key[:, :, :visible], value[:, :, :visible],
-            attn_mask=mask, dropout_p=plan.dropout, scale=scaling,
-        )  # (B, H, n, D)  # fmt: skip
+            query[:, :, start:end],
+            key[:, :, :visible],
+            value[:, :, :visible],
+            attn_mask=mask,
+            dropout_p=plan.dropout,
+            scale=scaling,
+        )  # (B, H, n, D)
         outputs.append(out)
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (B, H, q, D)
     return output.transpose(1, 2), None  # (B, q, H, D)
@@ -80,16 +83,18 @@ def decode_in_ranges(query, key, value, plan, bank, ranges, scaling, segmented: 
     outputs = []
     for head, end, first in head_runs(ranges.first_key[:, 0].tolist()):
         heads = slice(head, end)
-        outputs.append(attend_row(query[:, heads], key[:, heads], value[:, heads], bias[:, heads], first,
-                                  plan.dropout, scaling))  # (B, h, 1, D)  # fmt: skip
+        outputs.append(
+            attend_row(query[:, heads], key[:, heads], value[:, heads], bias[:, heads], first, plan.dropout, scaling)
+        )  # (B, h, 1, D)
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, H, 1, D)
     return output.transpose(1, 2)  # (B, 1, H, D)
 
 
 def _public_row(query, key, value, bias, first, dropout, scaling):
     """(B, h, 1, D) over keys [first, kv): one public SDPA call."""
-    return F.scaled_dot_product_attention(query, key[:, :, first:], value[:, :, first:], attn_mask=bias[..., first:],
-                                          dropout_p=dropout, scale=scaling)  # fmt: skip
+    return F.scaled_dot_product_attention(
+        query, key[:, :, first:], value[:, :, first:], attn_mask=bias[..., first:], dropout_p=dropout, scale=scaling
+    )
 
 
 DECODE_SEGMENT = 2048  # keys per segment of a decoding row's long key range
@@ -105,6 +110,7 @@ def _segmented_row(query, key, value, bias, first, dropout, scaling):
     split = first + count * DECODE_SEGMENT
     parts = []
     if count:
+
         def segments(tensor):  # keys [first, split) of (1, h, kv, D) as (count, h, S, D), a view
             return tensor[0, :, first:split].unflatten(1, (count, DECODE_SEGMENT)).transpose(0, 1)
 
@@ -118,4 +124,3 @@ def _segmented_row(query, key, value, bias, first, dropout, scaling):
     out, lse = (torch.cat(tensors) for tensors in zip(*parts))  # (segments, h, 1, D), (segments, h, 1)
     weights = torch.softmax(lse.float(), dim=0)[..., None]  # (segments, h, 1, 1): each segment's share of the mass
     return (weights * out.float()).sum(0, keepdim=True).to(query.dtype)  # (1, h, 1, D)
-

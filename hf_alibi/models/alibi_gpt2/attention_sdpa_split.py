@@ -106,14 +106,16 @@ def split_attention(query, key, value, plan: "SplitPlan", scaling: float) -> tor
     dtype = torch.promote_types(query.dtype, torch.float32)
     if plan.dtype != dtype:
         ranged = plan.first_keys
-        plan = split_plan(plan.slopes.to(query.device), plan.offset, plan.q_len, plan.key_padding, plan.chunks,
-                          plan.batch, dtype)  # fmt: skip
+        plan = split_plan(
+            plan.slopes.to(query.device), plan.offset, plan.q_len, plan.key_padding, plan.chunks, plan.batch, dtype
+        )
         plan = plan if ranged is None else plan.in_key_ranges(torch.tensor(ranged))
     return _SplitAttention.apply(query, key, value, plan, scaling)
 
 
-def split_plan(slopes, offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1,
-               dtype=torch.float32) -> "SplitPlan":  # fmt: skip
+def split_plan(
+    slopes, offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1, dtype=torch.float32
+) -> "SplitPlan":
     """Every call of the split for these facts, with its masks in `dtype` (fp32; fp64 for fp64 inputs)."""
     slopes = slopes.to(torch.promote_types(dtype, torch.float32))  # biases, log-sum-exps and merges in it
     return SplitPlan(slopes, offset, q_len, key_padding, tuple(chunks), batch)
@@ -193,8 +195,7 @@ class SplitPlan:
     def for_heads(self, heads: slice, plan) -> "SplitPlan":
         """The same calls for the global heads `heads` (a tensor-parallel rank's): `plan` is the attention plan
         already cut to them (its slopes and key ranges)."""
-        return split_plan(plan.slopes, self.offset, self.q_len, self.key_padding, self.chunks, self.batch,
-                          self.dtype)  # fmt: skip
+        return split_plan(plan.slopes, self.offset, self.q_len, self.key_padding, self.chunks, self.batch, self.dtype)
 
     def in_key_ranges(self, first_key: torch.Tensor) -> "SplitPlan":
         """This plan's calls cut to `first_key` ((H, blocks) first key per head and block of `chunks[0]` rows), its
@@ -221,8 +222,10 @@ class SplitPlan:
         for head, end, blocks in filter(lambda run: run[2], head_runs(leading)):
             cover = _cover([], offset, 0, min(blocks * rows, self.q_len), 0, (_PREFIX_BLOCKS * rows, rows), (head, end))
             calls += [call for call in cover if not call.diagonal]  # (the one-level plan's diagonals run below)
-        rest = [[offset + b * rows if b < n else first for b, first in enumerate(keys)]  # the leading blocks: done
-                for keys, n in zip(first_keys, leading)]  # fmt: skip
+        rest = [
+            [offset + b * rows if b < n else first for b, first in enumerate(keys)]  # the leading blocks: done
+            for keys, n in zip(first_keys, leading)
+        ]
         return calls + [ranged for call in self.calls for ranged in _in_key_ranges(call, rest, rows)]
 
     def _set_calls(self, calls):
@@ -239,8 +242,13 @@ class SplitPlan:
         # writes the running results' memory layout itself (`attend_diagonals`)
         diagonals = [group for group in self.groups if group.diagonal]
         first = diagonals[0]
-        self.tiled_diagonals = len(diagonals) == 1 and self.batch == 1 and (
-            (first.start, first.count * first.end, first.head_start, first.head_end) == (0, self.q_len, 0, self.heads)
+        self.tiled_diagonals = (
+            len(diagonals) == 1
+            and self.batch == 1
+            and (
+                (first.start, first.count * first.end, first.head_start, first.head_end)
+                == (0, self.q_len, 0, self.heads)
+            )
         )
 
     def views(self, group):
@@ -304,8 +312,11 @@ def _in_key_ranges(call, first_keys, rows):
     if diagonal:  # a block's own diagonal is always kept (first keys never pass a block's first query)
         return [call]
     runs = head_runs([first_keys[head][start // rows] for head in range(heads)])
-    return [SplitCall(start, end, max(key_start, first), key_end, False, head, run_end)
-            for head, run_end, first in runs if max(key_start, first) < key_end]  # fmt: skip
+    return [
+        SplitCall(start, end, max(key_start, first), key_end, False, head, run_end)
+        for head, run_end, first in runs
+        if max(key_start, first) < key_end
+    ]
 
 
 def shared_key_windows(first_key: torch.Tensor, block_starts: torch.Tensor) -> torch.Tensor:
@@ -344,7 +355,7 @@ def _group(calls):
         shape = (end - start, key_end - key_start, key_start - start, diagonal, head_start, head_end)
         buckets.setdefault(shape, []).append(call)
     runs = []
-    for (rows, keys, *_), members in buckets.items():
+    for (rows, _keys, *_), members in buckets.items():
         members.sort()
         runs.append([members[0]])
         for call in members[1:]:
@@ -358,12 +369,18 @@ def _group(calls):
 
 
 def prepare_sdpa_split(plan, preparation):
-    return split_plan(plan.slopes, plan.query_offset, plan.query_length, plan.key_padding, SPLIT_CHUNKS, plan.batch,
-                      dtype=preparation.dtype)  # fmt: skip
+    return split_plan(
+        plan.slopes,
+        plan.query_offset,
+        plan.query_length,
+        plan.key_padding,
+        SPLIT_CHUNKS,
+        plan.batch,
+        dtype=preparation.dtype,
+    )
 
 
 def sdpa_split_attention(query, key, value, plan, scaling, layer=None):
     """SDPA on the CPU flash kernels with no (q, kv) bias (`attention_sdpa_split`), the forward's calls planned (and
     its inputs validated) once: no per-layer checks."""
     return split_attention(query, key, value, plan.payload, scaling).transpose(1, 2), None  # (B, q, H, D)
-

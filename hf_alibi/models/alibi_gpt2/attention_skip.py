@@ -236,8 +236,7 @@ def kernel_lse_lower_bound(
     return lse.double() - 4 * delta
 
 
-def _grouped_starts(a, lse, norms, slopes, offset, eps, row_block, key_block, key_padding, row_group,
-                    chunk: int = 16):  # fmt: skip
+def _grouped_starts(a, lse, norms, slopes, offset, eps, row_block, key_block, key_padding, row_group, chunk: int = 16):
     """`certified_key_starts` with Cauchy-Schwarz, vectorised over row blocks, for groups of `row_group` rows.
 
     Row i's bound is the sum over blocks K of exp(a_i N_K + b_K + c_i), with a_i = |s| |q_i|, b_K = m e_K + log G_K

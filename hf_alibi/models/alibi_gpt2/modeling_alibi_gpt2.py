@@ -8,8 +8,8 @@ import math
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from torch.nn import functional as F
 from transformers import Cache, DynamicCache, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -29,9 +29,9 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .activations import mlp_activation
 from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention, plan_alibi_attention
+from .attention_certified import KeyNormSummaries, RunningKeyNorms
 from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
 from .attention_plan import AlibiAttentionPlan
-from .attention_certified import KeyNormSummaries, RunningKeyNorms
 from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
 from .tensor_parallel_alibi_gpt2 import ALIBI_HEADS  # noqa: F401  (registers the styles of the config's TP plan)
 
@@ -63,7 +63,7 @@ class AlibiGPT2Attention(nn.Module):
         # `alibi_heads` style) picks those heads' slopes, since the paper's order is not monotone in the head index.
         self.heads: slice | None = None
         # GPT-2's 1/sqrt(d) at the default power 0.5; muP's 1/d (Jais, BTLM) at 1.0
-        self.scaling = self.head_dim ** -config.attn_scale_power if config.scale_attn_weights else 1.0
+        self.scaling = self.head_dim**-config.attn_scale_power if config.scale_attn_weights else 1.0
         self.layer_idx = layer_idx
         self.c_attn = AlibiGPT2Conv1D(3 * self.embed_dim, self.embed_dim, bias=config.bias)
         self.c_proj = AlibiGPT2Conv1D(self.embed_dim, self.embed_dim, bias=config.bias)
@@ -247,14 +247,29 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             if output_attentions:
                 raise ValueError("output_attentions is not available under continuous batching (a paged cache)")
             plan = plan_paged_attention(
-                self.config._attn_implementation or "sdpa", self.alibi_slopes, query_length, position_ids, kwargs,
-                dtype=_compute_dtype(inputs_embeds), sdpa_split=self.config.alibi_sdpa_split,
-                query_chunk=self.config.alibi_sdpa_query_chunk, skip_eps=self.config.alibi_skip_eps,
+                self.config._attn_implementation or "sdpa",
+                self.alibi_slopes,
+                query_length,
+                position_ids,
+                kwargs,
+                dtype=_compute_dtype(inputs_embeds),
+                sdpa_split=self.config.alibi_sdpa_split,
+                query_chunk=self.config.alibi_sdpa_query_chunk,
+                skip_eps=self.config.alibi_skip_eps,
                 train_seq_len=train_seq_len(self.config.alibi_scaling),
-            )  # fmt: skip
+            )
         else:
-            cache, plan = self._plan(cache, batch, query_length, inputs_embeds, attention_mask, position_ids,
-                                      use_cache, output_attentions, kwargs)  # fmt: skip
+            cache, plan = self._plan(
+                cache,
+                batch,
+                query_length,
+                inputs_embeds,
+                attention_mask,
+                position_ids,
+                use_cache,
+                output_attentions,
+                kwargs,
+            )
 
         rank_heads = self.h[0].attn.heads if len(self.h) else None  # every layer of a tensor-parallel rank: the same
         if rank_heads is not None:
@@ -268,8 +283,18 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         hidden_states = self.ln_f(hidden_states)
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache if use_cache else None)
 
-    def _plan(self, cache, batch, query_length, inputs_embeds, attention_mask, position_ids, use_cache,
-              output_attentions, kwargs) -> tuple[Cache | None, AlibiAttentionPlan]:  # fmt: skip
+    def _plan(
+        self,
+        cache,
+        batch,
+        query_length,
+        inputs_embeds,
+        attention_mask,
+        position_ids,
+        use_cache,
+        output_attentions,
+        kwargs,
+    ) -> tuple[Cache | None, AlibiAttentionPlan]:
         """The cache this forward uses (a new dynamic one if asked for) and its one attention plan, validated and
         built once; every layer only reads it (attention_plan.py)."""
         if use_cache and cache is None:
@@ -279,14 +304,24 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             past_length = past_length.clone()  # the cache advances it in place during this forward
         key_length = cache.get_mask_sizes(query_length, 0)[0] if cache is not None else query_length
         plan = plan_alibi_attention(
-            self.config._attn_implementation or "sdpa", self.alibi_slopes, batch, query_length, key_length, past_length,
-            attention_mask=attention_mask, position_ids=position_ids, cu_seq_lens=kwargs.get("cu_seq_lens_q"),
-            dtype=_compute_dtype(inputs_embeds), dropout=self.config.attn_pdrop if self.training else 0.0,
-            sdpa_split=self.config.alibi_sdpa_split, query_chunk=self.config.alibi_sdpa_query_chunk,
-            skip_eps=self.config.alibi_skip_eps, train_seq_len=train_seq_len(self.config.alibi_scaling),
+            self.config._attn_implementation or "sdpa",
+            self.alibi_slopes,
+            batch,
+            query_length,
+            key_length,
+            past_length,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cu_seq_lens=kwargs.get("cu_seq_lens_q"),
+            dtype=_compute_dtype(inputs_embeds),
+            dropout=self.config.attn_pdrop if self.training else 0.0,
+            sdpa_split=self.config.alibi_sdpa_split,
+            query_chunk=self.config.alibi_sdpa_query_chunk,
+            skip_eps=self.config.alibi_skip_eps,
+            train_seq_len=train_seq_len(self.config.alibi_scaling),
             key_norms=RunningKeyNorms.for_forward(self.key_norms, cache, past_length, query_length),  # before writes
             output_attentions=output_attentions,  # weights: the eager path in every layer, planned once
-        )  # fmt: skip
+        )
         return cache, plan
 
     def _embed(self, input_ids, inputs_embeds, token_type_ids) -> torch.Tensor:

@@ -142,8 +142,13 @@ def test_model_with_fused_gelu_matches_new_gelu_logits_and_gradients(make_model,
         scale = results["float64"][index].abs().max().item()
         message = f"{what} from float64: fused {fused_error:.2e}, NewGELU {new_error:.2e}"
         assert fused_error <= 2 * new_error + FP32_EPS * scale, message
-        torch.testing.assert_close(results["fused"][index], results["NewGELU"][index], rtol=0,
-                                   atol=8 * FP32_EPS * scale, msg=lambda m: f"{what}: {m}")  # fmt: skip
+        torch.testing.assert_close(
+            results["fused"][index],
+            results["NewGELU"][index],
+            rtol=0,
+            atol=8 * FP32_EPS * scale,
+            msg=lambda m, what=what: f"{what}: {m}",
+        )
 
 
 def test_erf_gelu_models_compute_exactly_as_before(make_model, random_ids):

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from alibi_reference import cached_row_slopes, interpolated_slopes, reference_logits
 from transformers import StaticCache
 
+from alibi_reference import cached_row_slopes, interpolated_slopes, reference_logits
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
 from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
 
@@ -25,8 +25,13 @@ BACKENDS = {
     "sdpa_certified": ("sdpa", {"alibi_skip_eps": 1e-7}),
     "flex_attention": ("flex_attention", {}),
 }
-PREFILL_PATHS = {"eager": {"eager"}, "sdpa_split": {"sdpa_split"}, "sdpa_bank": {"sdpa_bank"},
-                 "sdpa_certified": {"sdpa_split_certified"}, "flex_attention": {"flex_attention"}}  # fmt: skip
+PREFILL_PATHS = {
+    "eager": {"eager"},
+    "sdpa_split": {"sdpa_split"},
+    "sdpa_bank": {"sdpa_bank"},
+    "sdpa_certified": {"sdpa_split_certified"},
+    "flex_attention": {"flex_attention"},
+}
 
 
 def scaled_model(make_model, backend: str = "sdpa_split", **overrides) -> AlibiGPT2LMHeadModel:
@@ -38,8 +43,15 @@ def expected_logits(model, ids, mask, forward_lengths) -> torch.Tensor:
     """The float64 reference, each row with the interpolated slopes of the forward it was computed in."""
     config = model.config
     slopes = cached_row_slopes(get_alibi_slopes(config.n_head), forward_lengths, train_seq_len=TRAIN)  # (H, L)
-    return reference_logits(model.state_dict(), ids, n_layer=config.n_layer, n_head=config.n_head, slopes=slopes,
-                            attn_scale=(config.n_embd // config.n_head) ** -0.5, attention_mask=mask)  # fmt: skip
+    return reference_logits(
+        model.state_dict(),
+        ids,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        slopes=slopes,
+        attn_scale=(config.n_embd // config.n_head) ** -0.5,
+        attention_mask=mask,
+    )
 
 
 def cached_run(model, ids, mask, prefill: int, cache=None, step=None) -> torch.Tensor:
@@ -70,16 +82,24 @@ def assert_close_on_real_rows(got, want, mask, what):
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_every_path_divides_the_slopes_by_its_forwards_key_count_prefill_and_cached(make_model, random_ids,
-                                                                                   record_plans, backend):  # fmt: skip
+def test_every_path_divides_the_slopes_by_its_forwards_key_count_prefill_and_cached(
+    make_model, random_ids, record_plans, backend
+):
     model = scaled_model(make_model, backend)
     ids, mask = padded_batch(random_ids)
     with record_plans(model) as plans, torch.no_grad():
         prefill = model(ids, attention_mask=mask).logits
     assert {plan.path for plan in plans} == PREFILL_PATHS[backend]
     assert_close_on_real_rows(prefill, expected_logits(model, ids, mask, [13]), mask, "prefill at K = 13")
-    unscaled = reference_logits(model.state_dict(), ids, n_layer=2, n_head=12, slopes=get_alibi_slopes(12),
-                                attn_scale=8**-0.5, attention_mask=mask)  # what ignoring the rule gives  # fmt: skip
+    unscaled = reference_logits(
+        model.state_dict(),
+        ids,
+        n_layer=2,
+        n_head=12,
+        slopes=get_alibi_slopes(12),
+        attn_scale=8**-0.5,
+        attention_mask=mask,
+    )  # what ignoring the rule gives
     assert float((unscaled - prefill.double())[mask.bool()].abs().max()) > 100 * ATOL, "the test cannot tell"
     cached = cached_run(model, ids, mask, prefill=10)
     assert_close_on_real_rows(cached, expected_logits(model, ids, mask, [10, 1, 1, 1]), mask, "cached decoding")
@@ -128,8 +148,12 @@ def test_an_exported_model_scales_by_its_dynamic_length(make_model, random_ids):
     model = scaled_model(make_model, use_cache=False)
     ids, mask = padded_batch(random_ids, 9)
     length = torch.export.Dim("length", min=2, max=4096)
-    program = torch.export.export(model, (), kwargs=dict(input_ids=ids, attention_mask=mask),
-                                  dynamic_shapes=dict(input_ids={1: length}, attention_mask={1: length}))  # fmt: skip
+    program = torch.export.export(
+        model,
+        (),
+        kwargs=dict(input_ids=ids, attention_mask=mask),
+        dynamic_shapes=dict(input_ids={1: length}, attention_mask={1: length}),
+    )
     for new_length in (5, 13, 40):
         ids, mask = padded_batch(random_ids, new_length)
         with torch.no_grad():
@@ -159,20 +183,23 @@ def test_static_factor_and_length_rule_leave_short_inputs_and_the_buffer_as_docu
         torch.testing.assert_close(model(ids).logits, plain(ids).logits, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("scaling, named", [
-    ({"type": "linear", "train_seq_len": 0}, r"alibi_scaling\.train_seq_len.*0"),
-    ({"type": "linear", "train_seq_len": -4}, r"alibi_scaling\.train_seq_len.*-4"),
-    ({"type": "linear", "train_seq_len": 2.5}, r"alibi_scaling\.train_seq_len.*2\.5"),
-    ({"type": "linear", "factor": 0.0}, r"alibi_scaling\.factor.*0\.0"),
-    ({"type": "linear", "factor": -2.0}, r"alibi_scaling\.factor.*-2\.0"),
-    ({"type": "linear", "factor": float("inf")}, r"alibi_scaling\.factor.*inf"),
-    ({"type": "dynamic", "factor": 2.0}, r"alibi_scaling\.type.*'dynamic'"),
-    ({"factor": 2.0}, r"alibi_scaling\.type.*None"),
-    ({"type": "linear", "factor": 2.0, "train_seq_len": 8}, r"alibi_scaling takes.*train_seq_len"),
-    ({"type": "linear"}, r"alibi_scaling takes.*'type': 'linear'"),
-    ({"type": "linear", "factor": 2.0, "original_max_position_embeddings": 8}, r"alibi_scaling.*original_max"),
-    ("linear", r"alibi_scaling must be None or a dict.*'linear'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "scaling, named",
+    [
+        ({"type": "linear", "train_seq_len": 0}, r"alibi_scaling\.train_seq_len.*0"),
+        ({"type": "linear", "train_seq_len": -4}, r"alibi_scaling\.train_seq_len.*-4"),
+        ({"type": "linear", "train_seq_len": 2.5}, r"alibi_scaling\.train_seq_len.*2\.5"),
+        ({"type": "linear", "factor": 0.0}, r"alibi_scaling\.factor.*0\.0"),
+        ({"type": "linear", "factor": -2.0}, r"alibi_scaling\.factor.*-2\.0"),
+        ({"type": "linear", "factor": float("inf")}, r"alibi_scaling\.factor.*inf"),
+        ({"type": "dynamic", "factor": 2.0}, r"alibi_scaling\.type.*'dynamic'"),
+        ({"factor": 2.0}, r"alibi_scaling\.type.*None"),
+        ({"type": "linear", "factor": 2.0, "train_seq_len": 8}, r"alibi_scaling takes.*train_seq_len"),
+        ({"type": "linear"}, r"alibi_scaling takes.*'type': 'linear'"),
+        ({"type": "linear", "factor": 2.0, "original_max_position_embeddings": 8}, r"alibi_scaling.*original_max"),
+        ("linear", r"alibi_scaling must be None or a dict.*'linear'"),
+    ],
+)
 def test_bad_alibi_scaling_is_refused_naming_the_field_and_value(make_config, scaling, named):
     with pytest.raises(ValueError, match=named):
         make_config(alibi_scaling=scaling)
@@ -220,5 +247,6 @@ def test_flash_attention_2_scales_prefill_and_cached_decoding_as_eager_in_bf16(m
             logits[backend] = cached_run(model, ids.cuda(), batch_mask.cuda(), prefill=20).float()
         real = batch_mask.bool().cuda()
         scale = logits["eager"][real].abs().max().item()
-        torch.testing.assert_close(logits["flash_attention_2"][real], logits["eager"][real],
-                                   atol=3e-2 * max(scale, 1.0), rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            logits["flash_attention_2"][real], logits["eager"][real], atol=3e-2 * max(scale, 1.0), rtol=0
+        )

@@ -5,13 +5,12 @@ Reference (`alibi_reference.py`): softmax(q . k / sqrt(d) - m_h * (i - j)) @ v o
 in float64, with query i sitting at absolute position offset + row (offset = cached tokens).
 """
 
-import alibi_reference
 import pytest
 import torch
 
+import alibi_reference
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5
@@ -52,9 +51,16 @@ def plan(backend, query, key, slopes, mask=None, offset=None, **options):
     if backend == "sdpa_chunked":
         backend, options = "sdpa", dict(sdpa_split=False, query_chunk=16, **options)
     return plan_alibi_attention(
-        backend, slopes, query.shape[0], query.shape[2], key.shape[2], offset, attention_mask=mask,
-        dtype=query.dtype, **options,
-    )  # fmt: skip
+        backend,
+        slopes,
+        query.shape[0],
+        query.shape[2],
+        key.shape[2],
+        offset,
+        attention_mask=mask,
+        dtype=query.dtype,
+        **options,
+    )
 
 
 def run_backend(backend, query, key, value, slopes, mask, offset=None, output_attentions=False):
@@ -157,7 +163,9 @@ def test_a_call_in_a_wider_dtype_than_planned_gets_the_exact_fp32_bias(path):
     with torch.no_grad():
         alibi_attention(query.bfloat16(), key.bfloat16(), value.bfloat16(), inputs, SCALE)
         output, _ = alibi_attention(query, key, value, inputs, SCALE)
-    expected, _, has_keys = reference_attention(query, key, value, slopes, mask.bool(), offset=39 if q_len == 1 else None)
+    expected, _, has_keys = reference_attention(
+        query, key, value, slopes, mask.bool(), offset=39 if q_len == 1 else None
+    )
     assert_matches_reference(output, expected, has_keys, atol=1e-5)
 
 

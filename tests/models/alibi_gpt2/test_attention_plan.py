@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 import torch
-from alibi_reference import reference_attention
 
+from alibi_reference import reference_attention
 from hf_alibi import get_alibi_slopes
 from hf_alibi.models.alibi_gpt2.attention_alibi import (
     ALIBI_ATTENTION_FUNCTIONS,
@@ -61,8 +61,12 @@ def facts(query_length=20, key_length=20, offset=None, documents=None, dropout=0
         ("sdpa", facts(query_length=1, dropout=0.1), dict(skip_eps=1e-7), "sdpa_decode_certified"),
         ("sdpa", facts(query_length=1), dict(skip_eps=1e-7, device="cuda"), "sdpa_decode_certified"),
         ("sdpa", facts(query_length=1), dict(skip_eps=1e-7, kernels_work=lambda: False), "sdpa_decode_certified"),
-        ("sdpa", facts(query_length=1, key_length=30, offset=torch.tensor(5)), dict(skip_eps=1e-7, tracing=True),
-         "sdpa_mask"),  # fmt: skip
+        (
+            "sdpa",
+            facts(query_length=1, key_length=30, offset=torch.tensor(5)),
+            dict(skip_eps=1e-7, tracing=True),
+            "sdpa_mask",
+        ),
         ("flex_attention", facts(), dict(skip_eps=1e-7), "flex_attention_certified"),
         ("flex_attention", facts(), dict(skip_eps=1e-7, device="cuda"), "flex_attention_certified+compiled"),
         ("flex_attention", facts(), dict(skip_eps=1e-7, device="cuda", tracing=True), "flex_attention"),
@@ -83,8 +87,8 @@ def test_one_function_chooses_every_path_and_its_variant(implementation, plan, o
 def test_the_route_holds_every_decision_path_eps_and_host_offset():
     """`choose_path` alone decides what changes the route: weights asked for, `"auto"` per shape (a packed row's
     documents, a static cache's step), and whether a static cache's 0-d count is read to the host."""
-    from hf_alibi.models.alibi_gpt2.attention_plan import AUTO_EPS, Route
     from hf_alibi.models.alibi_gpt2.attention_certified import skipping_pays
+    from hf_alibi.models.alibi_gpt2.attention_plan import AUTO_EPS, Route
 
     cpu = dict(device="cpu", tracing=False, kernels_work=lambda: True, skip_pays=skipping_pays)
     slopes = get_alibi_slopes(4)  # the demo's: "auto" skips a 12k prefill (from ~11.3k) and a ~15.3k-key decoding row
@@ -97,19 +101,22 @@ def test_the_route_holds_every_decision_path_eps_and_host_offset():
     assert choose_path("sdpa", demo(12288, 12288), skip_eps="auto", **cpu) == Route("sdpa_split_certified", AUTO_EPS)
     assert choose_path("sdpa", demo(2048, 2048), skip_eps="auto", **cpu) == Route("sdpa_split")
     assert choose_path("sdpa", demo(1, 16384), skip_eps="auto", **cpu) == Route(
-        "sdpa_decode_certified", AUTO_EPS, segmented=True)  # fmt: skip
+        "sdpa_decode_certified", AUTO_EPS, segmented=True
+    )
     assert choose_path("eager", demo(1, 16384), skip_eps=1e-7, **cpu) == Route("eager")  # eps only where it skips
     # a static cache's decoding step: 16383 cached tokens in a 20000-slot buffer, the count a 0-d tensor
     static = demo(1, 20000, torch.tensor(16383))
     assert choose_path("sdpa", static, skip_eps="auto", **cpu) == Route(
-        "sdpa_decode_certified", AUTO_EPS, host_offset=True, segmented=True)  # fmt: skip
+        "sdpa_decode_certified", AUTO_EPS, host_offset=True, segmented=True
+    )
     assert choose_path("sdpa", demo(1, 20000, torch.tensor(99)), skip_eps="auto", **cpu) == Route("sdpa_mask")
     assert choose_path("flash_attention_2", static, **cpu) == Route("flash_attention_2", host_offset=True)
     # packed rows: by each document's length
     two = torch.repeat_interleave(torch.tensor([0, 1]), torch.tensor([12288, 100]))[None]  # (1, 12388)
     small = torch.repeat_interleave(torch.tensor([0, 1]), torch.tensor([2048, 2148]))[None]
     assert choose_path("sdpa", demo(12388, 12388, documents=two), skip_eps="auto", **cpu) == Route(
-        "sdpa_packed", AUTO_EPS)  # fmt: skip
+        "sdpa_packed", AUTO_EPS
+    )
     assert choose_path("sdpa", demo(4196, 4196, documents=small), skip_eps="auto", **cpu) == Route("sdpa_bank")
 
 
@@ -135,7 +142,9 @@ def test_every_layer_reads_the_same_plan_and_none_changes_it(make_model, random_
         model(random_ids(2, 10), attention_mask=mask)
     assert len(plans) == model.config.n_layer and all(plan is plans[0] for plan in plans)
     plan = plans[0]
-    assert plan.payload.bias.dtype == torch.float32 and plan.payload.cast.dtype == torch.bfloat16  # autocast's, cast once
+    assert (
+        plan.payload.bias.dtype == torch.float32 and plan.payload.cast.dtype == torch.bfloat16
+    )  # autocast's, cast once
     bank = plan.payload.bias.clone()
     with torch.no_grad():
         for dtype in (torch.bfloat16, torch.float32):

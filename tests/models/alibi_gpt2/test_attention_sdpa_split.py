@@ -7,8 +7,8 @@ left out of comparisons (their loss weight is 0, as for padding in a model) but 
 
 import pytest
 import torch
-from alibi_reference import reference_attention
 
+from alibi_reference import reference_attention
 from hf_alibi import get_alibi_slopes
 from hf_alibi.models.alibi_gpt2.attention_certified import KeyRanges
 from hf_alibi.models.alibi_gpt2.attention_sdpa_split import (
@@ -166,7 +166,9 @@ def key_ranges_for(scenario, rows, seed=0):
 
 
 @pytest.mark.parametrize("single_row", [False, True], ids=["batch", "batch_of_one"])
-@pytest.mark.parametrize("scenario", ["self", "cache_offset", "left_padding_with_cache", "static_cache_longer_than_keys"])
+@pytest.mark.parametrize(
+    "scenario", ["self", "cache_offset", "left_padding_with_cache", "static_cache_longer_than_keys"]
+)
 def test_key_ranges_leave_out_exactly_the_keys_before_each_blocks_first_key(scenario, single_row):
     """Per (head, query block) key ranges against the reference with those keys masked: outputs and gradients."""
     ranges = key_ranges_for(scenario, rows=8)
@@ -177,7 +179,7 @@ def test_key_ranges_never_read_the_skipped_keys():
     q_len, kv_len, offset, _ = SCENARIOS["self"]
     ranges = key_ranges_for("self", rows=8, seed=1)
     plan = SplitPlan(SLOPES, offset, q_len, None, (8,), 2).in_key_ranges(ranges.first_key)
-    for start, end, key_start, key_end, diagonal, head_start, head_end in plan.calls:
+    for start, _end, key_start, _key_end, diagonal, head_start, head_end in plan.calls:
         if not diagonal:
             assert (ranges.first_key[head_start:head_end, start // 8] <= key_start).all()
 
@@ -242,6 +244,7 @@ def test_backward_keeps_the_callers_denormal_mode_and_gives_float64_gradients_ei
     """Far calls' probabilities exp(S - l) underflow to denormals in the backward: the split computes them in whatever
     mode the caller set (it never changes a thread's mode; `hf_alibi/native_flush.py` is the caller's opt-in), and
     the gradients equal float64's to fp32 rounding with denormals kept or flushed."""
+
     def flushing():
         return float(torch.tensor([1e-39]) * 2.0) == 0.0
 

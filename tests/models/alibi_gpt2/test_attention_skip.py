@@ -9,9 +9,10 @@ are certified without their document mask (the module docstring proves it safe) 
 
 import pytest
 import torch
-from alibi_reference import reference_attention
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from alibi_reference import reference_attention
 
 # the research bounds (centred, near keys), which fall back to the shipped ones, on the same inputs
 from benchmarks.skip_research import (
@@ -58,20 +59,35 @@ def problems(draw, decode=False):
         cuts = torch.rand(batch, kv, generator=generator) < draw(st.sampled_from([0.05, 0.2]))
         documents = cuts.long().cumsum(-1)  # (B, kv)
     return dict(
-        query=query, key=key, value=torch.randn(batch, heads, kv, dim, generator=generator),
+        query=query,
+        key=key,
+        value=torch.randn(batch, heads, kv, dim, generator=generator),
         slopes=torch.tensor([draw(st.sampled_from(SLOPES)) for _ in range(heads)]),
-        scaling=draw(st.sampled_from([dim**-0.5, 1.0])), offset=offset, key_padding=key_padding, documents=documents,
-        eps=draw(st.sampled_from([1e-7, 1e-5, 1e-2, 0.5])), row_block=draw(st.integers(1, 16)),
-        key_block=draw(st.integers(1, 16)), near=draw(st.sampled_from([1, 3, 64])), centroid=draw(st.booleans()),
+        scaling=draw(st.sampled_from([dim**-0.5, 1.0])),
+        offset=offset,
+        key_padding=key_padding,
+        documents=documents,
+        eps=draw(st.sampled_from([1e-7, 1e-5, 1e-2, 0.5])),
+        row_block=draw(st.integers(1, 16)),
+        key_block=draw(st.integers(1, 16)),
+        near=draw(st.sampled_from([1, 3, 64])),
+        centroid=draw(st.booleans()),
         row_group=draw(st.sampled_from([1, 2, 5])),
-    )  # fmt: skip
+    )
 
 
 def exact_weights(p) -> torch.Tensor:
     """Float64 softmax weights (B, H, q, kv) of the reference; packed rows: each document alone (same distances)."""
     if p["documents"] is None:
-        return reference_attention(p["query"], p["key"], p["value"], p["slopes"], scale=p["scaling"],
-                                   offset=p["offset"], key_padding=p["key_padding"])[1]  # fmt: skip
+        return reference_attention(
+            p["query"],
+            p["key"],
+            p["value"],
+            p["slopes"],
+            scale=p["scaling"],
+            offset=p["offset"],
+            key_padding=p["key_padding"],
+        )[1]
     weights = torch.zeros(*p["query"].shape[:3], p["key"].shape[2], dtype=torch.float64)
     for b, row in enumerate(p["documents"]):
         for document in row.unique():
@@ -79,9 +95,13 @@ def exact_weights(p) -> torch.Tensor:
             tokens = slice(int(span[0]), int(span[-1]) + 1)
             padding = None if p["key_padding"] is None else p["key_padding"][b : b + 1, tokens]
             weights[b : b + 1, :, tokens, tokens] = reference_attention(
-                p["query"][b : b + 1, :, tokens], p["key"][b : b + 1, :, tokens], p["value"][b : b + 1, :, tokens],
-                p["slopes"], scale=p["scaling"], key_padding=padding,
-            )[1]  # fmt: skip
+                p["query"][b : b + 1, :, tokens],
+                p["key"][b : b + 1, :, tokens],
+                p["value"][b : b + 1, :, tokens],
+                p["slopes"],
+                scale=p["scaling"],
+                key_padding=padding,
+            )[1]
     return weights
 
 
@@ -95,9 +115,20 @@ def real_rows(p) -> torch.Tensor:
 
 def prefill_starts(p) -> torch.Tensor:
     """The certificate's start of every row, (H, q), after checking the block-level promises."""
-    starts = certified_key_starts(p["query"], p["key"], p["slopes"], p["scaling"], p["offset"], p["eps"],
-                                  p["row_block"], p["key_block"], p["key_padding"], p["near"], p["centroid"],
-                                  p["row_group"])  # fmt: skip
+    starts = certified_key_starts(
+        p["query"],
+        p["key"],
+        p["slopes"],
+        p["scaling"],
+        p["offset"],
+        p["eps"],
+        p["row_block"],
+        p["key_block"],
+        p["key_padding"],
+        p["near"],
+        p["centroid"],
+        p["row_group"],
+    )
     first_rows = torch.arange(0, p["query"].shape[2], p["row_block"]) + p["offset"]  # (n_row_blocks,)
     assert bool((starts % p["key_block"] == 0).all()) and bool((starts <= first_rows).all()), starts
     return starts.repeat_interleave(p["row_block"], dim=1)[:, : p["query"].shape[2]]  # (H, q)
@@ -138,11 +169,19 @@ def test_decode_start_drops_at_most_eps(p):
     norms = key_block_norms(cache, block, padding)  # (B, H, nb)
     centres, radii = key_block_spheres(cache, block, padding) if p["centroid"] else (None, None)
     lse = near_key_lse(p["query"], cache, p["slopes"], p["scaling"], position, p["near"], padding)  # (B, H, 1)
-    start = certified_decode_start(p["query"], norms, p["slopes"], p["scaling"], position, p["eps"], block, lse,
-                                   centres, radii)  # (B, H)  # fmt: skip
+    start = certified_decode_start(
+        p["query"], norms, p["slopes"], p["scaling"], position, p["eps"], block, lse, centres, radii
+    )  # (B, H)
     assert bool((start % block == 0).all()) and bool((start <= position).all()), start
-    weights = reference_attention(p["query"], cache, p["value"][:, :, : position + 1], p["slopes"],
-                                  scale=p["scaling"], offset=position, key_padding=padding)[1]  # fmt: skip
+    weights = reference_attention(
+        p["query"],
+        cache,
+        p["value"][:, :, : position + 1],
+        p["slopes"],
+        scale=p["scaling"],
+        offset=position,
+        key_padding=padding,
+    )[1]
     # weights: (B, H, 1, position + 1)
     mass = (weights[:, :, 0] * (torch.arange(position + 1) < start[..., None])).sum(-1)  # (B, H)
     if padding is not None:
@@ -160,8 +199,9 @@ def split_problem(p):
     p = {**p, "key": p["key"][:, :, :kv], "value": p["value"][:, :, :kv]}
     p["key_padding"] = None if p["key_padding"] is None else p["key_padding"][:, :kv]
     mask = None if p["key_padding"] is None else p["key_padding"].long()
-    plan = plan_alibi_attention("sdpa", p["slopes"], batch, q_len, kv, query_offset=p["offset"], attention_mask=mask,
-                                skip_eps=p["eps"])  # fmt: skip
+    plan = plan_alibi_attention(
+        "sdpa", p["slopes"], batch, q_len, kv, query_offset=p["offset"], attention_mask=mask, skip_eps=p["eps"]
+    )
     return p, (plan if plan.path == "sdpa_split_certified" else None)
 
 
@@ -173,8 +213,9 @@ def test_the_splits_certificate_from_its_kernels_diagonal_log_sum_exps_drops_at_
         p, plan = split_problem(p)
         if plan is None or plan.payload.eps != p["eps"]:
             return  # eps 0 or a plan without the split
-        output, ranges = certified_split(p["query"], p["key"], p["value"], plan, p["scaling"], rows=rows,
-                                         key_block=p["key_block"])  # fmt: skip
+        output, ranges = certified_split(
+            p["query"], p["key"], p["value"], plan, p["scaling"], rows=rows, key_block=p["key_block"]
+        )
     row_starts = ranges.first_key.repeat_interleave(rows, dim=1)[:, : p["query"].shape[2]]  # (H, q)
     weights = exact_weights(p)  # (B, H, q, kv)
     mass = dropped_mass(weights, row_starts).masked_fill(~real_rows(p), 0.0)  # (B, H, q)
@@ -210,9 +251,22 @@ def test_packed_rows_certified_without_document_mask_even_when_another_document_
     key = 0.1 * torch.randn(1, 1, 80, 8, generator=generator)
     key[0, 0, 39] = 10 * direction
     documents = (torch.arange(80) >= 40).long()[None]  # (1, 80)
-    p = dict(query=query, key=key, value=torch.randn(1, 1, 80, 8, generator=generator), slopes=torch.tensor([0.0]),
-             scaling=1.0, offset=0, key_padding=None, documents=documents, eps=1e-7, row_block=8, key_block=4,
-             near=64, centroid=centroid, row_group=row_group)  # fmt: skip
+    p = dict(
+        query=query,
+        key=key,
+        value=torch.randn(1, 1, 80, 8, generator=generator),
+        slopes=torch.tensor([0.0]),
+        scaling=1.0,
+        offset=0,
+        key_padding=None,
+        documents=documents,
+        eps=1e-7,
+        row_block=8,
+        key_block=4,
+        near=64,
+        centroid=centroid,
+        row_group=row_group,
+    )
     mass = dropped_mass(exact_weights(p), prefill_starts(p))  # (1, 1, 80)
     assert float(mass.max()) <= p["eps"], f"largest dropped mass {float(mass.max()):.3e} > eps 1e-7"
 
@@ -255,8 +309,16 @@ def test_block_norms_extend_by_running_maximum():
     ],
 )
 def test_bad_inputs_raise_naming_the_value(change, message):
-    arguments = dict(query=torch.randn(1, 2, 6, 4), key=torch.randn(1, 2, 10, 4), slopes=torch.tensor([0.5, 0.1]),
-                     scaling=0.5, query_offset=4, eps=1e-7, row_block=2, key_block=2)  # fmt: skip
+    arguments = dict(
+        query=torch.randn(1, 2, 6, 4),
+        key=torch.randn(1, 2, 10, 4),
+        slopes=torch.tensor([0.5, 0.1]),
+        scaling=0.5,
+        query_offset=4,
+        eps=1e-7,
+        row_block=2,
+        key_block=2,
+    )
     with pytest.raises(ValueError, match=message):
         certified_key_starts(**{**arguments, **change})
 

@@ -28,10 +28,23 @@ def test_the_predicted_kept_work_follows_what_the_demo_checkpoint_certified(leng
 
 @pytest.mark.parametrize(
     "query_length, key_length, pays",
-    [(512, 512, False), (1024, 1024, False), (2048, 2048, False), (4096, 4096, False), (6144, 6144, False),
-     (8192, 8192, False), (11008, 11008, False), (11264, 11264, True), (16384, 16384, True), (32768, 32768, True),
-     (1, 1024, False), (1, 8192, False), (1, 16384, True), (1, 32768, True)],
-)  # fmt: skip
+    [
+        (512, 512, False),
+        (1024, 1024, False),
+        (2048, 2048, False),
+        (4096, 4096, False),
+        (6144, 6144, False),
+        (8192, 8192, False),
+        (11008, 11008, False),
+        (11264, 11264, True),
+        (16384, 16384, True),
+        (32768, 32768, True),
+        (1, 1024, False),
+        (1, 8192, False),
+        (1, 16384, True),
+        (1, 32768, True),
+    ],
+)
 def test_auto_skips_the_demo_shape_where_the_benchmark_measured_a_gain(query_length, key_length, pays):
     """Measured on the demo checkpoint (skip / dense, AMD EPYC; Intel Xeon): prefill 2k 1.09x; 0.86x, 4k -; 0.67x,
     8k 0.70x; 0.43x; decoding 8k 1.16x; 1.52x, 16k 0.84x; 0.65x. On the Xeon with two busy processes beside it
@@ -47,7 +60,9 @@ def test_flat_slopes_never_pay_where_steep_ones_do():
 
 def test_auto_takes_the_certified_path_on_cpu_sdpa_for_long_enough_inputs():
     with torch.no_grad():
-        assert plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 12288, 12288, skip_eps="auto").path == "sdpa_split_certified"
+        assert (
+            plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 12288, 12288, skip_eps="auto").path == "sdpa_split_certified"
+        )
         plan = plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 12288, 12288, skip_eps="auto")
         assert plan.payload.eps == AUTO_EPS
         assert plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 512, 512, skip_eps="auto").path == "sdpa_split"
@@ -87,5 +102,7 @@ def test_a_saved_eps_is_kept_and_a_config_naming_none_gets_auto(tmp_path):
     written = {key: value for key, value in json.loads(path.read_text()).items() if key != "alibi_skip_eps"}
     path.write_text(json.dumps(written))  # a config that names no eps (written before the field existed, or by hand)
     assert AlibiGPT2Config.from_pretrained(tmp_path / "default").alibi_skip_eps == "auto"
-    AlibiGPT2LMHeadModel(AlibiGPT2Config(**{**config.to_dict(), "alibi_skip_eps": 0.0})).save_pretrained(tmp_path / "dense")
+    AlibiGPT2LMHeadModel(AlibiGPT2Config(**{**config.to_dict(), "alibi_skip_eps": 0.0})).save_pretrained(
+        tmp_path / "dense"
+    )
     assert AlibiGPT2Config.from_pretrained(tmp_path / "dense").alibi_skip_eps == 0.0

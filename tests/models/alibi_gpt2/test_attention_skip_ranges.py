@@ -7,18 +7,33 @@ import torch
 from transformers import DynamicCache
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi_gpt2.attention_certified import (
+    KEY_BLOCK,
+    ROW_GROUP,
+    ROWS,
+    certified_decode_ranges,
+    certified_split,
+)
 from hf_alibi.models.alibi_gpt2.attention_skip import certified_key_starts, key_block_norms
-from hf_alibi.models.alibi_gpt2.attention_certified import KEY_BLOCK, ROW_GROUP, ROWS, certified_decode_ranges, certified_split
 
 EPS = 1e-7
 
 
 def steep_model(backend="sdpa", **overrides):
     """4 heads with slopes 1/4 .. 1/256 (the demo's), scaled-up weights so that some keys are far from negligible."""
-    config = AlibiGPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, resid_pdrop=0.0,
-                             embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation=backend, **overrides)  # fmt: skip
+    config = AlibiGPT2Config(
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        vocab_size=64,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        attn_implementation=backend,
+        **overrides,
+    )
     torch.manual_seed(0)
     model = AlibiGPT2LMHeadModel(config).eval()
     with torch.no_grad():
@@ -48,7 +63,9 @@ def test_prefill_with_skipping_equals_dense_within_fp32_rounding(backend, batch)
     mask = torch.ones_like(ids)
     mask[1:, :300] = 0  # left padding for the other rows
     real = mask.bool()
-    assert_close_to_dense(logits(model, ids, EPS, attention_mask=mask), logits(model, ids, 0.0, attention_mask=mask), real)
+    assert_close_to_dense(
+        logits(model, ids, EPS, attention_mask=mask), logits(model, ids, 0.0, attention_mask=mask), real
+    )
 
 
 def test_prefill_after_a_cached_prefix_with_skipping_equals_dense():
@@ -67,7 +84,9 @@ def test_packed_rows_with_skipping_equal_dense():
     model = steep_model("flex_attention")
     ids = torch.randint(0, 64, (1, 600))
     positions = torch.cat([torch.arange(350), torch.arange(250)])[None]  # two documents
-    assert_close_to_dense(logits(model, ids, EPS, position_ids=positions), logits(model, ids, 0.0, position_ids=positions))
+    assert_close_to_dense(
+        logits(model, ids, EPS, position_ids=positions), logits(model, ids, 0.0, position_ids=positions)
+    )
 
 
 def test_greedy_decoding_with_skipping_gives_the_dense_tokens_and_the_model_a_summary_of_the_cache():
@@ -80,8 +99,9 @@ def test_greedy_decoding_with_skipping_gives_the_dense_tokens_and_the_model_a_su
         model.config.alibi_skip_eps = eps
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
-            tokens[eps] = model.generate(prompt, attention_mask=mask, max_new_tokens=12, do_sample=False,
-                                         cache=cache, pad_token_id=0)  # fmt: skip
+            tokens[eps] = model.generate(
+                prompt, attention_mask=mask, max_new_tokens=12, do_sample=False, cache=cache, pad_token_id=0
+            )
     assert torch.equal(tokens[EPS], tokens[0.0])
     norms = model.transformer.key_norms[cache]  # the decoding steps kept the cache's summary in the model
     keys = cache.layers[0].keys
@@ -90,8 +110,9 @@ def test_greedy_decoding_with_skipping_gives_the_dense_tokens_and_the_model_a_su
 
 
 def steep_plan(query, key, path_backend="sdpa", **options):
-    return plan_alibi_attention(path_backend, get_alibi_slopes(4), query.shape[0], query.shape[2], key.shape[2],
-                                skip_eps=EPS, **options)  # fmt: skip
+    return plan_alibi_attention(
+        path_backend, get_alibi_slopes(4), query.shape[0], query.shape[2], key.shape[2], skip_eps=EPS, **options
+    )
 
 
 def qkv(batch, q_len, kv_len, scale=3.0, model_layout=False):
@@ -109,8 +130,9 @@ def test_far_keys_are_skipped_for_steep_heads_and_kept_for_the_flattest():
         plan = steep_plan(query, key)
         assert plan.payload.eps == EPS and plan.path == "sdpa_split_certified"
         _, ranges = certified_split(query, key, value, plan, 0.25)
-        from_diagonal_logits = certified_key_starts(query, key, plan.slopes, 0.25, 0, EPS, ROWS, KEY_BLOCK,
-                                                    row_group=ROW_GROUP)  # fmt: skip
+        from_diagonal_logits = certified_key_starts(
+            query, key, plan.slopes, 0.25, 0, EPS, ROWS, KEY_BLOCK, row_group=ROW_GROUP
+        )
     first = ranges.first_key  # (H, blocks)
     assert ranges.rows == ROWS and first.shape == (4, 2048 // ROWS)
     # the kernel's diagonal log-sum-exps bound each row's LSE at least as tightly as its diagonal logit alone
@@ -172,7 +194,9 @@ def test_gpu_flex_with_per_head_block_masks_equals_dense_in_fp32():
         plan = plan_alibi_attention("flex_attention", model.transformer.alibi_slopes, 2, 1024, 1024, skip_eps=EPS)
     assert plan.path == "flex_attention_certified" and plan.payload.compiled and plan.payload.eps == EPS
     real = mask.bool()
-    assert_close_to_dense(logits(model, ids, EPS, attention_mask=mask), logits(model, ids, 0.0, attention_mask=mask), real)
+    assert_close_to_dense(
+        logits(model, ids, EPS, attention_mask=mask), logits(model, ids, 0.0, attention_mask=mask), real
+    )
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +206,9 @@ def trained_model():
     import inspect
 
     torch.manual_seed(0)
-    config = AlibiGPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=257, n_positions=128, resid_pdrop=0.0,
-                             embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    config = AlibiGPT2Config(
+        n_embd=64, n_layer=2, n_head=4, vocab_size=257, n_positions=128, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     model = AlibiGPT2LMHeadModel(config)
     text = torch.tensor(list(inspect.getsource(torch.nn.modules.module).encode()[:200_000])) + 1  # bytes as ids 1..256
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

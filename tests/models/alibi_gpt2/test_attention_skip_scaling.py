@@ -6,11 +6,11 @@ scaled slopes."""
 
 import pytest
 import torch
-from alibi_reference import interpolated_slopes, reference_attention
 from hypothesis import given
 from hypothesis import strategies as st
 from test_attention_skip import CHECKS, dropped_mass, problems, real_rows
 
+from alibi_reference import interpolated_slopes, reference_attention
 from benchmarks.skip_research import certified_decode_start, certified_key_starts, kept_fraction, near_key_lse
 from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
 from hf_alibi.models.alibi_gpt2.attention_certified import certified_split, skipping_pays
@@ -28,15 +28,25 @@ def filled(p):
 def scaled_plan(p, implementation: str, train_seq_len: int):
     batch, _, q_len, _ = p["query"].shape
     mask = None if p["key_padding"] is None else p["key_padding"].long()
-    return plan_alibi_attention(implementation, p["slopes"], batch, q_len, p["key"].shape[2], query_offset=p["offset"],
-                                attention_mask=mask, skip_eps=p["eps"], train_seq_len=train_seq_len)  # fmt: skip
+    return plan_alibi_attention(
+        implementation,
+        p["slopes"],
+        batch,
+        q_len,
+        p["key"].shape[2],
+        query_offset=p["offset"],
+        attention_mask=mask,
+        skip_eps=p["eps"],
+        train_seq_len=train_seq_len,
+    )
 
 
 def interpolated_weights(p, train_seq_len: int) -> torch.Tensor:
     """Float64 softmax weights (B, H, q, kv) with the slopes divided by max(1, K / n), K the problem's keys."""
     slopes = interpolated_slopes(p["slopes"], p["key"].shape[2], train_seq_len=train_seq_len)
-    return reference_attention(p["query"], p["key"], p["value"], slopes, scale=p["scaling"], offset=p["offset"],
-                               key_padding=p["key_padding"])[1]  # fmt: skip
+    return reference_attention(
+        p["query"], p["key"], p["value"], slopes, scale=p["scaling"], offset=p["offset"], key_padding=p["key_padding"]
+    )[1]
 
 
 def assert_drops_at_most_eps(p, train_seq_len, row_starts):
@@ -56,8 +66,9 @@ def test_the_splits_certificate_under_interpolation_drops_at_most_eps(p, train_s
     if plan.path != "sdpa_split_certified":
         return  # eps 0 or a failed probe
     with torch.no_grad():
-        output, ranges = certified_split(p["query"], p["key"], p["value"], plan, p["scaling"], rows=rows,
-                                         key_block=p["key_block"])  # fmt: skip
+        output, ranges = certified_split(
+            p["query"], p["key"], p["value"], plan, p["scaling"], rows=rows, key_block=p["key_block"]
+        )
     row_starts = ranges.first_key.repeat_interleave(rows, dim=1)[:, : p["query"].shape[2]]  # (H, q)
     assert_drops_at_most_eps(p, train_seq_len, row_starts)
     weights, value = interpolated_weights(p, train_seq_len), p["value"].double()
@@ -74,9 +85,20 @@ def test_the_prefill_certificate_from_a_plans_slopes_drops_at_most_eps(p, train_
         return  # packed rows reach the plan through position_ids: test_attention_skip covers their certificate
     p = filled(p)
     plan = scaled_plan(p, "flex_attention", train_seq_len)
-    starts = certified_key_starts(p["query"], p["key"], plan.slopes, p["scaling"], p["offset"], p["eps"],
-                                  p["row_block"], p["key_block"], plan.key_padding, p["near"], p["centroid"],
-                                  p["row_group"])  # fmt: skip
+    starts = certified_key_starts(
+        p["query"],
+        p["key"],
+        plan.slopes,
+        p["scaling"],
+        p["offset"],
+        p["eps"],
+        p["row_block"],
+        p["key_block"],
+        plan.key_padding,
+        p["near"],
+        p["centroid"],
+        p["row_group"],
+    )
     row_starts = starts.repeat_interleave(p["row_block"], dim=1)[:, : p["query"].shape[2]]  # (H, q)
     assert_drops_at_most_eps(p, train_seq_len, row_starts)
 

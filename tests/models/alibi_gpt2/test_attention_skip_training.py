@@ -3,11 +3,11 @@ that step's own queries and keys, and the backward is the exact gradient of the 
 attention restricted to the kept keys), held to a float64 reference of that same truncated attention."""
 
 import torch
-from alibi_reference import reference_attention
 from hypothesis import given
 from hypothesis import strategies as st
 from test_attention_skip import CHECKS, dropped_mass, exact_weights, problems, real_rows, split_problem
 
+from alibi_reference import reference_attention
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
 from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
 from hf_alibi.models.alibi_gpt2.attention_certified import certified_split
@@ -16,8 +16,9 @@ from hf_alibi.models.alibi_gpt2.attention_certified import certified_split
 def truncated_gradients(p, row_starts, grad_output):
     """Float64 output and (dq, dk, dv) of the reference attention with keys before each row's start masked."""
     exact = [p[name].double().requires_grad_() for name in ("query", "key", "value")]
-    output, _, has_keys = reference_attention(*exact, p["slopes"], scale=p["scaling"], offset=p["offset"],
-                                              key_padding=p["key_padding"], first_key=row_starts)  # fmt: skip
+    output, _, has_keys = reference_attention(
+        *exact, p["slopes"], scale=p["scaling"], offset=p["offset"], key_padding=p["key_padding"], first_key=row_starts
+    )
     output.backward(grad_output.double() * has_keys)
     return output.detach(), [t.grad for t in exact]
 
@@ -73,10 +74,12 @@ def test_a_short_training_run_with_skipping_tracks_dense_training(record_plans):
     """Two copies of a model trained on the same batches, one skipping (eps 1e-7): each step's loss of the skipping
     model equals the dense loss of the same weights within fp32 rounding, and the runs stay together."""
     torch.manual_seed(0)
-    config = AlibiGPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, attn_pdrop=0.0, resid_pdrop=0.0,
-                             embd_pdrop=0.0)  # fmt: skip
-    models = {eps: AlibiGPT2LMHeadModel(AlibiGPT2Config(**{**config.to_dict(), "alibi_skip_eps": eps}))
-              for eps in (0.0, 1e-7)}  # fmt: skip
+    config = AlibiGPT2Config(
+        n_embd=32, n_layer=2, n_head=4, vocab_size=64, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0
+    )
+    models = {
+        eps: AlibiGPT2LMHeadModel(AlibiGPT2Config(**{**config.to_dict(), "alibi_skip_eps": eps})) for eps in (0.0, 1e-7)
+    }
     models[1e-7].load_state_dict(models[0.0].state_dict())
     optimizers = {eps: torch.optim.SGD(model.parameters(), lr=0.05) for eps, model in models.items()}
     generator = torch.Generator().manual_seed(1)

@@ -87,7 +87,9 @@ def windowed_ranges(scenario, rows, seed=0):
     return KeyRanges(rows, shared_key_windows(starts, blocks))
 
 
-@pytest.mark.parametrize("scenario", ["self", "cache_offset", "left_padding_with_cache", "static_cache_longer_than_keys"])
+@pytest.mark.parametrize(
+    "scenario", ["self", "cache_offset", "left_padding_with_cache", "static_cache_longer_than_keys"]
+)
 def test_windowed_ranges_run_as_grouped_calls_match_the_reference_and_its_gradients(scenario):
     """Batch 1: each head's blocks run as one strided call over overlapping key windows; fp32 and exact in fp64."""
     ranges = windowed_ranges(scenario, rows=4)

@@ -38,8 +38,9 @@ def test_a_long_requests_decoding_row_skips_in_the_paged_plan_and_short_ones_sta
     assert plan.payload.decode.rows.tolist() == [1, 2]  # the short requests share the batched dense call
     got = alibi_attention(query, key, value, plan, 0.25)[0][:, 0]  # (1, H, D) of the long request
     dense = plan_alibi_attention("eager", DEMO_SLOPES, 1, 1, LONG)
-    want = alibi_attention(query[:, :, :1].double(), key[:, :, :LONG].double(), value[:, :, :LONG].double(), dense,
-                           0.25)[0][:, 0]  # fmt: skip
+    want = alibi_attention(
+        query[:, :, :1].double(), key[:, :, :LONG].double(), value[:, :, :LONG].double(), dense, 0.25
+    )[0][:, 0]
     bound = 2 * AUTO_EPS * value[:, :, :LONG].abs().max() + 1e-5
     assert (got.double() - want).abs().max() <= bound
 
@@ -59,8 +60,12 @@ def test_continuous_batching_skips_the_decoding_rows_generate_skips(record_plans
         skipped_alone += sum(p.query_length == 1 and "certified" in p.path for p in plans)
     cb = ContinuousBatchingConfig(num_blocks=(LONG + 128) // 64 + 8, page_size=64, max_batch_tokens=4096)
     with record_plans(model) as plans:
-        outputs = model.generate_batch(inputs=[long_prompt, short_prompt], generation_config=greedy_config(NEW_TOKENS),
-                                       continuous_batching_config=cb, progress_bar=False)  # fmt: skip
+        outputs = model.generate_batch(
+            inputs=[long_prompt, short_prompt],
+            generation_config=greedy_config(NEW_TOKENS),
+            continuous_batching_config=cb,
+            progress_bar=False,
+        )
     batched = [outputs[f"req_{i}"].generated_tokens for i in range(2)]
     segments = [s.plan for p in plans if p.path == "paged" for s in p.payload.segments if s.plan.query_length == 1]
     skipped_batched = sum("certified" in plan.path for plan in segments)

@@ -6,10 +6,9 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
+from test_generation import generate, left_padded
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import StaticCache
-
-from test_generation import generate, left_padded
 
 
 @pytest.mark.parametrize("output_attentions", [False, True], ids=["plain", "output_attentions"])
@@ -42,7 +41,9 @@ def test_static_cache_forward_gives_the_full_forward_logits_of_a_left_padded_bat
     with torch.no_grad():
         full = tiny_model(ids, attention_mask=mask).logits
         prefix = tiny_model(ids[:, :10], attention_mask=mask[:, :10], cache=cache).logits
-        rest = [tiny_model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=cache).logits for t in range(10, 14)]
+        rest = [
+            tiny_model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=cache).logits for t in range(10, 14)
+        ]
     real = mask.bool()
     torch.testing.assert_close(torch.cat([prefix, *rest], dim=1)[real], full[real], atol=1e-5, rtol=0)
 
@@ -155,7 +156,9 @@ def test_transformers_executorch_recipe_exports_a_static_cache_decoder_that_matc
     ids = random_ids(1, 12)
     program = exportable.export(input_ids=ids[:, :1], cache_position=torch.tensor([0])).module()
     with torch.no_grad():  # one token per call, as ExecuTorch's runner decodes
-        decoded = torch.cat([program(input_ids=ids[:, t : t + 1], cache_position=torch.tensor([t])) for t in range(12)], 1)
+        decoded = torch.cat(
+            [program(input_ids=ids[:, t : t + 1], cache_position=torch.tensor([t])) for t in range(12)], 1
+        )
         expected = tiny_model(ids).logits
     torch.testing.assert_close(decoded, expected, atol=1e-5, rtol=0)
 

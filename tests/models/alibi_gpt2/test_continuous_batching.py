@@ -5,8 +5,14 @@ import time
 
 import pytest
 import torch
-from transformers import BloomConfig, BloomForCausalLM, ContinuousBatchingConfig, GenerationConfig, MptConfig
-from transformers import MptForCausalLM
+from transformers import (
+    BloomConfig,
+    BloomForCausalLM,
+    ContinuousBatchingConfig,
+    GenerationConfig,
+    MptConfig,
+    MptForCausalLM,
+)
 
 from hf_alibi import convert
 from hf_alibi.models.alibi_gpt2.attention_paged import plan_paged_attention
@@ -36,8 +42,12 @@ def alone(model, prompt: list[int], max_new_tokens: int = NEW_TOKENS) -> list[in
 
 def batched(model, inputs, cb_config=None, max_new_tokens: int = NEW_TOKENS) -> list[list[int]]:
     cb_config = ContinuousBatchingConfig(**SMALL_CACHE) if cb_config is None else cb_config
-    outputs = model.generate_batch(inputs=inputs, generation_config=greedy_config(max_new_tokens),
-                                   continuous_batching_config=cb_config, progress_bar=False)  # fmt: skip
+    outputs = model.generate_batch(
+        inputs=inputs,
+        generation_config=greedy_config(max_new_tokens),
+        continuous_batching_config=cb_config,
+        progress_bar=False,
+    )
     assert len(outputs) == len(inputs), f"{len(outputs)} results for {len(inputs)} requests"
     return [outputs[f"req_{i}"].generated_tokens for i in range(len(inputs))]
 
@@ -58,8 +68,9 @@ def test_generate_batch_gives_every_request_its_generate_tokens(make_model, back
 
 def test_imported_bloom_and_mpt_decode_under_continuous_batching_as_alone():
     bloom = BloomForCausalLM(BloomConfig(vocab_size=256, hidden_size=48, n_layer=2, n_head=6)).eval()
-    mpt = MptForCausalLM(MptConfig(vocab_size=256, d_model=48, n_layers=2, n_heads=6, no_bias=True,
-                                   attn_config={"clip_qkv": 4.0})).eval()  # fmt: skip
+    mpt = MptForCausalLM(
+        MptConfig(vocab_size=256, d_model=48, n_layers=2, n_heads=6, no_bias=True, attn_config={"clip_qkv": 4.0})
+    ).eval()
     for source in (bloom, mpt):
         model = convert(source).eval()
         assert_each_request_as_alone(model, prompts((7, 30, 2)))
@@ -68,16 +79,33 @@ def test_imported_bloom_and_mpt_decode_under_continuous_batching_as_alone():
 def test_falcon_import_decodes_under_continuous_batching_as_alone():
     from transformers import FalconConfig, FalconForCausalLM
 
-    falcon = FalconForCausalLM(FalconConfig(vocab_size=256, hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
-                                            alibi=True, bias=True, parallel_attn=False, multi_query=False,
-                                            new_decoder_architecture=False)).eval()  # fmt: skip
+    falcon = FalconForCausalLM(
+        FalconConfig(
+            vocab_size=256,
+            hidden_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            alibi=True,
+            bias=True,
+            parallel_attn=False,
+            multi_query=False,
+            new_decoder_architecture=False,
+        )
+    ).eval()
     assert_each_request_as_alone(convert(falcon).eval(), prompts((9, 26)))
 
 
 def test_jais_switches_decode_under_continuous_batching_as_alone(make_model):
     """The gated MLP, the 1/d attention scale, the muP multipliers and a slope scale, all on: the paged path too."""
-    model = make_model(gated_mlp=True, activation_function="silu", n_inner=100, attn_scale_power=1.0,
-                       embedding_scale=3.0, logit_scale=0.4, alibi_scaling={"type": "linear", "factor": 2.0})  # fmt: skip
+    model = make_model(
+        gated_mlp=True,
+        activation_function="silu",
+        n_inner=100,
+        attn_scale_power=1.0,
+        embedding_scale=3.0,
+        logit_scale=0.4,
+        alibi_scaling={"type": "linear", "factor": 2.0},
+    )
     assert_each_request_as_alone(model, prompts((9, 26, 3)))
 
 
@@ -96,8 +124,9 @@ def test_requests_joining_while_others_decode_get_their_own_tokens(make_model):
     model = make_model()
     inputs = prompts((20, 11, 35))
     expected = [alone(model, p, 40) for p in inputs]
-    manager = model.init_continuous_batching(generation_config=greedy_config(40),
-                                             continuous_batching_config=ContinuousBatchingConfig(**SMALL_CACHE))
+    manager = model.init_continuous_batching(
+        generation_config=greedy_config(40), continuous_batching_config=ContinuousBatchingConfig(**SMALL_CACHE)
+    )
     manager.start()
     try:
         first = manager.add_request(inputs[0], max_new_tokens=40, streaming=True)
@@ -136,8 +165,9 @@ def test_prefix_sharing_reuses_cached_blocks_and_keeps_each_requests_tokens(make
     assert list(got.values()) == expected
     prefills = [s.plan for p in plans if p.path == "paged" for s in p.payload.segments]
     # the second prompt's first 48 tokens (3 full blocks) were not recomputed: its prefill starts past them
-    assert any(c.query_offset == 48 and c.query_length == len(inputs[1]) - 48 for c in prefills), \
-        [(c.query_offset, c.query_length) for c in prefills]
+    assert any(c.query_offset == 48 and c.query_length == len(inputs[1]) - 48 for c in prefills), [
+        (c.query_offset, c.query_length) for c in prefills
+    ]
 
 
 def test_certified_skipping_under_continuous_batching_keeps_the_tokens(make_model, record_plans):
@@ -162,9 +192,7 @@ def test_paged_attention_gives_each_request_its_own_distances(make_model, train_
     continued chunk, decoding rows and a zero-length padding entry, in one flattened batch; with slope interpolation,
     each request at the scale of its own key count."""
     from alibi_reference import interpolated_slopes, reference_attention
-
-    from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention
-    from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
+    from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
 
     heads, dim = 12, 8
     slopes = make_model().transformer.alibi_slopes
@@ -186,8 +214,13 @@ def test_paged_attention_gives_each_request_its_own_distances(make_model, train_
             single = plan_alibi_attention("eager", slopes, 1, q, k, k - q, train_seq_len=train_seq_len)
             want, _ = alibi_attention(query[:, :, rows], key[:, :, keys], value[:, :, keys], single, dim**-0.5)
             torch.testing.assert_close(got[:, rows], want, atol=2e-6, rtol=1e-5, msg=f"{backend}, request {r}")
-            exact = reference_attention(query[:, :, rows], key[:, :, keys], value[:, :, keys], scale=dim**-0.5,
-                                        slopes=interpolated_slopes(slopes, k, train_seq_len=train_seq_len))[0]
+            exact = reference_attention(
+                query[:, :, rows],
+                key[:, :, keys],
+                value[:, :, keys],
+                scale=dim**-0.5,
+                slopes=interpolated_slopes(slopes, k, train_seq_len=train_seq_len),
+            )[0]
             torch.testing.assert_close(got[:, rows].double(), exact.transpose(1, 2), atol=2e-6, rtol=1e-5)
         # a tensor-parallel rank's heads: the same rows, the slice of heads (their own slopes)
         heads_4_to_8 = alibi_attention(query[:, 4:8], key[:, 4:8], value[:, 4:8], plan, dim**-0.5, heads=slice(4, 8))

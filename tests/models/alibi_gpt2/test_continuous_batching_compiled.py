@@ -17,8 +17,9 @@ CACHE = dict(num_blocks=16, page_size=32, use_cuda_graph=False, use_async_batchi
 
 def run_batch(model, inputs, **compile_settings) -> dict:
     cb = ContinuousBatchingConfig(**CACHE, **compile_settings)
-    return model.generate_batch(inputs=inputs, generation_config=greedy_config(NEW_TOKENS),
-                                continuous_batching_config=cb, progress_bar=False)  # fmt: skip
+    return model.generate_batch(
+        inputs=inputs, generation_config=greedy_config(NEW_TOKENS), continuous_batching_config=cb, progress_bar=False
+    )
 
 
 def two_heads(make_model, backend):

@@ -17,9 +17,13 @@ from hf_alibi import get_alibi_slopes
 
 PACKAGE = Path(hf_alibi.__file__).parent / "models" / "alibi_gpt2"  # the one folder a checkpoint's code comes from
 AUTO_CLASSES = {
-    "AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification",
-    "AutoModelForTokenClassification", "AutoModelForQuestionAnswering",
-}  # fmt: skip
+    "AutoConfig",
+    "AutoModel",
+    "AutoModelForCausalLM",
+    "AutoModelForSequenceClassification",
+    "AutoModelForTokenClassification",
+    "AutoModelForQuestionAnswering",
+}
 ENTRY_FILES = ("configuration_alibi_gpt2.py", "modeling_alibi_gpt2.py")
 
 
@@ -71,8 +75,9 @@ def test_importing_the_package_aliases_no_module_in_sys_modules():
     """The model's modules live in `hf_alibi.models.alibi_gpt2` only: importing `hf_alibi` registers no second name
     for them (the old flat `hf_alibi.modeling_alibi_gpt2` and friends are gone, not aliased)."""
     code = "import json, sys, hf_alibi; print(json.dumps(sorted(sys.modules)))"
-    loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                           check=True).stdout))  # fmt: skip
+    loaded = set(
+        json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    )
     aliases = {f"hf_alibi.{name[:-3]}" for name in CODE_FILES} & loaded
     assert not aliases, f"importing hf_alibi registered module aliases: {sorted(aliases)}"
 
@@ -98,12 +103,12 @@ def test_save_pretrained_writes_safetensors_config_with_auto_map_and_all_code(sa
     _, folder = saved
     files = {p.name for p in folder.iterdir()}
     assert "model.safetensors" in files and not any(f.endswith(".bin") for f in files), files
-    assert CODE_FILES <= files, f"missing code files: {CODE_FILES - files}"
+    assert files >= CODE_FILES, f"missing code files: {CODE_FILES - files}"
     assert code_closure(folder) == CODE_FILES  # the saved copies resolve their relative imports inside the folder
     offenders = {name: imports(folder / name)[1] for name in CODE_FILES if imports(folder / name)[1]}
     assert not offenders, f"absolute hf_alibi imports in saved code: {offenders}"
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
-    assert AUTO_CLASSES <= set(auto_map), f"auto_map lacks {AUTO_CLASSES - set(auto_map)}"
+    assert set(auto_map) >= AUTO_CLASSES, f"auto_map lacks {AUTO_CLASSES - set(auto_map)}"
     for target in auto_map.values():
         module, _, class_name = target.rpartition(".")
         assert f"class {class_name}(" in (folder / f"{module}.py").read_text(), target
@@ -186,7 +191,7 @@ def test_push_to_hub_uploads_exactly_what_a_hub_user_needs_without_network(saved
     assert calls == [("create_repo", "user/repo"), ("create_commit", "user/repo")]
     expected = {"config.json", "model.safetensors", "generation_config.json", "README.md"} | CODE_FILES
     assert set(uploaded) == expected, f"extra: {set(uploaded) - expected}; missing: {expected - set(uploaded)}"
-    assert AUTO_CLASSES <= set(json.loads(uploaded["config.json"])["auto_map"])
+    assert set(json.loads(uploaded["config.json"])["auto_map"]) >= AUTO_CLASSES
     # the upload is byte for byte what save_pretrained writes, which the remote-code test loads without hf_alibi
     differing = [name for name in expected - {"README.md"} if uploaded[name] != (folder / name).read_bytes()]
     assert not differing, f"uploaded files differ from save_pretrained's: {differing}"

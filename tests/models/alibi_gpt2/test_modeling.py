@@ -178,7 +178,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(make_model, random_ids)
         model(ids, labels=ids).loss.backward()  # use_cache stays at its default (True): the replay must not reuse it
         gradients.append({name: p.grad for name, p in model.named_parameters()})
     for name, expected in gradients[0].items():
-        torch.testing.assert_close(gradients[1][name], expected, atol=1e-6, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            gradients[1][name], expected, atol=1e-6, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 HEADS = [

@@ -4,15 +4,22 @@ when left at their defaults."""
 
 import pytest
 import torch
-from alibi_reference import reference_logits
 
+from alibi_reference import reference_logits
 from hf_alibi import AlibiGPT2LMHeadModel, get_alibi_slopes
 from hf_alibi.models.alibi_gpt2.modeling_alibi_gpt2 import scaled
 
 ATOL = 2e-5  # fp32 against float64; measured ~2e-6
 # Every switch away from its default, at values that move the logits well beyond ATOL (6 heads: interleaved slopes)
-SWITCHES = dict(gated_mlp=True, activation_function="silu", n_inner=100, attn_scale_power=1.0, embedding_scale=3.0,
-                logit_scale=0.4, alibi_scaling={"type": "linear", "factor": 2.0})  # fmt: skip
+SWITCHES = dict(
+    gated_mlp=True,
+    activation_function="silu",
+    n_inner=100,
+    attn_scale_power=1.0,
+    embedding_scale=3.0,
+    logit_scale=0.4,
+    alibi_scaling={"type": "linear", "factor": 2.0},
+)
 # backend -> config overrides that select it (sdpa: the split path and the bias bank)
 BACKENDS = {
     "eager": {},
@@ -40,11 +47,19 @@ def expected_logits(model, ids, mask=None) -> torch.Tensor:
     factor = (config.alibi_scaling or {}).get("factor", 1.0)
     slopes = get_alibi_slopes(config.n_head).double() / factor
     return reference_logits(
-        model.state_dict(), ids, n_layer=config.n_layer, n_head=config.n_head, slopes=slopes,
-        attn_scale=head_dim**-config.attn_scale_power, activation=config.activation_function,
-        gated=config.gated_mlp, embedding_scale=config.embedding_scale, logit_scale=config.logit_scale,
-        eps=config.layer_norm_epsilon, attention_mask=mask,
-    )  # fmt: skip
+        model.state_dict(),
+        ids,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        slopes=slopes,
+        attn_scale=head_dim**-config.attn_scale_power,
+        activation=config.activation_function,
+        gated=config.gated_mlp,
+        embedding_scale=config.embedding_scale,
+        logit_scale=config.logit_scale,
+        eps=config.layer_norm_epsilon,
+        attention_mask=mask,
+    )
 
 
 def padded_batch(random_ids, length: int = 13) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,8 +112,9 @@ def test_gated_mlp_has_its_gate_as_c_fc2_of_the_same_width(make_model):
 
 
 def test_slopes_buffer_holds_the_slopes_divided_by_the_scaling_factor(make_model, tmp_path):
-    model = make_model(alibi_scaling={"type": "linear", "factor": 4.0},
-                       alibi_slopes=[0.5, 0.25, 0.125, 0.0625] + [0.03] * 8)  # fmt: skip
+    model = make_model(
+        alibi_scaling={"type": "linear", "factor": 4.0}, alibi_slopes=[0.5, 0.25, 0.125, 0.0625] + [0.03] * 8
+    )
     model.save_pretrained(tmp_path)
     loaded = AlibiGPT2LMHeadModel.from_pretrained(tmp_path)
     expected = torch.tensor([0.5, 0.25, 0.125, 0.0625] + [0.03] * 8) / 4.0
@@ -114,8 +130,13 @@ def test_multipliers_round_the_scale_to_the_activations_dtype_as_jais_does():
 
 def test_switches_survive_save_and_load_and_defaults_change_nothing(make_model, make_config, tmp_path, random_ids):
     defaults = make_config()
-    assert (defaults.gated_mlp, defaults.attn_scale_power, defaults.embedding_scale, defaults.logit_scale,
-            defaults.alibi_scaling) == (False, 0.5, 1.0, 1.0, None)  # fmt: skip
+    assert (
+        defaults.gated_mlp,
+        defaults.attn_scale_power,
+        defaults.embedding_scale,
+        defaults.logit_scale,
+        defaults.alibi_scaling,
+    ) == (False, 0.5, 1.0, 1.0, None)
     model = switched_model(make_model, **SWITCHES)
     model.save_pretrained(tmp_path)
     loaded = AlibiGPT2LMHeadModel.from_pretrained(tmp_path).eval()
@@ -127,9 +148,17 @@ def test_switches_survive_save_and_load_and_defaults_change_nothing(make_model, 
 
 @pytest.mark.parametrize(
     "field, value",
-    [("gated_mlp", 1), ("attn_scale_power", -0.5), ("attn_scale_power", float("nan")), ("embedding_scale", 0.0),
-     ("logit_scale", -2.0), ("logit_scale", float("inf")), ("alibi_scaling_factor", 0), ("embedding_scale", True)],
-)  # fmt: skip
+    [
+        ("gated_mlp", 1),
+        ("attn_scale_power", -0.5),
+        ("attn_scale_power", float("nan")),
+        ("embedding_scale", 0.0),
+        ("logit_scale", -2.0),
+        ("logit_scale", float("inf")),
+        ("alibi_scaling_factor", 0),
+        ("embedding_scale", True),
+    ],
+)
 def test_bad_switch_values_raise_naming_field_and_value(make_config, field, value):
     with pytest.raises(ValueError, match=rf"{field}.*{value!r}"):
         make_config(**{field: value})

@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers import DataCollatorWithFlattening
 
-
 DOC_LENGTHS = (5, 23, 1, 11)  # a one-token document, and lengths that straddle the 16-row SDPA chunks below
 BACKENDS = ["eager", "sdpa", "sdpa_chunked", "flex_attention"]
 

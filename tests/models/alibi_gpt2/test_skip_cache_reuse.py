@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from transformers import Cache, DynamicCache, DynamicLayer, StaticCache
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
-from hf_alibi.models.alibi_gpt2.attention_skip import key_block_norms
 from hf_alibi.models.alibi_gpt2.attention_certified import KEY_BLOCK, KeyNormSummaries, RunningKeyNorms
+from hf_alibi.models.alibi_gpt2.attention_skip import key_block_norms
 
 EPS = 1e-7
 VOCAB, WIDTH, HEADS = 64, 32, 4
@@ -35,8 +35,16 @@ def blind_spot_model() -> tuple[AlibiGPT2LMHeadModel, int]:
 
     Layer 0's key projection is rank one: k_t = c (x_t . d) u, x_t the token's layer-0 input, d a unit direction
     orthogonal to x_LOW (so k_LOW = 0 up to rounding) and u, per head, the unit direction of LOW's query."""
-    config = AlibiGPT2Config(n_embd=WIDTH, n_layer=2, n_head=HEADS, vocab_size=VOCAB, n_positions=64,
-                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    config = AlibiGPT2Config(
+        n_embd=WIDTH,
+        n_layer=2,
+        n_head=HEADS,
+        vocab_size=VOCAB,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     torch.manual_seed(0)
     model = AlibiGPT2LMHeadModel(config).eval()
     attn = model.transformer.h[0].attn
@@ -178,7 +186,7 @@ def scripts(draw):
         st.tuples(st.just("crop"), st.floats(0.05, 0.95)),
         st.tuples(st.just("reorder"), st.lists(st.integers(0, 1), min_size=2, max_size=2)),
         *([st.tuples(st.just("select"), st.integers(0, 1)), st.tuples(st.just("repeat"))] if kind == "dynamic" else []),
-    )  # fmt: skip
+    )
     first = (draw(st.tuples(st.just("request"), runs, st.booleans())), ("decode", ["low"]))
     return kind, batch, [*first, *draw(st.lists(operation, max_size=5)), draw(reuse), ("decode", ["low"])]
 
@@ -246,9 +254,11 @@ def test_decoding_after_resets_crops_reorders_and_new_requests_certifies_and_equ
         elif name == "crop" and length > 1:
             crop(max(1, int(args[0] * length)))
         elif name in ("reorder", "select", "repeat") and length and rows <= 2:
-            index = {"reorder": lambda: torch.tensor(args[0][:rows]).clamp(max=rows - 1),
-                     "select": lambda: torch.tensor([min(args[0], rows - 1)]),
-                     "repeat": lambda: torch.arange(rows).repeat_interleave(2)}[name]()  # fmt: skip
+            index = {
+                "reorder": lambda: torch.tensor(args[0][:rows]).clamp(max=rows - 1),  # noqa: B023 (called at once, below)
+                "select": lambda: torch.tensor([min(args[0], rows - 1)]),  # noqa: B023 (called at once, below)
+                "repeat": lambda: torch.arange(rows).repeat_interleave(2),  # noqa: B023 (called at once, below)
+            }[name]()
             if name == "reorder":
                 each_cache("reorder_cache", index)
             elif name == "select":

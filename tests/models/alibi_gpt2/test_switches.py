@@ -14,11 +14,20 @@ def test_defaults_keep_the_state_dict_keys_of_existing_checkpoints(make_model):
     per_block = {
         f"transformer.h.0.{name}"
         for name in (
-            "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-            "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
+            "ln_1.weight",
+            "ln_1.bias",
+            "attn.c_attn.weight",
+            "attn.c_attn.bias",
+            "attn.c_proj.weight",
+            "attn.c_proj.bias",
+            "ln_2.weight",
+            "ln_2.bias",
+            "mlp.c_fc.weight",
+            "mlp.c_fc.bias",
+            "mlp.c_proj.weight",
             "mlp.c_proj.bias",
         )
-    }  # fmt: skip
+    }
     assert {k for k in keys if ".h.1." not in k} == BASELINE_KEYS | per_block
 
 
@@ -70,9 +79,15 @@ def test_clip_qkv_clamps_the_fused_projection(make_model, random_ids):
 
 @pytest.mark.parametrize(
     "field, value",
-    [("embedding_layernorm", 1), ("bias", "no"), ("clip_qkv", 0.0), ("clip_qkv", -1.0), ("clip_qkv", float("inf")),
-     ("clip_qkv", True)],
-)  # fmt: skip
+    [
+        ("embedding_layernorm", 1),
+        ("bias", "no"),
+        ("clip_qkv", 0.0),
+        ("clip_qkv", -1.0),
+        ("clip_qkv", float("inf")),
+        ("clip_qkv", True),
+    ],
+)
 def test_bad_switch_values_raise_naming_the_field(make_config, field, value):
     with pytest.raises(ValueError, match=field):
         make_config(**{field: value})

@@ -41,8 +41,16 @@ def _stderr(code: str, cwd: Path, with_package: bool) -> str:
         env["PYTHONPATH"] = str(Path(hf_alibi.__file__).resolve().parents[1])
     else:
         code = "import sys; sys.modules['hf_alibi'] = None\n" + code
-    run = subprocess.run([sys.executable, "-P", "-c", code], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                         capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-P", "-c", code],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     return run.stderr
 
