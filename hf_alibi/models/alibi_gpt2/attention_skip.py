@@ -277,6 +277,25 @@ def _grouped_starts(a, lse, norms, slopes, offset, eps, row_block, key_block, ke
     return starts.amin(dim=(0, 3))  # (H, R)
 
 
+def decode_inputs(query, block_norms, slopes, position, eps: float, block: int, lse_lower):
+    """A decoding step's certificate inputs checked: (query (B, H, 1, D), lse_lower (B, H, 1), the number of key
+    blocks wholly before the current position's block)."""
+    _check_eps(eps)
+    _check_positive("block", block)
+    query = query[:, :, None] if query.dim() == 3 else query  # (B, H, 1, D)
+    if query.dim() != 4 or query.shape[2] != 1:
+        raise ValueError(f"query must be (B, H, D) or (B, H, 1, D), got {tuple(query.shape)}")
+    _check_slopes(slopes, query.shape[1])
+    batch, heads = query.shape[:2]
+    if block_norms.dim() != 3 or block_norms.shape[1] != heads or block_norms.shape[0] not in (1, batch):
+        raise ValueError(f"block_norms {tuple(block_norms.shape)} does not fit query {tuple(query.shape)}")
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise ValueError(f"position must be a non-negative integer, got {position!r}")
+    lse_lower = lse_lower.reshape(*query.shape[:2], 1)  # (B, H, 1)
+    n = min(position // block, block_norms.shape[-1])  # blocks wholly before the current position's block
+    return query, lse_lower, n
+
+
 def certified_decode_start(
     query: torch.Tensor,
     block_norms: torch.Tensor,
@@ -294,19 +313,7 @@ def certified_decode_start(
     LSE (the diagonal logit: `diagonal_lse`). The start is a multiple of `block` and <= `position`. Cauchy-Schwarz
     (Theorem 3), in the few operations a step affords.
     """
-    _check_eps(eps)
-    _check_positive("block", block)
-    query = query[:, :, None] if query.dim() == 3 else query  # (B, H, 1, D)
-    if query.dim() != 4 or query.shape[2] != 1:
-        raise ValueError(f"query must be (B, H, D) or (B, H, 1, D), got {tuple(query.shape)}")
-    _check_slopes(slopes, query.shape[1])
-    batch, heads = query.shape[:2]
-    if block_norms.dim() != 3 or block_norms.shape[1] != heads or block_norms.shape[0] not in (1, batch):
-        raise ValueError(f"block_norms {tuple(block_norms.shape)} does not fit query {tuple(query.shape)}")
-    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
-        raise ValueError(f"position must be a non-negative integer, got {position!r}")
-    lse_lower = lse_lower.reshape(*query.shape[:2], 1)  # (B, H, 1)
-    n = min(position // block, block_norms.shape[-1])  # blocks wholly before the current position's block
+    query, lse_lower, n = decode_inputs(query, block_norms, slopes, position, eps, block, lse_lower)
     if eps == 0.0 or n == 0:
         return torch.zeros(query.shape[:2], dtype=torch.long, device=query.device)
     m, decay = _block_decay(tuple(slopes.tolist()), block, n, str(query.device))  # (H, 1), (H, n)
