@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_sdpa_split import sdpa_alibi_split
+from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi.attention_sdpa_split import sdpa_alibi_split
 
 from .measure import process_peak_bytes, time_calls
 

@@ -103,7 +103,7 @@ def kept_fractions(model, ids, eps: float) -> list[float]:
     (untimed) forward through `certified_split`."""
     import torch
 
-    import hf_alibi.models.alibi_gpt2.attention_certified as attention
+    import hf_alibi.models.alibi.attention_certified as attention
     from benchmarks.skip_research import kept_fraction
 
     used, certified_split = [], attention.certified_split

@@ -5,7 +5,7 @@
 
 Not a timing. The layers' queries and keys (one row of held-out standard-library text, captured as
 `measure_kept_fraction` does) are certified with the same upper bound (Theorem 3: Cauchy-Schwarz per 64-key block,
-rows grouped by 16) and four lower bounds on LSE_i (Theorems 2 and 4 of `hf_alibi.models.alibi_gpt2.attention_skip`):
+rows grouped by 16) and four lower bounds on LSE_i (Theorems 2 and 4 of `hf_alibi.models.alibi.attention_skip`):
 - `diagonal logit`: s q_i.k_i (FlexAttention's prefill, decoding);
 - `split (kernel diagonal LSE)`: what the split really uses, `certified_split`'s ranges: the fp32 kernel's
   log-sum-exp over each 256-row block's own diagonal, less its rounding margin;
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hf_alibi.models.alibi_gpt2.attention_certified import KEY_BLOCK, ROWS  # the blocks the layers certify with
+from hf_alibi.models.alibi.attention_certified import KEY_BLOCK, ROWS  # the blocks the layers certify with
 
 
 def exact_lse_and_oracle(query, key, slopes, scaling, eps):
@@ -54,8 +54,8 @@ def kept(name, table):
 def measure(model, ids, eps):
     from benchmarks.skip_research import certified_key_starts, kept_fraction
     from hf_alibi.experiments.kept_context import capture_queries_keys
-    from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-    from hf_alibi.models.alibi_gpt2.attention_certified import ROW_GROUP, certified_split
+    from hf_alibi.models.alibi.attention_alibi import plan_alibi_attention
+    from hf_alibi.models.alibi.attention_certified import ROW_GROUP, certified_split
 
     slopes, scaling = model.transformer.alibi_slopes.float(), model.transformer.h[0].attn.scaling
     length = ids.shape[1]

@@ -28,7 +28,7 @@ cannot ship here): SwiGLU MLP `4 * n_embd` wide, jais-13b's muP multipliers, its
 inputs raise, as in their code), forward and train suites only (no cache).
 
 The model as shipped against GPT-2 as shipped, and the attention-only ratio beside it: hf_alibi's MLP runs the tanh
-GELU as torch's fused kernel (`hf_alibi/models/alibi_gpt2/activations.py`), GPT-2's as transformers'
+GELU as torch's fused kernel (`hf_alibi/models/alibi/activations.py`), GPT-2's as transformers'
 `NewGELUActivation` (8 elementwise ops). `alibi-sdpa` / `alibi-flash` are the models as users get them; their
 `-gpt2-gelu` twins put GPT-2's `NewGELUActivation` back into every MLP (`ATTENTION_ONLY`), so that everything but
 attention and positions runs GPT-2's very kernels and their ratio to the reference is what ALiBi's attention costs,

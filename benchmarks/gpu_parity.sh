@@ -29,4 +29,4 @@ $B --suite train,generate --train-lengths 512,1024,2048 --train-batch 8 --prefil
    --out "$dest/parity_cuda_train.json" --markdown "$dest/parity_cuda_train.md"
 # Continuous batching on the GPU (transformers' paged cache; FlashAttention-2's varlen and decode fast path with
 # alibi_slopes): every request's tokens equal generate()'s, the GPU-marked tests.
-python -m pytest -q -m gpu tests/modeling_alibi_gpt2/test_continuous_batching.py 2>&1 | tee "$dest/gpu_continuous_batching.txt"
+python -m pytest -q -m gpu tests/models/alibi/test_continuous_batching.py 2>&1 | tee "$dest/gpu_continuous_batching.txt"

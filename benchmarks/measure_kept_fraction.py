@@ -1,4 +1,4 @@
-"""Certified kept fraction of causal key work per head (hf_alibi.models.alibi_gpt2.attention_skip), on trained ALiBi checkpoints.
+"""Certified kept fraction of causal key work per head (hf_alibi.models.alibi.attention_skip), on trained ALiBi checkpoints.
 
     nice -n 19 env OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python -m benchmarks.measure_kept_fraction
     nice -n 19 env OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python -m benchmarks.measure_kept_fraction \
@@ -148,7 +148,7 @@ def markdown(records: list[dict], metadata: dict) -> str:
     main = [r for r in records if r["bound"] == DEFAULT_BOUND]
     ablation = [r for r in records if r["eps"] == 1e-7 and r["row_block"] == r["key_block"] == 256]
     lines = [
-        "# Certified kept fraction of causal key work (hf_alibi.models.alibi_gpt2.attention_skip)\n\n",
+        "# Certified kept fraction of causal key work (hf_alibi.models.alibi.attention_skip)\n\n",
         f"{metadata['command']}\n\n",
         "Computed keys / causal keys, per head (slope; mean over layers) and overall, at which every real row "
         "drops softmax mass <= eps (output change <= 2 eps max|v|). One row of held-out standard-library text "

@@ -1,5 +1,5 @@
 """Research variants of certified key skipping, kept out of the shipped model folder: what was measured against the
-bounds `hf_alibi/models/alibi_gpt2/attention_skip.py` ships (its module docstring has the theorems).
+bounds `hf_alibi/models/alibi/attention_skip.py` ships (its module docstring has the theorems).
 
 - the centred upper bound of Theorem 3 (`key_block_spheres`, `certified_key_starts(..., centroid=True)`): about any
   centre c_K, s q.k_j <= s q_i.c_K + |s| |q_i| r_K, r_K = max_j |k_j - c_K|; tighter than Cauchy-Schwarz when a
@@ -19,8 +19,8 @@ import math
 import torch
 
 from hf_alibi.experiments.kept_context import kept_fraction  # noqa: F401  (the measurement, re-exported)
-from hf_alibi.models.alibi_gpt2 import attention_skip as shipped
-from hf_alibi.models.alibi_gpt2.attention_skip import (
+from hf_alibi.models.alibi import attention_skip as shipped
+from hf_alibi.models.alibi.attention_skip import (
     _blocked,
     _check_eps,
     _check_positive,

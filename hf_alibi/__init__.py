@@ -13,9 +13,9 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
-from .models.alibi_gpt2.alibi import alibi_causal_bias, get_alibi_slopes
-from .models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
-from .models.alibi_gpt2.modeling_alibi_gpt2 import (
+from .models.alibi.alibi import alibi_causal_bias, get_alibi_slopes
+from .models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
+from .models.alibi.modeling_alibi_gpt2 import (
     AlibiGPT2ForQuestionAnswering,
     AlibiGPT2ForSequenceClassification,
     AlibiGPT2ForTokenClassification,

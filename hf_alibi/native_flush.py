@@ -13,7 +13,7 @@ bias puts a band of every row's keys 87 to 103 nats below l (about 16 / slope ke
 microcode assist and is ~100x slower. Measured on the CPU flash kernels (Intel Xeon, 2 threads, 4 heads of dim 32,
 slopes 1/4 .. 1/256, one 1024-row call over 7168 keys): the backward 0.29 s with denormals, 0.038 s flushed; the
 forward 0.030 s and 0.018 s. Those probabilities are the true softmax weights of far keys: the model computes them
-exactly in fp32 (what `hf_alibi/models/alibi_gpt2/`, the code a checkpoint ships, does: it never changes a thread's
+exactly in fp32 (what `hf_alibi/models/alibi/`, the code a checkpoint ships, does: it never changes a thread's
 floating-point mode), and only the hardware's flush-to-zero mode avoids their cost. That is the caller's choice, so
 it lives here, not in the model.
 

@@ -110,7 +110,7 @@ def make_evaluation():
 @contextlib.contextmanager
 def recorded_plans(model):
     """The attention plan each attention layer reads, recorded with forward pre-hooks (public torch API)."""
-    from hf_alibi.models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2Attention
+    from hf_alibi.models.alibi.modeling_alibi_gpt2 import AlibiGPT2Attention
 
     plans = []
     hooks = [

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_alibi import native_flush
-from hf_alibi.models.alibi_gpt2.attention_sdpa_split import sdpa_alibi_split
+from hf_alibi.models.alibi.attention_sdpa_split import sdpa_alibi_split
 
 
 def denormal_products() -> torch.Tensor:

@@ -24,7 +24,7 @@ from transformers import initialization as init
 from transformers.utils.deprecation import deprecate_kwarg
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, AlibiGPT2Model, get_alibi_slopes
-from hf_alibi.models.alibi_gpt2 import modeling_alibi_gpt2
+from hf_alibi.models.alibi import modeling_alibi_gpt2
 
 
 def parameters(function) -> list[str]:
@@ -46,7 +46,7 @@ def renamed_argument(new_name=None):
 
 def test_transformers_deprecation_warning_from_our_code_fails_the_test_and_from_third_party_code_does_not():
     with pytest.raises(FutureWarning, match="old_name"):  # pyproject: error::FutureWarning:hf_alibi...
-        call_from("hf_alibi.models.alibi_gpt2.modeling_alibi_gpt2", renamed_argument, old_name=1)
+        call_from("hf_alibi.models.alibi.modeling_alibi_gpt2", renamed_argument, old_name=1)
     with pytest.raises(FutureWarning, match="old_name"):  # the remote-code copy saved beside a checkpoint
         call_from("transformers_modules.out.modeling_alibi_gpt2", renamed_argument, old_name=1)
     with warnings.catch_warnings(record=True) as caught:  # keeps pytest's filters; only records what they show
@@ -57,9 +57,9 @@ def test_transformers_deprecation_warning_from_our_code_fails_the_test_and_from_
         warnings.warn_explicit(
             "old thing",
             DeprecationWarning,
-            "hf_alibi/models/alibi_gpt2/alibi.py",
+            "hf_alibi/models/alibi/alibi.py",
             1,
-            module="hf_alibi.models.alibi_gpt2.alibi",
+            module="hf_alibi.models.alibi.alibi",
         )
 
 
@@ -237,7 +237,7 @@ def test_paged_attention_cache_update_takes_the_batch_kwargs_and_returns_each_re
     `cu_seq_lens_k["full_attention"]`. Recorded from a real `generate_batch` call."""
     from transformers.generation.continuous_batching import PagedAttentionCache
 
-    from hf_alibi.models.alibi_gpt2.attention_paged import PAGED_KWARGS
+    from hf_alibi.models.alibi.attention_paged import PAGED_KWARGS
 
     assert parameters(PagedAttentionCache.update)[:5] == ["self", "key_states", "value_states", "layer_idx", "kwargs"]
     model = make_model()

@@ -10,8 +10,8 @@ import torch
 from transformers import BloomConfig, BloomForCausalLM
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
-from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
-from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import (
     EXPORT_REFUSAL,
     IMPORT_REFUSAL,

@@ -25,8 +25,8 @@ from transformers import (
     PreTrainedModel,
 )
 
-from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
-from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .bloom import check_bloom_exportable, convert_bloom, export_bloom
 from .common import check_destination, load_config, load_tokenizer, source_model_type, write_folder_atomically
 from .falcon import convert_falcon

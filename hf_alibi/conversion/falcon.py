@@ -16,8 +16,8 @@ import torch
 from transformers import FalconForCausalLM
 from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 
-from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
-from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .bloom import bloom_weights
 from .common import IMPORT_REFUSAL, Requirement, build_exactly, require, shared_fields
 from .weight_map import WeightMap, map_weights

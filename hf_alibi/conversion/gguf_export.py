@@ -19,9 +19,9 @@ import torch
 
 from ..atomic_files import check_destination, staged_file
 from ..import_utils import require_extra
-from ..models.alibi_gpt2.alibi import get_alibi_slopes, slopes_from_config
-from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
-from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel, scaled
+from ..models.alibi.alibi import get_alibi_slopes, slopes_from_config
+from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel, scaled
 from .common import (
     LENGTH_DEPENDENT_SCALING,
     NO_MUP_SWITCHES,

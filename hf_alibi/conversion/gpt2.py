@@ -7,8 +7,8 @@ import warnings
 
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
-from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import Requirement, build_exactly, require
 
 # GPT-2 config fields that carry over unchanged (AlibiGPT2Config uses GPT-2's names).

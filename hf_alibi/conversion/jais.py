@@ -28,14 +28,14 @@ import math
 import torch
 from transformers.activations import ACT2FN
 
-from ..models.alibi_gpt2.alibi import get_alibi_slopes
-from ..models.alibi_gpt2.configuration_alibi_gpt2 import (
+from ..models.alibi.alibi import get_alibi_slopes
+from ..models.alibi.configuration_alibi_gpt2 import (
     AlibiGPT2Config,
     checked_alibi_scaling,
     static_scaling_factor,
     train_seq_len,
 )
-from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, Requirement, load_exactly, require
 from .remote_code import Checkpoint
 from .weight_map import Entry, WeightMap, map_weights

@@ -12,8 +12,8 @@ import torch
 from transformers import MptConfig, MptForCausalLM
 from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 
-from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
-from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import (
     EXPORT_REFUSAL,
     IMPORT_REFUSAL,

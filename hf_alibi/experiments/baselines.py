@@ -29,8 +29,8 @@ import math
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedModel
 
-from ..models.alibi_gpt2.configuration_alibi_gpt2 import AlibiGPT2Config
-from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
+from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 
 BASELINES = ("alibi", "nope", "learned", "sinusoidal", "sinusoidal_paper", "rotary")
 INITIALIZER_RANGE = 0.02  # GPT-2's std for every weight matrix and embedding

@@ -3,7 +3,7 @@
     layers = capture_queries_keys(model, ids)                 # every layer's (query, key), (B, H, L, D) each
     dropped_fraction(model, ids, eps=1e-7)                    # mean over layers and heads of 1 - kept fraction
 
-`hf_alibi.models.alibi_gpt2.attention_skip.certified_key_starts` proves, per head and block of query rows, the first
+`hf_alibi.models.alibi.attention_skip.certified_key_starts` proves, per head and block of query rows, the first
 key whose predecessors carry softmax mass <= eps on every row; the keys before it are what the model cannot use (at
 that layer) beyond eps. The slopes are the ones the forward uses at the input's length: with
 `alibi_scaling={"type": "linear", "train_seq_len": n}` they are divided by max(1, K / n) (K keys), so slope interpolation's wider reach shows as fewer keys dropped.
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from ..models.alibi_gpt2.alibi import length_scaled_slopes
-from ..models.alibi_gpt2.attention_skip import certified_key_starts
-from ..models.alibi_gpt2.configuration_alibi_gpt2 import train_seq_len
+from ..models.alibi.alibi import length_scaled_slopes
+from ..models.alibi.attention_skip import certified_key_starts
+from ..models.alibi.configuration_alibi_gpt2 import train_seq_len
 
 
 def kept_fraction(starts: torch.Tensor, query_length: int, row_block: int, query_offset: int = 0) -> torch.Tensor:

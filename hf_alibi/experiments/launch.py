@@ -184,7 +184,7 @@ def shard_model(model, experiment, folder: Path, state):
     `tp_size` ranks, FSDP2 over `fsdp_size`), through `folder`, which the main process writes once."""
     from transformers.distributed import DistributedConfig
 
-    from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+    from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 
     if experiment.tp_size * experiment.fsdp_size != state.num_processes:
         raise ValueError(

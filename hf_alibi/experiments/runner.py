@@ -32,7 +32,7 @@ from accelerate import PartialState
 from transformers import TrainingArguments
 
 from ..atomic_files import write_text_atomically
-from ..models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .arguments import ExperimentArguments
 from .attention_window import measure_effective_window
 from .baselines import max_supported_length

@@ -188,7 +188,7 @@ def test_gated_mlp_and_mup_switches_shard_c_fc2_like_c_fc_and_match_one_process(
 def test_slope_interpolation_scales_each_ranks_heads_by_the_forwards_key_count(tmp_path):
     """`alibi_scaling.train_seq_len` 4: every forward (10-token prefill, cached steps to 16) runs past it; each rank's
     heads take the interpolated slopes of the forward's K, as one process does (itself held to the float64 reference
-    in tests/models/alibi_gpt2/test_alibi_scaling.py)."""
+    in tests/models/alibi/test_alibi_scaling.py)."""
     torch.manual_seed(0)
     config = AlibiGPT2Config(**tiny_config_kwargs(alibi_scaling={"type": "linear", "train_seq_len": 4}))
     folder, inputs, ranks = sharded_run(tmp_path, perturbed(AlibiGPT2LMHeadModel(config)), nproc=2)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.tensor_parallel_alibi_gpt2 import (
+from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi.tensor_parallel_alibi_gpt2 import (
     ALIBI_HEADS,
     CONV1D_COLWISE,
     CONV1D_QKV_COLWISE,

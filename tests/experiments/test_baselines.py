@@ -14,7 +14,7 @@ from hf_alibi.experiments.baselines import (
     restore_position_encoding,
     sinusoidal_table,
 )
-from hf_alibi.models.alibi_gpt2.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from hf_alibi.models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 
 TRAIN, MAX = 16, 64
 TINY = dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4, train_length=TRAIN, max_length=MAX)

@@ -7,7 +7,7 @@ import torch
 
 from alibi_reference import reference_logits
 from hf_alibi import AlibiGPT2LMHeadModel, get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.modeling_alibi_gpt2 import scaled
+from hf_alibi.models.alibi.modeling_alibi_gpt2 import scaled
 
 ATOL = 2e-5  # fp32 against float64; measured ~2e-6
 # Every switch away from its default, at values that move the logits well beyond ATOL (6 heads: interleaved slopes)

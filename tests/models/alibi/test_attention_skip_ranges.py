@@ -7,15 +7,15 @@ import torch
 from transformers import DynamicCache
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_certified import (
+from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi.attention_certified import (
     KEY_BLOCK,
     ROW_GROUP,
     ROWS,
     certified_decode_ranges,
     certified_split,
 )
-from hf_alibi.models.alibi_gpt2.attention_skip import certified_key_starts, key_block_norms
+from hf_alibi.models.alibi.attention_skip import certified_key_starts, key_block_norms
 
 EPS = 1e-7
 

@@ -21,7 +21,7 @@ def flex_block_mask(plan: AlibiAttentionPlan, ranges: "KeyRanges | None" = None)
 
     Padding is read from the mask as given where the plan has it (`AlibiAttentionPlan.attention_mask`): torch 2.13's
     CPU inductor cannot lower a mask_mod that reads the graph's own `.bool()` of it (packed rows' document indices
-    lower: `tests/modeling_alibi_gpt2/test_compile_export.py` compiles both).
+    lower: `tests/models/alibi/test_compile_export.py` compiles both).
     """
     from torch.nn.attention.flex_attention import create_block_mask
 

@@ -12,9 +12,9 @@ from test_attention_skip import CHECKS, dropped_mass, problems, real_rows
 
 from alibi_reference import interpolated_slopes, reference_attention
 from benchmarks.skip_research import certified_decode_start, certified_key_starts, kept_fraction, near_key_lse
-from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_certified import certified_split, skipping_pays
-from hf_alibi.models.alibi_gpt2.attention_skip import key_block_norms
+from hf_alibi.models.alibi.attention_alibi import plan_alibi_attention
+from hf_alibi.models.alibi.attention_certified import certified_split, skipping_pays
+from hf_alibi.models.alibi.attention_skip import key_block_norms
 
 
 def filled(p):

@@ -9,9 +9,9 @@ import torch
 from test_attention_sdpa_split import CHUNKINGS, HEADS, SCENARIOS, SLOPES, compare
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_certified import KEY_BLOCK, ROWS, KeyRanges, certified_split
-from hf_alibi.models.alibi_gpt2.attention_sdpa_split import (
+from hf_alibi.models.alibi.attention_alibi import plan_alibi_attention
+from hf_alibi.models.alibi.attention_certified import KEY_BLOCK, ROWS, KeyRanges, certified_split
+from hf_alibi.models.alibi.attention_sdpa_split import (
     SPLIT_CHUNKS,
     SplitPlan,
     sdpa_alibi_split,

@@ -10,7 +10,7 @@ import torch
 
 import alibi_reference
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5

@@ -12,7 +12,7 @@ from transformers import StaticCache
 
 from alibi_reference import cached_row_slopes, interpolated_slopes, reference_logits
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
 
 TRAIN = 8  # train_seq_len of the tiny models: the inputs run past it
 SCALING = {"type": "linear", "train_seq_len": TRAIN}

@@ -15,7 +15,7 @@ from transformers import (
 )
 
 from hf_alibi import convert
-from hf_alibi.models.alibi_gpt2.attention_paged import plan_paged_attention
+from hf_alibi.models.alibi.attention_paged import plan_paged_attention
 
 NEW_TOKENS = 12
 PROMPT_LENGTHS = (5, 17, 40, 1, 64)
@@ -192,7 +192,7 @@ def test_paged_attention_gives_each_request_its_own_distances(make_model, train_
     continued chunk, decoding rows and a zero-length padding entry, in one flattened batch; with slope interpolation,
     each request at the scale of its own key count."""
     from alibi_reference import interpolated_slopes, reference_attention
-    from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
+    from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
 
     heads, dim = 12, 8
     slopes = make_model().transformer.alibi_slopes

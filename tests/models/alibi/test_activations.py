@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 from transformers.models.bloom.modeling_bloom import bloom_gelu_forward
 
-from hf_alibi.models.alibi_gpt2.activations import TANH_GELUS, mlp_activation
+from hf_alibi.models.alibi.activations import TANH_GELUS, mlp_activation
 
 FP32_EPS = torch.finfo(torch.float32).eps
 

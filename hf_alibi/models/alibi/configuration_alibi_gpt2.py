@@ -126,7 +126,7 @@ class AlibiGPT2Config(PretrainedConfig):
             deprecated alias of `{"type": "linear", "factor": f}`, still read from older config files.
         alibi_sdpa_split (`bool`, *optional*, defaults to `True`):
             Which SDPA path serves multi-row, unpacked, dropout-free calls on CPU outside compilation: `True` the
-            split (no bias tensor; `hf_alibi/models/alibi_gpt2/attention_sdpa_split.py`), `False` the bias bank that every other SDPA
+            split (no bias tensor; `hf_alibi/models/alibi/attention_sdpa_split.py`), `False` the bias bank that every other SDPA
             call takes. Both compute the same attention (the tests compare them); a runtime choice.
         alibi_sdpa_query_chunk (`int`, *optional*, defaults to 256):
             Query rows per chunk of the bias-bank path: its mask is `(B|1, H, chunk, kv)` floats, built once per

@@ -15,7 +15,7 @@ from huggingface_hub import CommitInfo, HfApi, RepoUrl
 import hf_alibi
 from hf_alibi import get_alibi_slopes
 
-PACKAGE = Path(hf_alibi.__file__).parent / "models" / "alibi_gpt2"  # the one folder a checkpoint's code comes from
+PACKAGE = Path(hf_alibi.__file__).parent / "models" / "alibi"  # the one folder a checkpoint's code comes from
 AUTO_CLASSES = {
     "AutoConfig",
     "AutoModel",
@@ -72,7 +72,7 @@ def test_the_model_folder_holds_exactly_what_every_checkpoint_carries():
 
 
 def test_importing_the_package_aliases_no_module_in_sys_modules():
-    """The model's modules live in `hf_alibi.models.alibi_gpt2` only: importing `hf_alibi` registers no second name
+    """The model's modules live in `hf_alibi.models.alibi` only: importing `hf_alibi` registers no second name
     for them (the old flat `hf_alibi.modeling_alibi_gpt2` and friends are gone, not aliased)."""
     code = "import json, sys, hf_alibi; print(json.dumps(sorted(sys.modules)))"
     loaded = set(

@@ -8,13 +8,13 @@ import torch
 
 from alibi_reference import reference_attention
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import (
+from hf_alibi.models.alibi.attention_alibi import (
     ALIBI_ATTENTION_FUNCTIONS,
     PREPARE_PATHS,
     alibi_attention,
     plan_alibi_attention,
 )
-from hf_alibi.models.alibi_gpt2.attention_plan import PATHS, choose_path, plan_facts
+from hf_alibi.models.alibi.attention_plan import PATHS, choose_path, plan_facts
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5
@@ -87,8 +87,8 @@ def test_one_function_chooses_every_path_and_its_variant(implementation, plan, o
 def test_the_route_holds_every_decision_path_eps_and_host_offset():
     """`choose_path` alone decides what changes the route: weights asked for, `"auto"` per shape (a packed row's
     documents, a static cache's step), and whether a static cache's 0-d count is read to the host."""
-    from hf_alibi.models.alibi_gpt2.attention_certified import skipping_pays
-    from hf_alibi.models.alibi_gpt2.attention_plan import AUTO_EPS, Route
+    from hf_alibi.models.alibi.attention_certified import skipping_pays
+    from hf_alibi.models.alibi.attention_plan import AUTO_EPS, Route
 
     cpu = dict(device="cpu", tracing=False, kernels_work=lambda: True, skip_pays=skipping_pays)
     slopes = get_alibi_slopes(4)  # the demo's: "auto" skips a 12k prefill (from ~11.3k) and a ~15.3k-key decoding row

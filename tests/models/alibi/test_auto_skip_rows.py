@@ -11,9 +11,9 @@ from test_continuous_batching import greedy_config
 from transformers import ContinuousBatchingConfig
 
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_paged import plan_paged_attention
-from hf_alibi.models.alibi_gpt2.attention_plan import AUTO_EPS
+from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi.attention_paged import plan_paged_attention
+from hf_alibi.models.alibi.attention_plan import AUTO_EPS
 
 sys.path.insert(0, str(Path(__file__).parents[3] / "tests"))  # tests/: the skipping tests' steep model
 from test_attention_skip_ranges import assert_close_to_dense, steep_model  # noqa: E402

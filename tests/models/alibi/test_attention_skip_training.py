@@ -9,8 +9,8 @@ from test_attention_skip import CHECKS, dropped_mass, exact_weights, problems, r
 
 from alibi_reference import reference_attention
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import alibi_attention, plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_certified import certified_split
+from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi.attention_certified import certified_split
 
 
 def truncated_gradients(p, row_starts, grad_output):

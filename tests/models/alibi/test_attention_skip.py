@@ -1,4 +1,4 @@
-"""The skipping certificate (`hf_alibi.models.alibi_gpt2.attention_skip`) against exact float64 softmax weights, never trusted.
+"""The skipping certificate (`hf_alibi.models.alibi.attention_skip`) against exact float64 softmax weights, never trusted.
 
 For every drawn problem (random and adversarial: one huge far key aligned with the queries, tiny query norms, zero
 and steep slopes, padding, packed documents, cache offsets, a static cache's unwritten tail) the softmax mass of the
@@ -22,9 +22,9 @@ from benchmarks.skip_research import (
     key_block_spheres,
     near_key_lse,
 )
-from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_certified import certified_split
-from hf_alibi.models.alibi_gpt2.attention_skip import diagonal_lse, key_block_norms, upper_norms
+from hf_alibi.models.alibi.attention_alibi import plan_alibi_attention
+from hf_alibi.models.alibi.attention_certified import certified_split
+from hf_alibi.models.alibi.attention_skip import diagonal_lse, key_block_norms, upper_norms
 
 SLOPES = (0.0, 2.0**-8, 2.0**-4, 0.5, 2.0)
 CHECKS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,8 +9,8 @@ import torch
 from test_attention_skip_ranges import assert_close_to_dense, steep_model
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
-from hf_alibi.models.alibi_gpt2.attention_alibi import plan_alibi_attention
-from hf_alibi.models.alibi_gpt2.attention_certified import AUTO_EPS, predicted_kept, skipping_pays
+from hf_alibi.models.alibi.attention_alibi import plan_alibi_attention
+from hf_alibi.models.alibi.attention_certified import AUTO_EPS, predicted_kept, skipping_pays
 
 DEMO_SLOPES = get_alibi_slopes(4)  # the demo checkpoint's: 1/4, 1/16, 1/64, 1/256
 

@@ -5,7 +5,7 @@ function BLOOM's `bloom_gelu_forward` computes (the BLOOM import names it `gelu_
 sqrt(2/pi) are the same fp32 number). transformers' `NewGELUActivation` computes it as 8 elementwise ops, each one
 a pass over the (B, L, 4d) hidden activation, and autograd keeps their intermediates for the backward;
 `F.gelu(approximate="tanh")` (`ACT2FN["gelu_pytorch_tanh"]`) is one fused kernel with an analytic backward, the same
-function up to fp32 rounding (tests/modeling_alibi_gpt2/test_activations.py measures it). Only the kernel changes:
+function up to fp32 rounding (tests/models/alibi/test_activations.py measures it). Only the kernel changes:
 `config.activation_function` keeps the name it was given, so saved configs, the BLOOM/MPT/GGUF exports and the
 remote code name, and compute, the same function as before. The erf GELU (`gelu`: MPT, Falcon) stays as it is.
 """
