@@ -26,24 +26,24 @@ def paper_slopes(heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
-def reference_attention(query, key, value, slopes, visible=None, scale=None):
+def reference_attention(query, key, value, slopes, visible=None, scale=None, rows=None):
     """softmax(q k^T * scale - m |i - j| + mask) v in float64: query/key/value (B, H, L, D), `visible` (B, L, L) bool
-    (query row, key) or None. Returns (B, H, L, D) float64 and the (B, H, L, L) probabilities (None past 4096)."""
+    (query row, key) or None; `rows` (n,) the query rows to compute (None: all). Returns (B, H, n, D) float64 and
+    the (B, H, n, L) probabilities (None past 4096 rows)."""
     query, key, value = query.double(), key.double(), value.double()
     scale = query.shape[-1] ** -0.5 if scale is None else scale
-    length = query.shape[2]
-    positions = torch.arange(length, dtype=torch.float64)
+    rows = torch.arange(query.shape[2]) if rows is None else rows
+    keys = torch.arange(key.shape[2], dtype=torch.float64)
     outputs, weights = [], []
-    for start in range(0, length, REFERENCE_ROWS):
-        rows = slice(start, start + REFERENCE_ROWS)
-        distance = (positions[rows, None] - positions[None, :]).abs()  # (n, L)
-        scores = query[:, :, rows] @ key.transpose(-1, -2) * scale - slopes.double()[:, None, None] * distance
+    for block in rows.split(REFERENCE_ROWS):
+        distance = (block.double()[:, None] - keys[None, :]).abs()  # (n, L)
+        scores = query[:, :, block] @ key.transpose(-1, -2) * scale - slopes.double()[:, None, None] * distance
         if visible is not None:
-            scores = scores.masked_fill(~visible[:, None, rows], -torch.inf)  # (B, H, n, L)
+            scores = scores.masked_fill(~visible[:, None, block], -torch.inf)  # (B, H, n, L)
         probabilities = torch.softmax(scores, dim=-1)
         outputs.append(probabilities @ value)
         weights.append(probabilities)
-    return torch.cat(outputs, dim=2), (torch.cat(weights, dim=2) if length <= 4096 else None)
+    return torch.cat(outputs, dim=2), (torch.cat(weights, dim=2) if len(rows) <= 4096 else None)
 
 
 def visibility(attention_mask=None, documents=None, batch=1, length=1) -> torch.Tensor | None:
@@ -64,13 +64,20 @@ def _layer_norm(x, state, name, eps):
 
 def _glu_activation(config):
     name = {"geglu": "gelu", "reglu": "relu"}.get(config.feed_forward_type, config.hidden_act)
-    return {"gelu": lambda x: 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0))), "relu": torch.relu}[name]
+    return {
+        "gelu": lambda x: 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0))),  # the exact GELU Jina's GLU uses
+        "relu": torch.relu,
+        "silu": lambda x: x / (1.0 + torch.exp(-x)),
+    }[name]
 
 
-def reference_encoder(model, input_ids, attention_mask=None, token_type_ids=None, documents=None):
+def reference_encoder(model, input_ids, attention_mask=None, token_type_ids=None, documents=None, rows=None):
     """The encoder's last hidden states (B, L, C) in float64, from `model`'s state dict and config alone.
-    `documents` (B, L): packed rows' document index (each document sees only itself)."""
+    `documents` (B, L): packed rows' document index (each document sees only itself). `rows` (n,): a one-layer
+    model's outputs at those positions only, (B, n, C) (long inputs: the reference's cost is per row)."""
     config = model.config
+    if rows is not None and config.num_hidden_layers != 1:
+        raise ValueError("rows= needs a one-layer model: deeper layers' keys need every row")
     state = {k.removeprefix("bert."): v.detach().double() for k, v in model.state_dict().items()}
     eps, heads, inner = config.layer_norm_eps, config.num_attention_heads, config.intermediate_size
     batch, length = input_ids.shape
@@ -94,7 +101,9 @@ def reference_encoder(model, input_ids, attention_mask=None, token_type_ids=None
             q = _layer_norm(q, state, f"{p}attention.self.layer_norm_q", eps)
             k = _layer_norm(k, state, f"{p}attention.self.layer_norm_k", eps)
         q, k, v = (t.view(batch, length, heads, -1).transpose(1, 2) for t in (q, k, v))
-        attended = reference_attention(q, k, v, slopes, visible)[0].transpose(1, 2).reshape(batch, length, -1)
+        if rows is not None:
+            hidden = hidden[:, rows]  # (B, n, C): the residual of the rows computed
+        attended = reference_attention(q, k, v, slopes, visible, rows=rows)[0].transpose(1, 2).flatten(2)
         dense = F.linear(attended, state[f"{p}attention.output.dense.weight"], state[f"{p}attention.output.dense.bias"])
         hidden = _layer_norm(dense + hidden, state, f"{p}attention.output.LayerNorm", eps)
         gated = hidden @ state[f"{p}mlp.gated_layers.weight"].T  # (B, L, 2I)

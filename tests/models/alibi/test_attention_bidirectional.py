@@ -103,8 +103,9 @@ def test_split_matches_the_reference_past_8192_tokens_with_no_length_cap():
     query, key, value = qkv(1, length, heads=2)
     path, output = attend("sdpa", query, key, value)
     assert path == "sdpa_split"
-    expected, _ = reference_attention(query, key, value, paper_slopes(2))
-    assert_close_on(output, expected, atol=5e-5)
+    rows = torch.cat([torch.arange(0, 300), torch.arange(4000, 4300), torch.arange(length - 300, length)])
+    expected, _ = reference_attention(query, key, value, paper_slopes(2), rows=rows)  # the reference's cost is per row
+    assert_close_on(output[:, :, rows], expected, atol=5e-5)
 
 
 def test_compiled_flex_attention_matches_the_reference_with_padding():
