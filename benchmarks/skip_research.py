@@ -231,7 +231,7 @@ def certified_decode_start(
     block_norms: torch.Tensor,
     slopes: torch.Tensor,
     scaling: float,
-    position: int,
+    query_offset: int,
     eps: float,
     block: int,
     lse_lower: torch.Tensor,
@@ -240,17 +240,18 @@ def certified_decode_start(
 ) -> torch.Tensor:
     """First key one decoding step must compute, per batch element and head: int64 (B, H); `.amin(0)` per head.
 
-    `query` (B, H, D) or (B, H, 1, D) at absolute `position`; `block_norms` (B, H, nb) from `key_block_norms` of the
-    cache (a running maximum for the block being filled); `lse_lower` (B, H) or (B, H, 1) a lower bound on the row's
-    LSE: `near_key_lse(query, cache_keys, ..., query_offset=position, near=...)` (near=1: the diagonal logit);
-    optional `centres`/`radii` of the cache's full blocks. The start is a multiple of `block` and <= `position`.
+    `query` (B, H, D) or (B, H, 1, D) at absolute position `query_offset`; `block_norms` (B, H, nb) from
+    `key_block_norms` of the cache (a running maximum for the block being filled); `lse_lower` (B, H) or (B, H, 1) a
+    lower bound on the row's LSE: `near_key_lse(query, cache_keys, ..., query_offset=query_offset, near=...)`
+    (near=1: the diagonal logit); optional `centres`/`radii` of the cache's full blocks. The start is a multiple of
+    `block` and <= `query_offset`.
     """
     if centres is None:  # Cauchy-Schwarz alone: the shipped step
-        return shipped.certified_decode_start(query, block_norms, slopes, scaling, position, eps, block, lse_lower)
-    query, lse_lower, n = shipped.decode_inputs(query, block_norms, slopes, position, eps, block, lse_lower)
+        return shipped.certified_decode_start(query, block_norms, slopes, scaling, query_offset, eps, block, lse_lower)
+    query, lse_lower, n = shipped.decode_inputs(query, block_norms, slopes, query_offset, eps, block, lse_lower)
     if eps == 0.0 or n == 0:
         return torch.zeros(query.shape[:2], dtype=torch.long, device=query.device)
-    positions = torch.tensor([position], device=query.device)  # (1,)
+    positions = torch.tensor([query_offset], device=query.device)  # (1,)
     log_bounds = block_log_mass_bounds(
         query,
         lse_lower,

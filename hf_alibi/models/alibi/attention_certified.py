@@ -217,12 +217,14 @@ def certified_split(
     output (Theorem 1); the gradients are those of the computed, not of dense, attention.
     """
     batch, heads, q_len, _ = query.shape
-    offset, padding, slopes, dense = plan.query_offset, plan.key_padding, plan.slopes, plan.payload.split
+    query_offset, padding, slopes, dense = plan.query_offset, plan.key_padding, plan.slopes, plan.payload.split
     rows = dense.chunks[0] if rows is None else rows
-    blocks = offset + torch.arange(0, q_len, rows, device=query.device)  # (R,) each block's first position
+    blocks = query_offset + torch.arange(0, q_len, rows, device=query.device)  # (R,) each block's first position
     diagonals = KeyRanges(rows, blocks.expand(heads, -1))  # nothing left of any block: its diagonal alone
     if dense.chunks != (rows,) or dense.dtype != torch.promote_types(query.dtype, torch.float32):
-        dense = split_plan(slopes, offset, q_len, padding, (rows,), batch, dtype=query.dtype)  # (another layer dtype)
+        dense = split_plan(
+            slopes, query_offset, q_len, padding, (rows,), batch, dtype=query.dtype
+        )  # (another layer dtype)
     with torch.no_grad():  # the certificate of this step's queries and keys: no autograd through it
         q, k, v = query.detach(), key.detach(), value.detach()
         output, lse = attend_diagonals(dense.in_key_ranges(diagonals.first_key), q, k, v, scaling)  # (B, H, q, .)
@@ -234,7 +236,7 @@ def certified_split(
             k,
             slopes,
             scaling,
-            offset,
+            query_offset,
             plan.payload.eps,
             rows,
             key_block,
@@ -256,17 +258,17 @@ def certified_decode_ranges(plan: AlibiAttentionPlan, query, key, scaling: float
     """A `sdpa_decode_certified` layer's first key per head, (H, 1), for its one row `query` (B, H, 1, D) over `key`
     (B, H, kv, D): the minimum over the batch of each row's certified start. `layer` names the layer for the cache's
     running key-norm summary."""
-    position, payload = plan.query_offset, plan.payload
+    query_offset, payload = plan.query_offset, plan.payload
     if payload.key_norms is not None:
         norms = payload.key_norms(layer, key, plan.key_padding)  # (1, H, blocks)
     else:
         norms = key_block_norms(key, KEY_BLOCK, plan.key_padding).amax(0, keepdim=True)  # (1, H, blocks)
     # the diagonal logit (Theorem 2 with N = {i}) in float64, as `diagonal_lse` gives it, in a step's
     # fewest operations
-    lse = (query[:, :, 0].double() * key[:, :, position].double()).sum(-1) * scaling  # (B, H)
+    lse = (query[:, :, 0].double() * key[:, :, query_offset].double()).sum(-1) * scaling  # (B, H)
     if plan.key_padding is not None:  # a padded row (its own token is padding) has no certificate: keep it dense
-        lse = lse.masked_fill(~plan.key_padding[:, None, position], -torch.inf)
-    starts = certified_decode_start(query, norms, plan.slopes, scaling, position, payload.eps, KEY_BLOCK, lse)
+        lse = lse.masked_fill(~plan.key_padding[:, None, query_offset], -torch.inf)
+    starts = certified_decode_start(query, norms, plan.slopes, scaling, query_offset, payload.eps, KEY_BLOCK, lse)
     return KeyRanges(1, starts.amin(0)[:, None])  # (H, 1)
 
 
@@ -352,15 +354,17 @@ class RunningKeyNorms:
         if torch.compiler.is_compiling():  # a graph must not branch on the offset, a 0-d tensor in a static cache
             self.layers, self.written = {}, None
             return
-        offset = int(query_offset)  # a static cache counts in a 0-d tensor; only a cache with a summary reads it
-        if self.written is None or offset > self.written:  # keys appended unseen: none of the summary can be trusted
+        query_offset = int(query_offset)  # a static cache counts in a 0-d tensor; only a cache with a summary reads it
+        if (
+            self.written is None or query_offset > self.written
+        ):  # keys appended unseen: none of the summary can be trusted
             self.layers = {}
-        elif offset < self.written:  # keys dropped (reset, crop): keep what lies before the offset
+        elif query_offset < self.written:  # keys dropped (reset, crop): keep what lies before the offset
             self.layers = {
-                layer: (norms[..., : -(-min(covered, offset) // KEY_BLOCK)], min(covered, offset))
+                layer: (norms[..., : -(-min(covered, query_offset) // KEY_BLOCK)], min(covered, query_offset))
                 for layer, (norms, covered) in self.layers.items()
             }
-        self.written = offset + query_length
+        self.written = query_offset + query_length
 
     def __call__(self, layer, key: torch.Tensor, key_padding: torch.Tensor | None = None) -> torch.Tensor:
         length = key.shape[2]

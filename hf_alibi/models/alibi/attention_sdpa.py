@@ -44,17 +44,18 @@ def prepare_sdpa_bank(plan, preparation) -> BiasBank:
 def sdpa_bank_attention(query, key, value, plan, scaling, layer=None):
     """Public SDPA per query chunk; each chunk's mask is a view of the plan's bias bank.
 
-    Rows [s, e) sit at absolute positions offset + s .. offset + e - 1 and see keys [0, offset + e). With
-    E = offset + e and n = e - s, the bank row a' = a + chunk - n and column c = j + kv - E hold exactly
-    -m * ((offset + s + a) - j), so the chunk's mask is bank[:, :, chunk - n:, kv - E:].
+    Rows [s, e) sit at absolute positions query_offset + s .. query_offset + e - 1 and see keys
+    [0, query_offset + e). With E = query_offset + e and n = e - s, the bank row a' = a + chunk - n and column
+    c = j + kv - E hold exactly -m * ((query_offset + s + a) - j), so the chunk's mask is
+    bank[:, :, chunk - n:, kv - E:].
     """
     bank = plan.payload.in_dtype(query.dtype)  # (B|1, H, chunk, kv)
     chunk, kv = bank.shape[2], plan.key_length
-    q_len, offset = plan.query_length, plan.query_offset
+    q_len, query_offset = plan.query_length, plan.query_offset
     outputs = []
     for start in range(0, q_len, chunk):
         end = min(start + chunk, q_len)
-        n, visible = end - start, offset + end
+        n, visible = end - start, query_offset + end
         mask = bank[:, :, chunk - n :, kv - visible :]  # (B|1, H, n, visible), a view
         if not plan.payload.folded:
             keep = visible_keys(plan, slice(start, end), slice(0, visible))  # (B|1, 1|H, n|1, visible) or None
