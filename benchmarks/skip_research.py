@@ -117,6 +117,14 @@ def block_log_mass_bounds(
     return upper - m[:, None, None] * distance + (log_g[:, None, None] - lse_lower[..., None])  # (B, H, rows, nb)
 
 
+def _first_blocks_bounds(query, lse_lower, positions, slopes, scaling, block, n, norms, centres, radii):
+    """`block_log_mass_bounds` over the first `n` key blocks of `norms`, `centres` and `radii` (the last two may be
+    None): (B, H, rows, n)."""
+    if centres is not None:
+        centres, radii = centres[:, :, :n], radii[..., :n]
+    return block_log_mass_bounds(query, lse_lower, positions, slopes, scaling, block, norms[..., :n], centres, radii)
+
+
 def first_kept_key(log_bounds: torch.Tensor, eps: float, block: int) -> torch.Tensor:
     """The largest block boundary t with sum_{blocks before t} bound <= eps, per row: int64 (...,) from (..., nb)."""
     _check_eps(eps)
@@ -174,22 +182,11 @@ def certified_key_starts(
             query_norms,
             key_norms,
         )
-    _check_eps(eps)
-    _check_positive("row_block", row_block)
-    _check_positive("key_block", key_block)
-    _check_positive("row_group", row_group)
-    batch, heads, q_len, dim = query.shape
-    if key.dim() != 4 or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
-        raise ValueError(f"key {tuple(key.shape)} does not fit query {tuple(query.shape)}")
-    if not 0 <= query_offset <= key.shape[2] - q_len:
-        raise ValueError(f"query_offset={query_offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
-    _check_slopes(slopes, heads)
-    _real_keys(key, key_padding)  # checks its shape
-    if lse_lower is not None and lse_lower.shape != (batch, heads, q_len):
-        raise ValueError(f"lse_lower must have shape {(batch, heads, q_len)}, got {tuple(lse_lower.shape)}")
-    n_row_blocks = -(-q_len // row_block)
-    starts = torch.zeros(heads, n_row_blocks, dtype=torch.long, device=query.device)
-    usable = (query_offset + (n_row_blocks - 1) * row_block) // key_block  # blocks before the last row block
+    n_row_blocks, usable = shipped.key_starts_inputs(
+        query, key, slopes, query_offset, eps, row_block, key_block, row_group, key_padding, lse_lower
+    )
+    q_len = query.shape[2]
+    starts = torch.zeros(query.shape[1], n_row_blocks, dtype=torch.long, device=query.device)
     if eps == 0.0 or usable == 0:
         return starts
     droppable = key[:, :, : usable * key_block]  # no later key is ever dropped
@@ -208,16 +205,8 @@ def certified_key_starts(
         else:
             lse = lse_lower[:, :, rows].double()  # (B, H, n_rows)
         positions = torch.arange(query_offset + first, query_offset + last, device=query.device)  # (n_rows,)
-        log_bounds = block_log_mass_bounds(
-            query[:, :, rows],
-            lse,
-            positions,
-            slopes,
-            scaling,
-            key_block,
-            norms[..., :n],
-            None if centres is None else centres[:, :, :n],
-            None if radii is None else radii[..., :n],
+        log_bounds = _first_blocks_bounds(
+            query[:, :, rows], lse, positions, slopes, scaling, key_block, n, norms, centres, radii
         )  # (B, H, n_rows, n)
         row_starts = first_kept_key(log_bounds, eps, key_block)  # (B, H, n_rows)
         if real_rows is not None:  # padded rows do not constrain the start
@@ -252,15 +241,7 @@ def certified_decode_start(
     if eps == 0.0 or n == 0:
         return torch.zeros(query.shape[:2], dtype=torch.long, device=query.device)
     positions = torch.tensor([query_offset], device=query.device)  # (1,)
-    log_bounds = block_log_mass_bounds(
-        query,
-        lse_lower,
-        positions,
-        slopes,
-        scaling,
-        block,
-        block_norms[..., :n],
-        None if centres is None else centres[:, :, :n],
-        None if radii is None else radii[..., :n],
-    )  # (B, H, 1, n)
+    log_bounds = _first_blocks_bounds(
+        query, lse_lower, positions, slopes, scaling, block, n, block_norms, centres, radii
+    )
     return first_kept_key(log_bounds, eps, block)[..., 0]  # (B, H)

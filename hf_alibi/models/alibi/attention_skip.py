@@ -160,6 +160,26 @@ def _passing_blocks(log_terms: torch.Tensor, eps: float) -> torch.Tensor:
     return (torch.cumsum(torch.exp(log_terms - threshold), dim=-1) <= 1.0).sum(-1)
 
 
+def key_starts_inputs(query, key, slopes, query_offset, eps, row_block, key_block, row_group, key_padding, lse_lower):
+    """`certified_key_starts`' inputs checked: (the number of row blocks, the number of key blocks that may be
+    dropped: those wholly before the last row block)."""
+    _check_eps(eps)
+    _check_positive("row_block", row_block)
+    _check_positive("key_block", key_block)
+    _check_positive("row_group", row_group)
+    batch, heads, q_len, dim = query.shape
+    if key.dim() != 4 or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
+        raise ValueError(f"key {tuple(key.shape)} does not fit query {tuple(query.shape)}")
+    if not 0 <= query_offset <= key.shape[2] - q_len:
+        raise ValueError(f"query_offset={query_offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
+    _check_slopes(slopes, heads)
+    _real_keys(key, key_padding)  # checks its shape
+    if lse_lower is not None and lse_lower.shape != (batch, heads, q_len):
+        raise ValueError(f"lse_lower must have shape {(batch, heads, q_len)}, got {tuple(lse_lower.shape)}")
+    n_row_blocks = -(-q_len // row_block)
+    return n_row_blocks, (query_offset + (n_row_blocks - 1) * row_block) // key_block
+
+
 def certified_key_starts(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -187,23 +207,11 @@ def certified_key_starts(
     `query` and `key`, if already computed. The bound (Cauchy-Schwarz) is computed for groups of `row_group` rows at
     once (`_grouped_starts`): valid, a little looser, and `row_group` times less work; 1 is every row on its own.
     """
-    _check_eps(eps)
-    _check_positive("row_block", row_block)
-    _check_positive("key_block", key_block)
-    _check_positive("row_group", row_group)
-    batch, heads, q_len, dim = query.shape
-    if key.dim() != 4 or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
-        raise ValueError(f"key {tuple(key.shape)} does not fit query {tuple(query.shape)}")
-    if not 0 <= query_offset <= key.shape[2] - q_len:
-        raise ValueError(f"query_offset={query_offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
-    _check_slopes(slopes, heads)
-    _real_keys(key, key_padding)  # checks its shape
-    if lse_lower is not None and lse_lower.shape != (batch, heads, q_len):
-        raise ValueError(f"lse_lower must have shape {(batch, heads, q_len)}, got {tuple(lse_lower.shape)}")
-    n_row_blocks = -(-q_len // row_block)
-    usable = (query_offset + (n_row_blocks - 1) * row_block) // key_block  # blocks before the last row block
+    n_row_blocks, usable = key_starts_inputs(
+        query, key, slopes, query_offset, eps, row_block, key_block, row_group, key_padding, lse_lower
+    )
     if eps == 0.0 or usable == 0:
-        return torch.zeros(heads, n_row_blocks, dtype=torch.long, device=query.device)
+        return torch.zeros(query.shape[1], n_row_blocks, dtype=torch.long, device=query.device)
     padding = None if key_padding is None else key_padding[:, : usable * key_block]
     norms = key_block_norms(key[:, :, : usable * key_block], key_block, padding, key_norms)  # (B, H, nb)
     lse = diagonal_lse(query, key, scaling, query_offset, key_padding) if lse_lower is None else lse_lower.double()

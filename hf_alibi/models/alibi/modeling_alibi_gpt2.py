@@ -29,7 +29,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .activations import mlp_activation
 from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention, plan_alibi_attention
-from .attention_certified import KeyNormSummaries, RunningKeyNorms
+from .attention_key_norms import KeyNormSummaries, RunningKeyNorms
 from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
 from .attention_plan import AlibiAttentionPlan
 from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
