@@ -107,15 +107,8 @@ def split_attention(query, key, value, plan: "SplitPlan", scaling: float) -> tor
     dtype = torch.promote_types(query.dtype, torch.float32)
     if plan.dtype != dtype:
         ranged = plan.first_keys
-        plan = split_plan(
-            plan.slopes.to(query.device),
-            plan.query_offset,
-            plan.q_len,
-            plan.key_padding,
-            plan.chunks,
-            plan.batch,
-            dtype,
-        )
+        slopes = plan.slopes.to(query.device)
+        plan = split_plan(slopes, plan.query_offset, plan.q_len, plan.key_padding, plan.chunks, plan.batch, dtype)
         plan = plan if ranged is None else plan.in_key_ranges(torch.tensor(ranged))
     return _SplitAttention.apply(query, key, value, plan, scaling)
 
@@ -183,12 +176,8 @@ class SplitPlan:
 
     def __init__(self, slopes, query_offset, q_len, key_padding, chunks, batch=1):
         object.__setattr__(self, "_frozen", False)
-        self.query_offset, self.key_padding, self.heads, self.slopes = (
-            query_offset,
-            key_padding,
-            slopes.shape[0],
-            slopes,
-        )
+        self.query_offset, self.key_padding = query_offset, key_padding
+        self.heads, self.slopes = slopes.shape[0], slopes
         self.q_len, self.batch, self.dtype, self.chunks = q_len, batch, slopes.dtype, chunks
         self.calls = _cover([], query_offset, 0, q_len, 0, chunks, (0, self.heads))
         self.first_keys = None  # (H, blocks) first keys as nested tuples once cut to key ranges (`in_key_ranges`)
