@@ -48,6 +48,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 from . import report as reporting
 from .contestants import (
@@ -63,39 +64,26 @@ from .contestants import (
 from .worker import PROTOCOL_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+class Preset(NamedTuple):
+    """A model shape and the lengths measured by default with it; explicit flags override either."""
+
+    n_embd: int
+    n_layer: int
+    n_head: int
+    vocab_size: int
+    train_lengths: list[int]
+    lengths: list[int]
+    prefill: int
+    decode: int
+
+
 PRESETS = {
-    # shape, then default lengths; explicit flags override either
-    "small": dict(
-        n_embd=768,
-        n_layer=12,
-        n_head=12,
-        vocab_size=50257,
-        train_lengths=[512, 1024],
-        lengths=[2048, 4096, 8192, 16384],
-        prefill=512,
-        decode=256,
-    ),
+    "small": Preset(768, 12, 12, 50257, [512, 1024], [2048, 4096, 8192, 16384], prefill=512, decode=256),
     # bloom-560m's width, heads and vocabulary (24 layers there; fewer on CPU via --n-layer, same for all)
-    "bloom-560m": dict(
-        n_embd=1024,
-        n_layer=4,
-        n_head=16,
-        vocab_size=250880,
-        train_lengths=[2048],
-        lengths=[2048, 4096, 8192, 16384, 32768],
-        prefill=512,
-        decode=64,
-    ),
-    "tiny": dict(
-        n_embd=96,
-        n_layer=2,
-        n_head=12,
-        vocab_size=512,
-        train_lengths=[64, 128],
-        lengths=[128, 256],
-        prefill=32,
-        decode=8,
-    ),
+    "bloom-560m": Preset(1024, 4, 16, 250880, [2048], [2048, 4096, 8192, 16384, 32768], prefill=512, decode=64),
+    "tiny": Preset(96, 2, 12, 512, [64, 128], [128, 256], prefill=32, decode=8),
 }
 
 
@@ -384,12 +372,20 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def parse_args(argv: list[str] | None = None):
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_alibi",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_workload_arguments(parser)
+    _add_measurement_arguments(parser)
+    _add_report_arguments(parser)
+    return parser
+
+
+def _add_workload_arguments(parser) -> None:
+    """The model's shape and what is measured on it: suites, contestants, lengths and batches."""
     parser.add_argument(
         "--preset",
         choices=sorted(PRESETS),
@@ -426,6 +422,10 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--prefill", type=int, help="generation prompt length (small: 512)")
     parser.add_argument("--decode", type=int, help="tokens generated per prompt (small: 256)")
     parser.add_argument("--gen-batches", type=_ints, default=[1, 8], help="generation batch sizes (default 1,8)")
+
+
+def _add_measurement_arguments(parser) -> None:
+    """How each cell is measured: repeats, device and dtype, threads, limits, processes."""
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per contestant and cell (median)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls before the memory probe and timing")
     parser.add_argument(
@@ -466,6 +466,10 @@ def parse_args(argv: list[str] | None = None):
         "and report the median over processes with their [min, max] and each process's whole "
         "peak memory (default 0: one long-lived process per contestant for the whole run)",
     )
+
+
+def _add_report_arguments(parser) -> None:
+    """What the ratios are against, which targets are checked, and where results go."""
     parser.add_argument(
         "--reference",
         choices=REFERENCES,
@@ -486,14 +490,21 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--out", help="write the full results here as JSON (atomically, updated after every cell)")
     parser.add_argument("--markdown", help="write the markdown table here (atomically)")
     parser.add_argument("--worker", metavar="SPEC_JSON", help=argparse.SUPPRESS)  # internal: run as a worker
+
+
+def parse_args(argv: list[str] | None = None):
+    """The command line, the preset's defaults filled in and every choice checked (`parser.error` names the value)."""
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.worker:
         return args
     preset = PRESETS[args.preset]
-    args.shape = Shape(**{k: getattr(args, k) or preset[k] for k in ("n_embd", "n_layer", "n_head", "vocab_size")})
+    args.shape = Shape(
+        **{k: getattr(args, k) or getattr(preset, k) for k in ("n_embd", "n_layer", "n_head", "vocab_size")}
+    )
     for key in ("train_lengths", "lengths", "prefill", "decode"):
         if getattr(args, key) is None:
-            setattr(args, key, preset[key])
+            setattr(args, key, getattr(preset, key))
     args.train_shapes = args.train_shapes or [(length, args.train_batch) for length in args.train_lengths]
     args.train_lengths = [length for length, _ in args.train_shapes]
     args.train_masks = [m for m in args.train_masks.split(",") if m]

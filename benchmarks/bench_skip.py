@@ -366,7 +366,8 @@ def markdown(cells: list[dict], args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, its contestants and process counts checked (a ValueError names the bad value)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", default="runs/cpu_demo/alibi/final", help="a trained ALiBi checkpoint folder")
     parser.add_argument("--forward", default="2048,8192,32768,65536", help="forward lengths (comma-separated)")
@@ -407,6 +408,11 @@ def main(argv=None):
         )
     if args.load < 0 or args.threads < 0:
         raise ValueError(f"--load and --threads must be >= 0, got {args.load} and {args.threads}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.child:
         args.contestant = args.child
         from hf_alibi.native_flush import flushing_denormals
