@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import bench_alibi, report  # noqa: E402
-from benchmarks.worker import FAULT_ENV  # noqa: E402
+from benchmarks.worker import FAULT_ENV, Worker, WorkerFailure  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -173,11 +173,11 @@ DUMMY_WORKER = textwrap.dedent(
 @pytest.mark.slow  # a worker process per case
 @pytest.mark.parametrize("op, status", [("hang", "timeout"), ("crash", "crashed"), ("raise", "error")])
 def test_worker_timeout_crash_and_exception_become_statuses(tmp_path, op, status):
-    worker = bench_alibi.Worker([sys.executable, "-c", DUMMY_WORKER], tmp_path / "worker.log")
+    worker = Worker([sys.executable, "-c", DUMMY_WORKER], tmp_path / "worker.log")
     try:
         assert worker.receive(timeout=30) == {"event": "ready"}
         assert worker.request({"op": "ping"}, timeout=30) == {"ok": True, "op": "ping"}  # noise lines skipped
-        with pytest.raises(bench_alibi.WorkerFailure) as failure:
+        with pytest.raises(WorkerFailure) as failure:
             worker.request({"op": op}, timeout=1.0)
         assert failure.value.status == status
         assert not worker.alive()
