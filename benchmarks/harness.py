@@ -11,6 +11,7 @@ from pathlib import Path
 
 from . import report as reporting
 from .contestants import ALIBI_BACKENDS, unsupported_reason
+from .targets import evaluate_targets
 from .worker import Worker, WorkerFailure
 
 
@@ -207,9 +208,7 @@ def build_report(args, cells: list[dict], bench: Bench) -> dict:
         "contestants": args.contestants,
         "workers": bench.ready,
         "cells": cells,
-        "targets": [
-            row for name in alibi for row in reporting.evaluate_targets(cells, name, args.targets, args.reference)
-        ],
+        "targets": [row for name in alibi for row in evaluate_targets(cells, name, args.targets, args.reference)],
         "target_set": args.targets,
     }
     return report
