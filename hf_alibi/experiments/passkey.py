@@ -6,8 +6,11 @@
     correct = score_examples(model, examples)                          # exact match of the greedy digits, per example
     low, high = wilson_interval(sum(correct), len(correct))
 
-An example is `length` tokens: filler, the needle ("The pass key is 48213. Remember it.") after `depth` of the filler,
-more filler, and the question ("What is the pass key? The pass key is ") followed by the key's digits. `depth` 0 puts
+An example is `length` tokens: filler, the needle ("pass key 48213.", on a line of its own) after `depth` of the
+filler, more filler, and the question at the end: the needle's words again ("pass key ", on a new line), followed by
+the key's digits. The template is short (32 byte-level tokens with the key twice) so that models trained at a short
+length see mostly filler, and the cue repeats the needle's words exactly: recalling the key is the copy (induction)
+a language model learns, not the parsing of an English question, which small models do not learn on this budget. `depth` 0 puts
 the needle first, 1 right before the question (the same distance at every length: a control of local copying).
 The key is drawn again until its digits occur nowhere in the filler, so the only place to read it from is the needle.
 Every piece is encoded on its own and the ids concatenated (each digit one token for any byte-level tokenizer), so
@@ -33,8 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-NEEDLE = ("The pass key is ", ". Remember it.")  # around the key
-QUESTION = "What is the pass key? The pass key is "
+NEEDLE = ("pass key ", ".")  # around the key
+QUESTION = "pass key "  # the needle's own words: the cue to recall what followed them
 SEPARATOR = "\n"
 Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 

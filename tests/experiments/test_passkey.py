@@ -49,8 +49,9 @@ def test_example_text_reads_as_the_template_with_the_key_twice(tokenizer, templa
     example = make_example(filler, template, 200, 0.5, random.Random(0))
     text = tokenizer.decode(example.input_ids)
     assert len(example.input_ids) == 200
-    assert f"The pass key is {example.key}. Remember it." in text
-    assert text.endswith(f"What is the pass key? The pass key is {example.key}")
+    assert f"\npass key {example.key}.\n" in text
+    assert text.endswith(f"\npass key {example.key}")
+    assert text.count("pass key") == 2
     assert example.answer_position == 200 - template.digits
 
 
