@@ -12,9 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not part of the installed package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import report  # noqa: E402
 from benchmarks.contestants import Shape, encoder_model, unsupported_reason  # noqa: E402
 from benchmarks.jina_eager import JinaEager, alibi_tensor  # noqa: E402
+from benchmarks.targets import evaluate_targets  # noqa: E402
 from hf_alibi import AlibiBertConfig, AlibiBertModel  # noqa: E402
 
 SHAPE = Shape(n_embd=48, n_layer=2, n_head=6, vocab_size=128)  # 6 heads: the interleaved slopes
@@ -89,12 +89,12 @@ def test_encoder_targets_read_jina_eager_of_the_same_cell():
             "results": {"jina-eager": result(9.0, 4000), "alibi-bert-sdpa": result(2.0, 200, 1.01)},
         },
     ]
-    rows = {row["target"]: row for row in report.evaluate_targets(cells, "alibi-bert-sdpa", "encoder", "bert-sdpa")}
+    rows = {row["target"]: row for row in evaluate_targets(cells, "alibi-bert-sdpa", "encoder", "bert-sdpa")}
     assert rows["encode L=2048 B=1 within 1.05x bert-sdpa time"]["status"] == "not met"
     assert rows["encode L=8192 B=1 within 1.05x bert-sdpa time"]["status"] == "met"
     assert rows["encode L=8192 >= 3x faster than jina-eager, <= 0.25x its memory"]["status"] == "met"
     cells[1]["results"]["jina-eager"] = {"status": "oom"}
-    rows = {row["target"]: row for row in report.evaluate_targets(cells, "alibi-bert-sdpa", "encoder", "bert-sdpa")}
+    rows = {row["target"]: row for row in evaluate_targets(cells, "alibi-bert-sdpa", "encoder", "bert-sdpa")}
     assert (
         rows["encode L=8192 >= 3x faster than jina-eager, <= 0.25x its memory"]["detail"]
         == "jina-eager ran out of memory"

@@ -3,13 +3,17 @@ imports only, resolved inside the saved folder), an auto_map for every head, and
 each head with `trust_remote_code=True` to the installed model's outputs."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from test_hub import ENCODER_ENTRY_FILES, PACKAGE, code_closure, imports
+from test_hub import (
+    ENCODER_ENTRY_FILES,
+    PACKAGE,
+    assert_auto_map_names_classes_in,
+    code_closure,
+    imports,
+    run_without_hf_alibi,
+)
 
 from hf_alibi import AlibiBertForMaskedLM, get_alibi_slopes
 from hf_alibi.models.alibi.configuration_alibi_bert import AUTO_MAP
@@ -40,9 +44,7 @@ def test_save_pretrained_writes_the_code_closure_and_an_auto_map_for_every_head(
     assert code_closure(folder, ENCODER_ENTRY_FILES) == ENCODER_CODE_FILES  # imports resolve inside the folder
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "alibi_bert" and config["auto_map"] == AUTO_MAP
-    for target in AUTO_MAP.values():
-        module, _, class_name = target.rpartition(".")
-        assert f"class {class_name}(" in (folder / f"{module}.py").read_text(), target
+    assert_auto_map_names_classes_in(folder, AUTO_MAP)
 
 
 LOADER = r"""
@@ -70,14 +72,7 @@ def test_fresh_process_without_hf_alibi_loads_the_encoder_with_trust_remote_code
     mask = torch.ones_like(ids)
     mask[1, 200:] = 0
     torch.save((ids, mask), tmp_path / "inputs.pt")
-    elsewhere = tmp_path / "cwd"
-    elsewhere.mkdir()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
-    env.pop("PYTHONPATH", None)
-    # -P and another cwd: the checkpoint folder is not on sys.path, so only correct relative imports resolve
-    command = [sys.executable, "-P", "-c", LOADER, str(folder), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")]
-    run = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-4000:]
+    run_without_hf_alibi(LOADER, [str(folder), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")], tmp_path)
     result = torch.load(tmp_path / "out.pt")
     assert all(module.startswith("transformers_modules") for module in result["modules"]), result["modules"]
     with torch.no_grad():

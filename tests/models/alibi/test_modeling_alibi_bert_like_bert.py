@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
+from conftest import tiny_encoder_kwargs
 from hf_alibi import AlibiBertModel
 
 
@@ -13,16 +14,7 @@ from hf_alibi import AlibiBertModel
 def pair(make_encoder):
     """(ours, BERT's) of the same width, depth and heads, both eager (BERT's weights come from a normal init)."""
     ours = make_encoder(attn_implementation="eager")
-    config = BertConfig(
-        vocab_size=100,
-        hidden_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        intermediate_size=40,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        max_position_embeddings=64,
-    )
+    config = BertConfig(**tiny_encoder_kwargs())  # every key of the tiny encoder's config is one of BERT's too
     bert = BertModel._from_config(config, attn_implementation="eager").eval()
     return ours, bert
 
