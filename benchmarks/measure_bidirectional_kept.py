@@ -1,7 +1,8 @@
 """Certified kept fraction of an ALiBi encoder's bidirectional attention work, and what it costs, on a trained MLM.
 
     HF_HUB_OFFLINE=1 python -m recipes.train_mlm --config mlm_demo --output_dir /work/ckpt/mlm_demo   # the model
-    HF_HUB_OFFLINE=1 python -m benchmarks.measure_bidirectional_kept --checkpoint /work/ckpt/mlm_demo/final \
+    nice -n 19 env OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python -m benchmarks.measure_bidirectional_kept \
+        --checkpoint /work/ckpt/mlm_demo/final \
         --out results/skip/bidirectional_kept
     HF_HUB_OFFLINE=1 python -m benchmarks.measure_bidirectional_kept --lengths 1024 --checkpoint DIR --out /tmp/k  # smoke
 
