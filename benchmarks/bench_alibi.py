@@ -104,7 +104,11 @@ def _add_workload_arguments(parser) -> None:
     parser.add_argument("--n-layer", type=int, help="override the preset's depth")
     parser.add_argument("--n-head", type=int, help="override the preset's head count")
     parser.add_argument("--vocab-size", type=int, help="override the preset's vocabulary size")
-    parser.add_argument("--suite", default=",".join(SUITES), help=f"comma-separated subset of {','.join(SUITES)}")
+    parser.add_argument(
+        "--suite",
+        default="train,forward,generate",
+        help=f"comma-separated subset of {','.join(SUITES)} (default: the causal LMs' three; encode: the encoders')",
+    )
     parser.add_argument(
         "--contestants",
         help=f"comma-separated subset of {','.join(CONTESTANTS)} (default: every "
