@@ -15,21 +15,14 @@ if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not
 from benchmarks.contestants import Shape, encoder_model, unsupported_reason  # noqa: E402
 from benchmarks.jina_eager import JinaEager, alibi_tensor  # noqa: E402
 from benchmarks.targets import evaluate_targets  # noqa: E402
+from conftest import tiny_encoder_kwargs  # noqa: E402
 from hf_alibi import AlibiBertConfig, AlibiBertModel  # noqa: E402
 
 SHAPE = Shape(n_embd=48, n_layer=2, n_head=6, vocab_size=128)  # 6 heads: the interleaved slopes
 
 
 def _pair(alibi_size: int):
-    config = AlibiBertConfig(
-        vocab_size=128,
-        hidden_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        intermediate_size=96,
-        hidden_dropout_prob=0.0,
-        max_position_embeddings=alibi_size,
-    )
+    config = AlibiBertConfig(**tiny_encoder_kwargs(vocab_size=128, max_position_embeddings=alibi_size))
     jina = JinaEager(config, alibi_size).eval()
     for parameter in jina.parameters():  # non-trivial LayerNorms and biases too
         torch.nn.init.normal_(parameter, std=0.3)
