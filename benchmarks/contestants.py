@@ -20,6 +20,10 @@ apply theirs differently, so every contestant gets 0 everywhere: the benchmark c
 | `alibi-from-bloom`     | `bloom-eager`'s weights imported (`convert`)     | SDPA; logits checked equal to BLOOM's first|
 | `jais-eager`           | `benchmarks.jais_eager`: their code's forward   | their eager ALiBi, capped at n_positions   |
 | `alibi-from-jais`      | `jais-eager`'s weights imported (`convert`)     | SDPA; logits checked equal to theirs first |
+| `bert-sdpa`            | `BertModel`, absolute positions, MLP 3072       | SDPA, no bias (the encoder reference)      |
+| `bert-sdpa-mlp4608`    | `bert-sdpa` with MLP width 4608                 | as `bert-sdpa`: the GLU's MLP FLOPs        |
+| `jina-eager`           | `benchmarks.jina_eager`: their code's forward   | their eager `(1, H, L, L)` ALiBi tensor    |
+| `alibi-bert-sdpa`      | `AlibiBertModel`, geglu, `jina-eager`'s weights | SDPA (the default): the split, no L x L    |
 
 `alibi-from-bloom` is your BLOOM, imported: the same random BLOOM as `bloom-eager` (same seed), imported exactly
 into hf_alibi, so the two time one function. Its worker refuses to start if the imported logits differ. The same for
@@ -35,6 +39,13 @@ attention and positions runs GPT-2's very kernels and their ratio to the referen
 not hidden by the faster GELU (nor the GELU by it). Both are whole models in the same cells, processes and protocol,
 so the two columns differ by the GELU kernel alone; timing the attention call alone (`bench_attention_call`) would
 leave out what ALiBi changes around it (the plan, no position table) and gives a ratio of a part, not of the model.
+
+The encoder contestants run the `encode` suite alone (and only they do): a jina-embeddings-v2-base-shaped encoder
+(`--preset jina-base`: hidden 768, 12 heads, GLU intermediate 3072, `max_position_embeddings` 8192) against
+transformers' `BertModel` with SDPA and absolute positions (the cost floor; its table covers the run's longest
+length). BERT's MLP of width `4 * n_embd` (3072) costs 2/3 of the GLU's (`2 * 3072` wide in, 3072 out), so
+`bert-sdpa-mlp4608` (width `6 * n_embd`) is the FLOP-matched floor. `alibi-bert-sdpa` holds `jina-eager`'s very
+weights and refuses to start if its hidden states differ from theirs.
 
 Every ratio is against one reference, a GPT-2 without any bias (`REFERENCES`): `gpt2-sdpa` by default, `gpt2-flash`
 on a GPU to hold `alibi-flash` against the same FlashAttention-2 kernel without `alibi_slopes` (the parity targets).
@@ -59,11 +70,17 @@ CONTESTANTS = (
     "alibi-flex-skip",
     "jais-eager",
     "alibi-from-jais",
+    "bert-sdpa",
+    "bert-sdpa-mlp4608",
+    "jina-eager",
+    "alibi-bert-sdpa",
 )
+# The encoders (the `encode` suite's contestants): their MLP width in units of n_embd where it is BERT's
+ENCODERS = {"bert-sdpa": 4, "bert-sdpa-mlp4608": 6, "jina-eager": None, "alibi-bert-sdpa": None}
 REFERENCE = "gpt2-sdpa"  # the default reference of every ratio
 # The GPT-2s without any bias (plain causal attention: what ALiBi is held against) and their attention backends
 GPT2_BACKENDS = {"gpt2-sdpa": "sdpa", "gpt2-flash": "flash_attention_2"}
-REFERENCES = tuple(GPT2_BACKENDS)
+REFERENCES = (*GPT2_BACKENDS, "bert-sdpa")
 ALIBI_BACKENDS = {
     "alibi-sdpa": "sdpa",
     "alibi-eager": "eager",
@@ -75,10 +92,11 @@ ALIBI_BACKENDS = {
     "alibi-sdpa-gpt2-gelu": "sdpa",
     "alibi-flash-gpt2-gelu": "flash_attention_2",
     "alibi-from-jais": "sdpa",
+    "alibi-bert-sdpa": "sdpa",
 }
 # hf_alibi with GPT-2's unfused GELU (transformers' NewGELUActivation) -> the contestant it is, as shipped
 ATTENTION_ONLY = {"alibi-sdpa-gpt2-gelu": "alibi-sdpa", "alibi-flash-gpt2-gelu": "alibi-flash"}
-SUITES = ("train", "forward", "generate")
+SUITES = ("train", "forward", "generate", "encode")
 
 
 @dataclass(frozen=True)
@@ -132,6 +150,8 @@ def default_contestants(device: str) -> list[str]:
 
 def unsupported_reason(name: str, suite: str, device: str) -> str | None:
     """Why `name` cannot run `suite` on `device`, or None when it can. Decided before any worker starts."""
+    if (name in ENCODERS) != (suite == "encode"):
+        return "encoders run the encode suite, the causal LMs every other suite"
     if name in ("alibi-flash", "alibi-flash-gpt2-gelu", "gpt2-flash"):
         if device != "cuda":
             return "FlashAttention-2 needs CUDA"
@@ -192,6 +212,8 @@ def build_model(name: str, shape: Shape, max_length: int):
             model = imported_bloom(model)
     elif name == "mpt-eager":
         model = mpt_model(shape, max_length)
+    elif name in ENCODERS:
+        model = encoder_model(name, shape, max_length)
     elif name in ("jais-eager", "alibi-from-jais"):
         from .jais_eager import JaisEager
 
@@ -295,4 +317,57 @@ def imported_jais(jais, check_length: int = 64):
         error = (model(ids).logits - jais.eval()(ids).logits).abs().max().item()  # (1, L, V) each
     if not error < 1e-4:
         raise RuntimeError(f"imported Jais's logits differ from their code's (jais-eager) by {error:.2e}")
+    return model
+
+
+def encoder_model(name: str, shape: Shape, max_length: int, check_length: int = 64):
+    """The encoder contestant `name` (see `ENCODERS`), randomly initialised, every dropout 0.
+
+    `alibi-bert-sdpa` is `jina-eager`'s model (same seed) copied key for key into `AlibiBertModel`, after checking
+    that both give the same hidden states on one input (that copy's ALiBi tensor built for the check's length only,
+    so its process never holds theirs).
+    """
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from hf_alibi import AlibiBertConfig, AlibiBertModel
+
+    from .jina_eager import JinaEager
+
+    if ENCODERS[name] is not None:  # BERT: absolute positions covering the run's longest input
+        width = ENCODERS[name] * shape.n_embd
+        config = BertConfig(
+            vocab_size=shape.vocab_size,
+            hidden_size=shape.n_embd,
+            num_hidden_layers=shape.n_layer,
+            num_attention_heads=shape.n_head,
+            intermediate_size=width,
+            max_position_embeddings=max(max_length, 512),
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+        return BertModel._from_config(config, attn_implementation="sdpa", add_pooling_layer=False)
+    config = AlibiBertConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.n_embd,
+        num_hidden_layers=shape.n_layer,
+        num_attention_heads=shape.n_head,
+        intermediate_size=4 * shape.n_embd,
+        hidden_dropout_prob=0.0,
+        max_position_embeddings=8192,  # jina-embeddings-v2's: the size of their prebuilt ALiBi tensor
+    )
+    torch.manual_seed(0)
+    jina = JinaEager(config, None if name == "jina-eager" else check_length).eval()
+    for module in jina.modules():  # BERT's initialisation, as AlibiBertModel's
+        if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
+            torch.nn.init.normal_(module.weight, std=config.initializer_range)
+    if name == "jina-eager":
+        return jina
+    model = AlibiBertModel._from_config(config, attn_implementation="sdpa", add_pooling_layer=False).eval()
+    model.load_state_dict(jina.state_dict(), strict=True)
+    ids = torch.randint(3, shape.vocab_size, (1, check_length), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        error = (model(ids).last_hidden_state - jina(ids)).abs().max().item()  # (1, L, C) each
+    if not error < 1e-4:
+        raise RuntimeError(f"AlibiBertModel's hidden states differ from jina-eager's by {error:.2e}")
     return model

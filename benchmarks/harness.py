@@ -33,10 +33,10 @@ def plan_cells(args) -> list[dict]:
                             "scale": length * batch,
                         }
                     )
-        elif suite == "forward":
+        elif suite in ("forward", "encode"):
             for length in args.lengths:
                 cells.append(
-                    {"suite": suite, "name": f"forward L={length} B=1", "length": length, "batch": 1, "scale": length}
+                    {"suite": suite, "name": f"{suite} L={length} B=1", "length": length, "batch": 1, "scale": length}
                 )
         else:
             for batch in args.gen_batches:

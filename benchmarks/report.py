@@ -206,6 +206,8 @@ SUITE_TITLES = {
     "gradients) · memory ratio",
     "forward": "Inference forward (no_grad, `logits_to_keep=1`, no cache): median time · time ratio · peak memory "
     "growth · memory ratio",
+    "encode": "Encoder forward (inference_mode, all-ones attention_mask): median time · time ratio · peak memory "
+    "growth · memory ratio",
     "generate": "Generation (greedy, left-padded, cache): decode tokens/s · tokens/s ratio · peak memory growth of "
     "the whole generate call · memory ratio",
 }
@@ -216,6 +218,7 @@ PROCESS_COLUMNS = {
     for suite, speed in (
         ("train", "median time per step"),
         ("forward", "median time"),
+        ("encode", "median time"),
         ("generate", "decode tokens/s (time spread not shown)"),
     )
 }
@@ -261,7 +264,9 @@ def render_markdown(report: dict) -> str:
             lines.append(f"| {cell['name']} | " + " | ".join(row) + " |")
     if report["targets"]:
         alibi = sorted({row["contestant"] for row in report["targets"]}, key=names.index)
-        title = "Parity targets" if report.get("target_set") == "parity" else "Budget targets"
+        title = {"parity": "Parity targets", "encoder": "Encoder targets"}.get(
+            report.get("target_set"), "Budget targets"
+        )
         lines += [
             "",
             f"## {title}",

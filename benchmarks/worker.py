@@ -178,6 +178,15 @@ class Contestant:
                 with torch.no_grad():  # logits for the last position only: memory is attention + activations
                     self.forward(input_ids=ids, use_cache=False, logits_to_keep=1)
 
+        elif suite == "encode":  # an encoder's inference forward with the all-ones mask real callers send
+            self.model.eval()
+            ids = self._ids(batch, cell["length"], seed=2)
+            ones = torch.ones_like(ids)
+
+            def call():
+                with torch.inference_mode():
+                    self.forward(input_ids=ids, attention_mask=ones)
+
         elif suite == "generate":
             self.model.eval()
             ids, mask = self._left_padded_prompts(batch, cell["prefill"])

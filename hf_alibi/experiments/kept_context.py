@@ -8,6 +8,14 @@ key whose predecessors carry softmax mass <= eps on every row; the keys before i
 that layer) beyond eps. The slopes are the ones the forward uses at the input's length: with
 `alibi_scaling={"type": "linear", "train_seq_len": n}` they are divided by max(1, K / n) (K keys), so slope interpolation's wider reach shows as fewer keys dropped.
 `benchmarks/measure_kept_fraction.py` measures the same on the demo checkpoints with its own grid and ablations.
+
+Bidirectional rows (an encoder, `-m |i - j|` on every key): `certified_key_windows` bounds the keys far on both
+sides. Left of row i it is the causal certificate as is (Theorems 2-3 of `attention_skip` hold for any subset of
+the visible keys: the diagonal logit still bounds LSE_i from below, and the keys left of t are bounded with
+`-m (i - j)`); the right side is the same certificate on the sequence reversed (j -> L - 1 - j maps `-m (j - i)` to
+`-m (i' - j')`). Each side certifies eps / 2, so the dropped mass of a row is <= eps and its output moves by at most
+2 eps max|v| (Theorem 1). `bidirectional_kept_fraction` is the kept share of the L x L work. Not a path of the
+model: the measurement that decides whether one pays (`benchmarks/measure_bidirectional_kept.py`).
 """
 
 from __future__ import annotations
@@ -34,6 +42,37 @@ def kept_fraction(starts: torch.Tensor, query_length: int, row_block: int, query
     row_starts = starts.repeat_interleave(row_block, dim=1)[:, :query_length]  # (H, q)
     causal = (positions + 1).double()  # (q,)
     return (causal - row_starts).sum(-1) / causal.sum()  # (H,)
+
+
+def certified_key_windows(
+    query, key, slopes, scaling: float, eps: float, row_block: int, key_block: int, key_padding=None, row_group=1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (head, block of `row_block` rows) of a bidirectional self-attention: `(starts, ends)`, int64
+    (H, ceil(L / row_block)) each; every real row of the block keeps keys [start, end), the dropped mass of the
+    visible keys outside it certified <= eps (module docstring). `query`, `key` (B, H, L, D); `key_padding` (B, L)
+    True = real; `row_group` as `certified_key_starts`'s (the left side's)."""
+    length = query.shape[2]
+    if key.shape[2] != length:
+        raise ValueError(f"bidirectional self-attention needs as many keys as queries, got {key.shape[2]} and {length}")
+    half = eps / 2
+    starts = certified_key_starts(query, key, slopes, scaling, 0, half, row_block, key_block, key_padding, row_group)
+    flipped = None if key_padding is None else key_padding.flip(-1)
+    # the reversed sequence in blocks of one group, each block's start holding for each of its rows: back in the
+    # original order, row r keeps keys before L - (its reversed row's start)
+    group = row_group
+    mirrored = certified_key_starts(
+        query.flip(2), key.flip(2), slopes, scaling, 0, half, group, key_block, flipped, group
+    )
+    ends = (length - mirrored.repeat_interleave(group, dim=1)[:, :length]).flip(-1)  # (H, L)
+    pad = -length % row_block
+    ends = torch.nn.functional.pad(ends, (0, pad), value=0).unflatten(1, (-1, row_block)).amax(-1)  # (H, R)
+    return starts, ends
+
+
+def bidirectional_kept_fraction(starts: torch.Tensor, ends: torch.Tensor, length: int, row_block: int) -> torch.Tensor:
+    """Computed keys / all L x L keys per head, float64 (H,), for the windows of `certified_key_windows`."""
+    counts = (ends - starts).repeat_interleave(row_block, dim=1)[:, :length]  # (H, L)
+    return counts.double().sum(-1) / float(length) ** 2
 
 
 def capture_queries_keys(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -79,4 +118,11 @@ def dropped_fraction(model, ids: torch.Tensor, eps: float = 1e-7, block: int = 3
     return {"overall": float(per_head.mean()), "per_head": per_head.tolist()}
 
 
-__all__ = ["capture_queries_keys", "dropped_fraction", "kept_fraction", "slopes_at"]
+__all__ = [
+    "bidirectional_kept_fraction",
+    "capture_queries_keys",
+    "certified_key_windows",
+    "dropped_fraction",
+    "kept_fraction",
+    "slopes_at",
+]
