@@ -21,6 +21,10 @@ backward), probed once against a float64 formula (`split_kernels_work`). The att
 sends a call here only on CPU, without dropout, outside torch.compile / torch.export tracing, with more than one
 query row and when the probe passed; every other call takes the public bias-bank path.
 
+The floored bias (`attention_sdpa_split_floor.py`): each layer call raises its calls' biases to -C per head, C from
+its queries' and keys' norms, where that provably keeps every forward `exp` argument out of fp32's denormal range and
+the results within fp32 rounding (`SplitPlan.floor`, on in the model's plans; `with_floors`).
+
 Key ranges (`KeyRanges`, per head and block of query rows): keys before a block's first key are left out of that
 block's calls for those heads, so skipped keys are never read. Blocks are then the chunks (one level); a head's
 leading blocks that read every key are covered as the dense split covers rows, and each later block's call over the
@@ -39,6 +43,7 @@ from typing import NamedTuple
 import torch
 
 from .attention_cpu_flash import _blocks, _SplitAttention, split_kernels_work  # noqa: F401  (the probe: this path's)
+from .attention_sdpa_split_floor import bias_floors, floored
 
 # Rows per query chunk on the split path, coarse to fine (see `SplitPlan`). Measured on one call (B=1, H=8, D=64,
 # fp32, `python -m benchmarks.bench_attention_call --threads 1 --clock cpu`, 2026-11-30): against SDPA is_causal,
@@ -62,6 +67,7 @@ def sdpa_alibi_split(
     scaling: float | None = None,
     chunks: tuple[int, ...] = SPLIT_CHUNKS,
     plan: "SplitPlan | None" = None,
+    floor: bool = True,
 ) -> torch.Tensor:
     """Causal ALiBi attention of `query` (B, H, q, D) over `key`/`value` (B, H, kv, D); returns (B, H, q, D).
 
@@ -70,7 +76,8 @@ def sdpa_alibi_split(
     `key_padding` (B, kv) bool is True for real tokens. Rows with no visible key get a finite, meaningless output.
     `scaling` defaults to D ** -0.5. `plan` is these arguments' `split_plan`, built once per forward and shared by
     every layer (forward and backward), or such a plan cut to key ranges (`SplitPlan.in_key_ranges`: per head and
-    block of query rows, the keys before the block's first key are left out); None builds it here.
+    block of query rows, the keys before the block's first key are left out); None builds it here, with the floored
+    bias if `floor` (`attention_sdpa_split_floor.py`).
     """
     batch, heads, q_len, dim = query.shape
     if key.shape != value.shape or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
@@ -90,7 +97,7 @@ def sdpa_alibi_split(
         return torch.empty_like(query)
     if plan is None:
         dtype = torch.promote_types(query.dtype, torch.float32)
-        plan = split_plan(slopes.to(query.device), offset, q_len, key_padding, chunks, batch, dtype)
+        plan = split_plan(slopes.to(query.device), offset, q_len, key_padding, chunks, batch, dtype, floor)
     elif (plan.q_len, plan.offset, plan.heads, plan.batch) != (q_len, offset, heads, batch):
         raise ValueError(
             f"the split plan is for q={plan.q_len}, offset={plan.offset}, {plan.heads} heads, batch {plan.batch}; "
@@ -107,18 +114,26 @@ def split_attention(query, key, value, plan: "SplitPlan", scaling: float) -> tor
     if plan.dtype != dtype:
         ranged = plan.first_keys
         plan = split_plan(
-            plan.slopes.to(query.device), plan.offset, plan.q_len, plan.key_padding, plan.chunks, plan.batch, dtype
+            plan.slopes.to(query.device),
+            plan.offset,
+            plan.q_len,
+            plan.key_padding,
+            plan.chunks,
+            plan.batch,
+            dtype,
+            plan.floor,
         )
         plan = plan if ranged is None else plan.in_key_ranges(torch.tensor(ranged))
-    return _SplitAttention.apply(query, key, value, plan, scaling)
+    return _SplitAttention.apply(query, key, value, plan.with_floors(query, key, scaling), scaling)
 
 
 def split_plan(
-    slopes, offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1, dtype=torch.float32
+    slopes, offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1, dtype=torch.float32, floor=True
 ) -> "SplitPlan":
-    """Every call of the split for these facts, with its masks in `dtype` (fp32; fp64 for fp64 inputs)."""
+    """Every call of the split for these facts, with its masks in `dtype` (fp32; fp64 for fp64 inputs); `floor`:
+    each layer call floors its biases where that is exact (`SplitPlan.with_floors`)."""
     slopes = slopes.to(torch.promote_types(dtype, torch.float32))  # biases, log-sum-exps and merges in it
-    return SplitPlan(slopes, offset, q_len, key_padding, tuple(chunks), batch)
+    return SplitPlan(slopes, offset, q_len, key_padding, tuple(chunks), batch, floor)
 
 
 def _key_bias(slopes: torch.Tensor, visible: int, key_padding: torch.Tensor | None) -> torch.Tensor:
@@ -172,10 +187,14 @@ class SplitPlan:
     diagonal block; the n-th sub-block of every chunk), and their masks are equal: with batch 1 such a run becomes
     one kernel call whose batch dimension walks the sequence (a strided view, no copy), so the small calls cost one
     parallel region instead of one each (`groups`).
+
+    `floor`: each layer call raises its masks' biases to -C per head (`with_floors`, `attention_sdpa_split_floor.py`);
+    `floors` holds that call's C (H,), None in the plan every layer shares.
     """
 
-    def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1):
+    def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1, floor=True):
         object.__setattr__(self, "_frozen", False)
+        self.floor, self.floors = floor, None
         self.offset, self.key_padding, self.heads, self.slopes = offset, key_padding, slopes.shape[0], slopes
         self.q_len, self.batch, self.dtype, self.chunks = q_len, batch, slopes.dtype, chunks
         self.calls = _cover([], offset, 0, q_len, 0, chunks, (0, self.heads))
@@ -195,7 +214,19 @@ class SplitPlan:
     def for_heads(self, heads: slice, plan) -> "SplitPlan":
         """The same calls for the global heads `heads` (a tensor-parallel rank's): `plan` is the attention plan
         already cut to them (its slopes and key ranges)."""
-        return split_plan(plan.slopes, self.offset, self.q_len, self.key_padding, self.chunks, self.batch, self.dtype)
+        return split_plan(
+            plan.slopes, self.offset, self.q_len, self.key_padding, self.chunks, self.batch, self.dtype, self.floor
+        )
+
+    def with_floors(self, query, key, scaling: float) -> "SplitPlan":
+        """This plan for one layer call of `query` (B, H, q, D) over `key` (B, H, kv, D): its biases floored per head
+        where that is exact (`bias_floors`), itself where no head is (or `floor` is off)."""
+        floors = bias_floors(query, key, scaling, self.offset, self.visible) if self.floor else None
+        if floors is None:
+            return self
+        call = copy.copy(self)  # the calls and masks shared; the floors its own
+        object.__setattr__(call, "floors", floors.to(self.dtype))
+        return call
 
     def in_key_ranges(self, first_key: torch.Tensor) -> "SplitPlan":
         """This plan's calls cut to `first_key` ((H, blocks) first key per head and block of `chunks[0]` rows), its
@@ -284,6 +315,8 @@ class SplitPlan:
             first = self.visible - 1 - key_end
             mask = self.ramp[None, heads, None, first + key_start : first + key_end]  # (1, h, 1, keys)
             shift = self.row_shift[heads, :n]  # (h, n): true logit = chunk-frame logit - m * a
+        if self.floors is not None:  # raised to -C per head; the causal upper triangle kept (padding comes next)
+            mask = floored(mask, self.floors[heads])
         if self.key_padding is not None:
             keep = _blocks(self.key_padding[:, None, None], key_start, key_end - key_start, stride, count, dim=3)
             mask = mask.masked_fill(~keep, min_value)  # (B|count, h, n|1, keys)
