@@ -112,17 +112,8 @@ def split_attention(query, key, value, plan: "SplitPlan", scaling: float) -> tor
     dtype than the plan's masks gets the same calls with masks in its own (fp64 inputs: fp64 masks)."""
     dtype = torch.promote_types(query.dtype, torch.float32)
     if plan.dtype != dtype:
-        ranged = plan.first_keys
-        plan = split_plan(
-            plan.slopes.to(query.device),
-            plan.offset,
-            plan.q_len,
-            plan.key_padding,
-            plan.chunks,
-            plan.batch,
-            dtype,
-            plan.floor,
-        )
+        ranged, facts = plan.first_keys, (plan.offset, plan.q_len, plan.key_padding, plan.chunks, plan.batch)
+        plan = split_plan(plan.slopes.to(query.device), *facts, dtype, plan.floor)
         plan = plan if ranged is None else plan.in_key_ranges(torch.tensor(ranged))
     return _SplitAttention.apply(query, key, value, plan.with_floors(query, key, scaling), scaling)
 
@@ -188,8 +179,7 @@ class SplitPlan:
     one kernel call whose batch dimension walks the sequence (a strided view, no copy), so the small calls cost one
     parallel region instead of one each (`groups`).
 
-    `floor`: each layer call raises its masks' biases to -C per head (`with_floors`, `attention_sdpa_split_floor.py`);
-    `floors` holds that call's C (H,), None in the plan every layer shares.
+    `floor`: each layer call raises its biases to -C per head (`with_floors`), `floors` (H,): None in the shared plan.
     """
 
     def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1, floor=True):
@@ -214,9 +204,8 @@ class SplitPlan:
     def for_heads(self, heads: slice, plan) -> "SplitPlan":
         """The same calls for the global heads `heads` (a tensor-parallel rank's): `plan` is the attention plan
         already cut to them (its slopes and key ranges)."""
-        return split_plan(
-            plan.slopes, self.offset, self.q_len, self.key_padding, self.chunks, self.batch, self.dtype, self.floor
-        )
+        facts = (self.offset, self.q_len, self.key_padding, self.chunks, self.batch, self.dtype, self.floor)
+        return split_plan(plan.slopes, *facts)
 
     def with_floors(self, query, key, scaling: float) -> "SplitPlan":
         """This plan for one layer call of `query` (B, H, q, D) over `key` (B, H, kv, D): its biases floored per head

@@ -1,8 +1,9 @@
 """The split's floored bias: no fp32 denormals from `exp`, results equal to fp32 rounding (`bias_floors`).
 
 Why. ALiBi puts a band of each row's keys 87-104 nats below the row's maximum, where `exp` lands in fp32's denormal
-range (below e^-87.34), and products of such weights with values or gradients are denormal too: Intel x86 cores take a
-microcode assist on each (~100x slower). The split instead raises every bias value b of its calls to max(b, -C), C
+range (below e^-87.34): Intel x86 cores take a microcode assist on each denormal operand or result (~100x slower). The
+CPU flash kernel's forward `exp` returns 0 below -87.34, but weights just above that make denormal products with
+values, and its backward `exp` returns the denormals themselves. The split instead raises every bias value b of its calls to max(b, -C), C
 per head and layer call; padding and the diagonal blocks' causal upper triangle keep the dtype's minimum.
 
 No denormal in a call's forward. Let B >= |q_i . k_j| * scale over the call's rows and keys (Cauchy-Schwarz:
@@ -20,11 +21,14 @@ would not do: 2 e^-17 > 2^-24). A head is floored only where then 2B + C <= `EXP
 exact bias (denormals possible, as before).
 
 Backward. The autograd function differentiates each call with the same floored masks, so its gradients are the exact
-gradients of the floored attention, which moves the softmax weights by the same K e^(B + B_self - C): the gradients
-move by the same relative amount. The backward's `exp(s - l)` is taken at the row's final log-sum-exp l, in the true
-frame: on a diagonal call it is >= -(2B + C + ln K) (l <= B + ln K); on a per-key call the row shift m * a also
-enters, so rows far into a chunk still meet arguments below -87 there (their weights are below 2^-24, but the kernel
-computes them): the floor removes the forward's denormals and the diagonal calls', not all of the backward's.
+gradients of the floored attention, whose softmax weights moved by at most e^-18 of each row's mass: the gradients
+move by the same relative amount. The backward's `exp(s - l)` is taken at the row's final log-sum-exp l, in the
+true frame, which the floor alone does not bound: on a per-key call the row shift m * a enters, and rows far into a
+chunk meet their far keys 87-104 nats down. Those rows' weights over the call's keys are tiny: where a bound
+(|q_a| max |k| * scale, plus the call's largest bias, less l) puts each below e^-18 / K, the row's l is +inf there, so
+the kernel's weights are exactly 0 and none is computed (`backward_lse`), which moves the gradients by no more than
+the floor did. What the rest meet is not bounded by a proof (l is the whole row's, not the call's); the
+float64 simulation of every call (`benchmarks/measure_denormals.py`) counts it on real weights.
 
 Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/models/alibi/test_attention_sdpa_split_floor.py`
 """
