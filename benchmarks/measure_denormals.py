@@ -24,6 +24,8 @@ import datetime
 import json
 import math
 import platform
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -128,6 +130,35 @@ def measure(model, ids):
     return rows
 
 
+def time_floor(model, ids, repeats: int) -> dict:
+    """Seconds (median over `repeats` interleaved rounds, CPU time of this process) of every layer's split call, forward
+    and forward + backward, on the captured inputs with the floored and the exact bias: the floor's own cost."""
+    slopes, scaling = model.transformer.alibi_slopes.float(), model.transformer.h[0].attn.scaling
+    layers = capture(model, ids)
+    plans = {
+        floor: split_plan(slopes, 0, ids.shape[1], None, SPLIT_CHUNKS, 1, torch.float32, floor) for floor in (1, 0)
+    }
+
+    def run(floor, train):
+        for query, key, value in layers:
+            tensors = [t.detach().requires_grad_(train) for t in (query, key, value)]
+            with torch.set_grad_enabled(train):
+                output = split_attention(*tensors, plans[floor], scaling)
+            if train:
+                output.sum().backward()
+
+    times = {(floor, train): [] for floor in (1, 0) for train in (False, True)}
+    for _ in range(repeats + 1):  # the first round warms up
+        for key in times:
+            start = time.process_time()
+            run(*key)
+            times[key].append(time.process_time() - start)
+    return {
+        f"{'floored' if f else 'exact'} {'train' if t else 'forward'}": statistics.median(v[1:])
+        for (f, t), v in times.items()
+    }
+
+
 def markdown(rows, meta) -> str:
     lines = [
         f"Split calls of `{meta['checkpoint']}` on {meta['length']} held-out tokens, float64 simulation "
@@ -159,6 +190,7 @@ def main(argv=None):
     parser.add_argument("--checkpoint", default="/work/ckpt/cpu_demo/alibi/final")
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--out", default="results/benchmarks/denormals_8k")
+    parser.add_argument("--time", type=int, default=0, help="rounds timing the split with and without the floor")
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
@@ -166,6 +198,11 @@ def main(argv=None):
 
     model = load_model(Path(args.checkpoint))
     ids = heldout_stream(AutoTokenizer.from_pretrained(args.checkpoint), args.length)
+    if args.time:
+        times = time_floor(model, ids, args.time)
+        print(json.dumps(times, indent=1))
+        write_text_atomically(Path(args.out).with_suffix(".time.json"), json.dumps(times, indent=1))
+        return
     rows = measure(model, ids)
     meta = {
         "checkpoint": args.checkpoint,
