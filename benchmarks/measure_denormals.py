@@ -5,6 +5,8 @@ output against the float64 formula.
     nice -n 19 env OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python -m benchmarks.measure_denormals \
         --checkpoint /work/ckpt/cpu_demo/alibi/final --length 8192 --out results/benchmarks/denormals_8k
     ... --length 1024 --out /tmp/denormals                                          # smoke, under a minute
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python -m benchmarks.measure_denormals --length 8192 --time 3 \
+        --out results/benchmarks/floor/floor_cost_8k              # the floor's own cost: CPU time, interleaved
 
 A measurement, not a timing (the Intel Xeon whose cores take the microcode assists is not this machine): one row of
 the recipe's held-out text (`measure_kept_fraction.heldout_stream`) runs through the model once; hooks capture every
