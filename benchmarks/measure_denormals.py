@@ -33,33 +33,13 @@ from pathlib import Path
 import torch
 
 from hf_alibi.atomic_files import write_text_atomically
+from hf_alibi.experiments.kept_context import capture_queries_keys
 from hf_alibi.models.alibi.attention_sdpa_split import SPLIT_CHUNKS, split_attention, split_plan
 from hf_alibi.models.alibi.attention_sdpa_split_floor import backward_lse
 
 DENORMAL = (-103.97, -87.34)  # exp(x) is an fp32 denormal for x in this range
 LOW_NORMAL = (-87.34, -80.0)  # a normal weight whose products with |v| < 1 may be denormal
 KV_BLOCK = 512  # the CPU flash kernel's keys per block (its online softmax's steps)
-
-
-def capture(model, ids):
-    """Every layer's (query, key, value), (1, H, L, D) fp32 each, from one no-grad forward over `ids`."""
-    captured, handles = [], []
-    for block in model.transformer.h:
-        attention = block.attn
-
-        def hook(module, inputs, output, attention=attention):
-            parts = attention.clip_qkv(output).split(attention.embed_dim, dim=2)  # 3 x (B, L, C)
-            heads = (t.unflatten(2, (attention.num_heads, attention.head_dim)).transpose(1, 2) for t in parts)
-            captured.append(tuple(t.contiguous() for t in heads))
-
-        handles.append(attention.c_attn.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(ids)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return captured
 
 
 def count(arguments, band):
@@ -115,7 +95,7 @@ def measure(model, ids):
     slopes = model.transformer.alibi_slopes.float()
     scaling = model.transformer.h[0].attn.scaling
     rows = []
-    for layer, (query, key, value) in enumerate(capture(model, ids)):
+    for layer, (query, key, value) in enumerate(capture_queries_keys(model, ids, values=True)):
         expected, lse = exact_attention(query, key, value, slopes, scaling)
         row = {"layer": layer}
         for floor in (False, True):
@@ -136,7 +116,7 @@ def time_floor(model, ids, repeats: int) -> dict:
     """Seconds (median over `repeats` interleaved rounds, CPU time of this process) of every layer's split call, forward
     and forward + backward, on the captured inputs with the floored and the exact bias: the floor's own cost."""
     slopes, scaling = model.transformer.alibi_slopes.float(), model.transformer.h[0].attn.scaling
-    layers = capture(model, ids)
+    layers = capture_queries_keys(model, ids, values=True)
     plans = {
         floor: split_plan(slopes, 0, ids.shape[1], None, SPLIT_CHUNKS, 1, torch.float32, floor) for floor in (1, 0)
     }
