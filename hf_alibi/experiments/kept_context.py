@@ -75,15 +75,16 @@ def bidirectional_kept_fraction(starts: torch.Tensor, ends: torch.Tensor, length
     return counts.double().sum(-1) / float(length) ** 2
 
 
-def capture_queries_keys(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every layer's (query, key), each (B, H, L, D), from one forward of an ALiBi GPT-2 over `ids` (B, L)."""
+def capture_queries_keys(model, ids: torch.Tensor, values: bool = False) -> list[tuple[torch.Tensor, ...]]:
+    """Every layer's (query, key), and its value with `values`, each (B, H, L, D), from one forward of an ALiBi GPT-2
+    over `ids` (B, L)."""
     captured, handles = [], []
     for block in model.transformer.h:
         attention = block.attn
 
         def hook(module, inputs, output, attention=attention):
-            query, key, _ = attention.clip_qkv(output).split(attention.embed_dim, dim=2)  # 2 x (B, L, C)
-            heads = (t.unflatten(2, (attention.num_heads, attention.head_dim)).transpose(1, 2) for t in (query, key))
+            parts = attention.clip_qkv(output).split(attention.embed_dim, dim=2)[: 3 if values else 2]  # (B, L, C)
+            heads = (t.unflatten(2, (attention.num_heads, attention.head_dim)).transpose(1, 2) for t in parts)
             captured.append(tuple(heads))  # (B, H, L, D) each
 
         handles.append(attention.c_attn.register_forward_hook(hook))

@@ -212,7 +212,9 @@ def certified_split(
     attention this forward computed, the causal attention restricted to each (head, block)'s kept keys. The ranges
     are a step function of the queries and keys, constant almost everywhere, so holding them fixed is what the
     derivative of the computed function is. That attention is within 2 * eps * max|v| of dense attention in every
-    output (Theorem 1); the gradients are those of the computed, not of dense, attention.
+    output (Theorem 1); the gradients are those of the computed, not of dense, attention. With the floored bias
+    (`attention_sdpa_split_floor.py`: the certificate bounds the exact logits, the floor raises the far keys' weights
+    by at most e^-18 of a row's mass in all) the bound is 2 * (eps + e^-18) * max|v|.
     """
     batch, heads, q_len, _ = query.shape
     query_offset, padding, slopes, dense = plan.query_offset, plan.key_padding, plan.slopes, plan.payload.split
@@ -220,9 +222,9 @@ def certified_split(
     blocks = query_offset + torch.arange(0, q_len, rows, device=query.device)  # (R,) each block's first position
     diagonals = KeyRanges(rows, blocks.expand(heads, -1))  # nothing left of any block: its diagonal alone
     if dense.chunks != (rows,) or dense.dtype != torch.promote_types(query.dtype, torch.float32):
-        dense = split_plan(
-            slopes, query_offset, q_len, padding, (rows,), batch, dtype=query.dtype
-        )  # (another layer dtype)
+        facts = (query_offset, q_len, padding, (rows,), batch, query.dtype)
+        dense = split_plan(slopes, *facts, floor=dense.floor)  # (another layer dtype)
+    dense = dense.with_floors(query, key, scaling)  # this layer call's floored biases, if exact (forward and backward)
     with torch.no_grad():  # the certificate of this step's queries and keys: no autograd through it
         q, k, v = query.detach(), key.detach(), value.detach()
         output, lse = attend_diagonals(dense.in_key_ranges(diagonals.first_key), q, k, v, scaling)  # (B, H, q, .)

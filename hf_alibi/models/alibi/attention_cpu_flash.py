@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .attention_sdpa_split_floor import backward_lse
+
 if TYPE_CHECKING:  # the split's plan of calls (`attention_sdpa_split` imports this module)
     from .attention_sdpa_split import SplitPlan
 
@@ -212,6 +214,8 @@ class _SplitAttention(torch.autograd.Function):
             diagonal = group.diagonal
             mask, shift, rows, keys = plan.views(group)
             lse_call = rows(lse) if shift is None else rows(lse) + shift  # (B|count, H, n), the call's frame
+            if shift is not None and plan.floors is not None:  # rows whose weights here are negligible: exactly 0
+                lse_call = backward_lse(lse_call, rows(query), keys(key), mask, ctx.scaling, plan.visible)
             dq, dk, dv = _flash_backward(
                 rows(grad_output),
                 rows(query),

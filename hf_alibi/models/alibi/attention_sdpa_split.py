@@ -21,6 +21,11 @@ backward), probed once against a float64 formula (`split_kernels_work`). The att
 sends a call here only on CPU, without dropout, outside torch.compile / torch.export tracing, with more than one
 query row and when the probe passed; every other call takes the public bias-bank path.
 
+The floored bias (`attention_sdpa_split_floor.py`): each layer call of a causal plan raises its calls' biases to -C
+per head, C from its queries' and keys' norms, where that provably keeps every forward `exp` argument out of fp32's
+denormal range and the results within fp32 rounding (`SplitPlan.floor`, on in the model's causal plans;
+`with_floors`). Bidirectional plans keep the exact bias (the proof is written for the causal frames).
+
 Key ranges (`KeyRanges`, per head and block of query rows): keys before a block's first key are left out of that
 block's calls for those heads, so skipped keys are never read. Blocks are then the chunks (one level); a head's
 leading blocks that read every key are covered as the dense split covers rows, and each later block's call over the
@@ -33,13 +38,21 @@ Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/test_attention_sdpa_split.py`
 
 import copy
 import dataclasses
-import itertools
-from typing import NamedTuple
 
 import torch
 
 from .alibi import alibi_block_bias
 from .attention_cpu_flash import _blocks, _SplitAttention, split_kernels_work  # noqa: F401  (the probe: this path's)
+from .attention_sdpa_split_calls import (  # noqa: F401  (shared_key_windows, head_runs: the split's, for its callers)
+    CallGroup,
+    SplitCall,
+    _cover,
+    _group,
+    _in_key_ranges,
+    head_runs,
+    shared_key_windows,
+)
+from .attention_sdpa_split_floor import bias_floors, floored
 
 # Rows per query chunk on the split path, coarse to fine (see `SplitPlan`). Measured on one call (B=1, H=8, D=64,
 # fp32, `python -m benchmarks.bench_attention_call --threads 1 --clock cpu`, 2026-11-30): against SDPA is_causal,
@@ -63,6 +76,7 @@ def sdpa_alibi_split(
     scaling: float | None = None,
     chunks: tuple[int, ...] = SPLIT_CHUNKS,
     plan: "SplitPlan | None" = None,
+    floor: bool = True,
 ) -> torch.Tensor:
     """Causal ALiBi attention of `query` (B, H, q, D) over `key`/`value` (B, H, kv, D); returns (B, H, q, D).
 
@@ -72,7 +86,8 @@ def sdpa_alibi_split(
     `key_padding` (B, kv) bool is True for real tokens. Rows with no visible key get a finite, meaningless output.
     `scaling` defaults to D ** -0.5. `plan` is these arguments' `split_plan`, built once per forward and shared by
     every layer (forward and backward), or such a plan cut to key ranges (`SplitPlan.in_key_ranges`: per head and
-    block of query rows, the keys before the block's first key are left out); None builds it here.
+    block of query rows, the keys before the block's first key are left out); None builds it here, with the floored
+    bias if `floor` (`attention_sdpa_split_floor.py`).
     """
     batch, heads, q_len, dim = query.shape
     if key.shape != value.shape or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
@@ -92,7 +107,7 @@ def sdpa_alibi_split(
         return torch.empty_like(query)
     if plan is None:
         dtype = torch.promote_types(query.dtype, torch.float32)
-        plan = split_plan(slopes.to(query.device), query_offset, q_len, key_padding, chunks, batch, dtype)
+        plan = split_plan(slopes.to(query.device), query_offset, q_len, key_padding, chunks, batch, dtype, floor=floor)
     elif (plan.q_len, plan.query_offset, plan.heads, plan.batch) != (q_len, query_offset, heads, batch):
         raise ValueError(
             f"the split plan is for q={plan.q_len}, query_offset={plan.query_offset}, {plan.heads} heads, "
@@ -109,38 +124,28 @@ def split_attention(query, key, value, plan: "SplitPlan", scaling: float) -> tor
     if plan.dtype != dtype:
         ranged = plan.first_keys
         slopes = plan.slopes.to(query.device)
-        plan = split_plan(
-            slopes, plan.query_offset, plan.q_len, plan.key_padding, plan.chunks, plan.batch, dtype, plan.causal
-        )
+        facts = (plan.query_offset, plan.q_len, plan.key_padding, plan.chunks, plan.batch, dtype, plan.causal)
+        plan = split_plan(slopes, *facts, plan.floor)
         plan = plan if ranged is None else plan.in_key_ranges(torch.tensor(ranged))
-    return _SplitAttention.apply(query, key, value, plan, scaling)
+    return _SplitAttention.apply(query, key, value, plan.with_floors(query, key, scaling), scaling)
 
 
 def split_plan(
-    slopes, query_offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1, dtype=torch.float32, causal=True
+    slopes,
+    query_offset,
+    q_len,
+    key_padding=None,
+    chunks=SPLIT_CHUNKS,
+    batch=1,
+    dtype=torch.float32,
+    causal=True,
+    floor=True,
 ) -> "SplitPlan":
     """Every call of the split for these facts, with its masks in `dtype` (fp32; fp64 for fp64 inputs); `causal`
-    False: bidirectional (`SplitPlan`)."""
+    False: bidirectional (`SplitPlan`); `floor`: each layer call of a causal plan floors its biases where that is
+    exact (`SplitPlan.with_floors`)."""
     slopes = slopes.to(torch.promote_types(dtype, torch.float32))  # biases, log-sum-exps and merges in it
-    return SplitPlan(slopes, query_offset, q_len, key_padding, tuple(chunks), batch, causal)
-
-
-class SplitCall(NamedTuple):
-    """One kernel call of the split: query rows [start, end) of heads [head_start, head_end) over keys
-    [key_start, key_end); `diagonal` for a block's own square (Toeplitz mask), else keys left (or right) of it."""
-
-    start: int
-    end: int
-    key_start: int
-    key_end: int
-    diagonal: bool
-    head_start: int
-    head_end: int
-
-
-# `count` calls of one shape, the first one's `SplitCall` fields after them, repeating every `stride` rows and keys:
-# one kernel call whose batch dimension walks the blocks (`SplitPlan.groups`)
-CallGroup = NamedTuple("CallGroup", [("count", int), ("stride", int), *SplitCall.__annotations__.items()])
+    return SplitPlan(slopes, query_offset, q_len, key_padding, tuple(chunks), batch, causal, floor)
 
 
 class SplitPlan:
@@ -159,10 +164,13 @@ class SplitPlan:
     diagonal block; the n-th sub-block of every chunk), and their masks are equal: with batch 1 such a run becomes
     one kernel call whose batch dimension walks the sequence (a strided view, no copy), so the small calls cost one
     parallel region instead of one each (`groups`).
+
+    `floor`: each layer call raises its biases to -C per head (`with_floors`), `floors` (H,): None in the shared plan.
     """
 
-    def __init__(self, slopes, query_offset, q_len, key_padding, chunks, batch=1, causal=True):
+    def __init__(self, slopes, query_offset, q_len, key_padding, chunks, batch=1, causal=True, floor=True):
         object.__setattr__(self, "_frozen", False)
+        self.floor, self.floors = floor and causal, None  # the floor's proof is written for the causal frames
         self.query_offset, self.key_padding = query_offset, key_padding
         self.heads, self.slopes = slopes.shape[0], slopes
         self.q_len, self.batch, self.dtype, self.chunks, self.causal = q_len, batch, slopes.dtype, chunks, causal
@@ -196,7 +204,18 @@ class SplitPlan:
             self.batch,
             self.dtype,
             self.causal,
+            self.floor,
         )
+
+    def with_floors(self, query, key, scaling: float) -> "SplitPlan":
+        """This plan for one layer call of `query` (B, H, q, D) over `key` (B, H, kv, D): its biases floored per head
+        where that is exact (`bias_floors`), itself where no head is (or `floor` is off)."""
+        floors = bias_floors(query, key, scaling, self.query_offset, self.visible) if self.floor else None
+        if floors is None:
+            return self
+        call = copy.copy(self)  # the calls and masks shared; the floors its own
+        object.__setattr__(call, "floors", floors.to(self.dtype))
+        return call
 
     def in_key_ranges(self, first_key: torch.Tensor) -> "SplitPlan":
         """This plan's calls cut to `first_key` ((H, blocks) first key per head and block of `chunks[0]` rows), its
@@ -290,95 +309,12 @@ class SplitPlan:
             first = self.visible - 1 - key_end
             mask = self.ramp[None, heads, None, first + key_start : first + key_end]  # (1, h, 1, keys)
             shift = self.row_shift[heads, :n]  # (h, n): true logit = chunk-frame logit - m * a
+        if self.floors is not None:  # raised to -C per head; the causal upper triangle kept (padding comes next)
+            mask = floored(mask, self.floors[heads])
         if self.key_padding is not None:
             keep = _blocks(self.key_padding[:, None, None], key_start, key_end - key_start, stride, count, dim=3)
             mask = mask.masked_fill(~keep, min_value)  # (B|count, h, n|1, keys)
         return mask, shift
-
-
-def _cover(calls, query_offset, first, last, key_start, chunks, heads, level=0, key_end=None):
-    """`calls` with the calls for rows [first, last) of heads [heads[0], heads[1]) over keys [key_start, query_offset +
-    last) appended: per chunk of `chunks[level]` rows, the keys left of it, then the chunk cut by the next level.
-    Bidirectional (`key_end`, the end of the keys these rows see): each chunk's keys right of it, up to `key_end`,
-    in one call too (the mirror image of the keys left of it)."""
-    if last - first <= chunks[-1]:
-        if query_offset + first > key_start:
-            calls.append(SplitCall(first, last, key_start, query_offset + first, False, *heads))
-        calls.append(SplitCall(first, last, query_offset + first, query_offset + last, True, *heads))
-        if key_end is not None and query_offset + last < key_end:
-            calls.append(SplitCall(first, last, query_offset + last, key_end, False, *heads))
-        return calls
-    for start in range(first, last, chunks[level]):
-        end = min(start + chunks[level], last)
-        if query_offset + start > key_start:
-            calls.append(SplitCall(start, end, key_start, query_offset + start, False, *heads))
-        inner_end = None if key_end is None else query_offset + end
-        _cover(calls, query_offset, start, end, query_offset + start, chunks, heads, level + 1, inner_end)
-        if key_end is not None and query_offset + end < key_end:
-            calls.append(SplitCall(start, end, query_offset + end, key_end, False, *heads))
-    return calls
-
-
-def _in_key_ranges(call, first_keys, rows):
-    """A call cut to the key ranges of its block: one call per run of heads with the same first key, if any keys."""
-    start, end, key_start, key_end, diagonal, _, heads = call
-    if diagonal:  # a block's own diagonal is always kept (first keys never pass a block's first query)
-        return [call]
-    runs = head_runs([first_keys[head][start // rows] for head in range(heads)])
-    return [
-        SplitCall(start, end, max(key_start, first), key_end, False, head, run_end)
-        for head, run_end, first in runs
-        if max(key_start, first) < key_end
-    ]
-
-
-def shared_key_windows(first_key: torch.Tensor, block_starts: torch.Tensor) -> torch.Tensor:
-    """First keys (H, blocks) no later than `first_key`'s, each head reading one window of keys left of every block.
-
-    Certified skipping may keep more keys than it certified (each dropped set only shrinks). A head keeps, left of
-    each block starting at `block_starts` (blocks,), the longest reach any of its blocks needs; every block with that
-    many keys before it then has the same shape at the same stride, and `_group` runs them as one kernel call
-    instead of one per block. The per-block calls are what lost under load: each is a parallel region whose threads
-    wait for the slowest, and a preempted one holds them all.
-    """
-    reach = (block_starts[None] - first_key).amax(-1, keepdim=True)  # (H, 1) keys kept left of a block, at most
-    return (block_starts[None] - reach).clamp(min=0)  # (H, blocks)
-
-
-def head_runs(first_keys) -> list[tuple[int, int, int]]:
-    """(first head, end head, first key) of each run of consecutive heads that share a first key: one call each."""
-    runs, head = [], 0
-    for first, members in itertools.groupby(first_keys):
-        count = len(list(members))
-        runs.append((head, head + count, first))
-        head += count
-    return runs
-
-
-def _group(calls):
-    """Runs of same-shape calls at a fixed stride: (count, stride, *call) each.
-
-    The stride is at least the rows of one call, so a run's query blocks never overlap. Keys may: a run of calls over
-    the same window of keys left of each block (`shared_key_windows`) reads overlapping keys, which the forward only
-    reads and the backward adds into in pieces of `stride` keys (`SplitPlan.add_keys`).
-    """
-    buckets = {}
-    for call in calls:
-        start, end, key_start, key_end, diagonal, head_start, head_end = call
-        shape = (end - start, key_end - key_start, key_start - start, diagonal, head_start, head_end)
-        buckets.setdefault(shape, []).append(call)
-    runs = []
-    for (rows, _keys, *_), members in buckets.items():
-        members.sort()
-        runs.append([members[0]])
-        for call in members[1:]:
-            run = runs[-1]
-            stride = call.start - run[-1].start
-            if stride >= rows and (len(run) == 1 or stride == run[1].start - run[0].start):
-                run.append(call)
-            else:
-                runs.append([call])
-    return [CallGroup(len(run), run[1].start - run[0].start if len(run) > 1 else 0, *run[0]) for run in runs]
 
 
 def prepare_sdpa_split(plan, preparation):
