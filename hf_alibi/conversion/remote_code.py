@@ -21,6 +21,7 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "vocab.json",
     "merges.txt",
+    "vocab.txt",  # WordPiece (jina-embeddings-v2-base-en, MosaicBERT)
     "added_tokens.json",
     "chat_template.jinja",
     "chat_template.json",
