@@ -1,4 +1,5 @@
-"""hf_alibi: ALiBi GPT-2 models for transformers. Importing registers model type "alibi_gpt2" with the Auto classes.
+"""hf_alibi: ALiBi models for transformers. Importing registers model types "alibi_gpt2" (the GPT-2-style decoder) and
+"alibi_bert" (the encoder of jina-embeddings-v2 / MosaicBERT) with the Auto classes.
 
 Only the model loads here: `convert`, `convert_gpt2` and `export` load the conversion layer (and transformers' BLOOM,
 MPT, Falcon and GPT-2 code) on first use; `hf_alibi.experiments` needs the `experiments` extra.
@@ -8,13 +9,22 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
 )
 
 from .models.alibi.alibi import alibi_causal_bias, get_alibi_slopes
+from .models.alibi.configuration_alibi_bert import AlibiBertConfig
 from .models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
+from .models.alibi.modeling_alibi_bert import (
+    AlibiBertForMaskedLM,
+    AlibiBertForSequenceClassification,
+    AlibiBertForTokenClassification,
+    AlibiBertModel,
+    AlibiBertPreTrainedModel,
+)
 from .models.alibi.modeling_alibi_gpt2 import (
     AlibiGPT2ForQuestionAnswering,
     AlibiGPT2ForSequenceClassification,
@@ -32,11 +42,19 @@ AUTO_CLASSES = {
     AutoModelForQuestionAnswering: AlibiGPT2ForQuestionAnswering,
 }
 
-AutoConfig.register(AlibiGPT2Config.model_type, AlibiGPT2Config, exist_ok=True)
-AlibiGPT2Config.register_for_auto_class("AutoConfig")  # save_pretrained ships the code beside the weights
-for _auto_class, _model_class in AUTO_CLASSES.items():
-    _auto_class.register(AlibiGPT2Config, _model_class, exist_ok=True)
-    _model_class.register_for_auto_class(_auto_class.__name__)
+ENCODER_AUTO_CLASSES = {
+    AutoModel: AlibiBertModel,
+    AutoModelForMaskedLM: AlibiBertForMaskedLM,
+    AutoModelForSequenceClassification: AlibiBertForSequenceClassification,
+    AutoModelForTokenClassification: AlibiBertForTokenClassification,
+}
+
+for _config_class, _classes in ((AlibiGPT2Config, AUTO_CLASSES), (AlibiBertConfig, ENCODER_AUTO_CLASSES)):
+    AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
+    _config_class.register_for_auto_class("AutoConfig")  # save_pretrained ships the code beside the weights
+    for _auto_class, _model_class in _classes.items():
+        _auto_class.register(_config_class, _model_class, exist_ok=True)
+        _model_class.register_for_auto_class(_auto_class.__name__)
 
 _CONVERSION = ("convert", "convert_gpt2", "export")
 
@@ -51,6 +69,12 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "AlibiBertConfig",
+    "AlibiBertModel",
+    "AlibiBertForMaskedLM",
+    "AlibiBertForSequenceClassification",
+    "AlibiBertForTokenClassification",
+    "AlibiBertPreTrainedModel",
     "AlibiGPT2Config",
     "AlibiGPT2Model",
     "AlibiGPT2LMHeadModel",

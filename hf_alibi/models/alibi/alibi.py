@@ -1,6 +1,7 @@
 """The ALiBi math: per-head slopes and the additive attention bias, as small pure functions.
 
-Press et al., 2022, "Train Short, Test Long": attention logit(i, j) = q_i . k_j / sqrt(d) - m_h * (i - j), j <= i.
+Press et al., 2022, "Train Short, Test Long": attention logit(i, j) = q_i . k_j / sqrt(d) - m_h * (i - j), j <= i;
+bidirectional (encoders: jina-embeddings-v2, MosaicBERT) `- m_h * |i - j|` over every key.
 """
 
 import math
@@ -88,3 +89,10 @@ def alibi_causal_bias(slopes: torch.Tensor, query_length: int, key_length: int, 
     distance = relative_distances(query_length, key_length, slopes.device, query_offset)  # (q, kv)
     bias = -slopes.float()[:, None, None] * distance.float()  # (H, q, kv)
     return bias.masked_fill(distance < 0, torch.finfo(torch.float32).min)  # (H, q, kv)
+
+
+def alibi_bidirectional_bias(slopes: torch.Tensor, query_length: int, key_length: int, query_offset=0) -> torch.Tensor:
+    """The additive symmetric ALiBi bias of an encoder, fp32, `(H, q, kv)`: `-m_h * |i - j|` for every key, query `i`
+    at absolute position `query_offset + i` (`relative_distances`; 0 for a whole row)."""
+    distance = relative_distances(query_length, key_length, slopes.device, query_offset).abs()  # (q, kv)
+    return -slopes.float()[:, None, None] * distance.float()  # (H, q, kv)

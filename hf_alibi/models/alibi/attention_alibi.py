@@ -65,6 +65,7 @@ def plan_alibi_attention(
     key_norms=None,
     output_attentions: bool = False,
     train_seq_len: int | None = None,
+    causal: bool = True,
 ) -> AlibiAttentionPlan:
     """Validate one forward's inputs and build its plan for `implementation` (one of `SUPPORTED_ATTENTION`).
 
@@ -81,6 +82,7 @@ def plan_alibi_attention(
     length-dependent `alibi_scaling`) divides the slopes by max(1, K / n) here, once, K = cached + new keys (a static
     cache's filled part, not its buffer): every path, certified skipping and its rule read the scaled slopes; a
     packed row's documents keep the row's scale, as the source computes it from the forward's key count.
+    `causal=False` plans an encoder's bidirectional ALiBi, `-m * |i - j|` over every key (no cache).
     """
     tracing = torch.compiler.is_compiling()  # the one place that asks: compiled graphs never branch on data
     if train_seq_len is not None:  # K: a 0-d tensor for a static cache (a tensor op: no host sync when compiled)
@@ -97,6 +99,7 @@ def plan_alibi_attention(
         cu_seq_lens,
         dropout,
         tracing=tracing,
+        causal=causal,
     )
     route = choose_path(
         implementation,
@@ -122,6 +125,7 @@ def plan_alibi_attention(
             sdpa_split=sdpa_split,
             query_chunk=query_chunk,
             skip_eps=skip_eps,
+            causal=causal,
         )
 
     preparation = Preparation(dtype, query_chunk, route.eps, key_norms, plan_part, route.segmented, route.compiled)

@@ -120,7 +120,7 @@ def attend_diagonals(plan: "SplitPlan", query, key, value, scaling) -> tuple[tor
     if plan.tiled_diagonals:
         n = diagonals[0].end  # rows per block: the group's calls tile rows [0, q) in `count` blocks
         mask, _, rows, keys = plan.views(diagonals[0])
-        out, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (count, H, n, .)
+        out, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, plan.causal)  # (count, H, n, .)
         if (
             out.dtype == plan.dtype
             and out.stride() == (n * heads * dim, dim, heads * dim, 1)
@@ -150,7 +150,8 @@ def attend(plan: "SplitPlan", groups, query, key, value, scaling, output, lse) -
     for group in groups:
         diagonal = group.diagonal
         mask, shift, rows, keys = plan.views(group)
-        out, lse_call = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=diagonal)  # (., H, n, D)
+        causal = diagonal and plan.causal
+        out, lse_call = _flash(rows(query), keys(key), keys(value), mask, scaling, causal)  # (., H, n, D)
         lse_call = lse_call if shift is None else lse_call - shift  # (B|count, H, n), true logits' frame
         running_out, running_lse = rows(output), rows(lse)
         if diagonal:  # the rows' first call: its result is the running one
@@ -175,7 +176,7 @@ class _SplitAttention(torch.autograd.Function):
         ctx.plan, ctx.scaling = plan, scaling
         if plan.one_call and diagonals is None:  # one diagonal call (short rows, nothing cached): the kernel's answer
             mask, _, rows, keys = plan.views(plan.groups[0])
-            output, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, causal=True)  # (B, H, q, D)
+            output, lse = _flash(rows(query), keys(key), keys(value), mask, scaling, plan.causal)  # (B, H, q, D)
             ctx.save_for_backward(query, key, value, output, lse)
             return output
         # Running (output, log-sum-exp) of each row over the calls so far, in fp32 (fp64 for fp64 inputs); the
@@ -198,7 +199,7 @@ class _SplitAttention(torch.autograd.Function):
         grad_output = grad_output.to(query.dtype)
         if plan.one_call and key.shape[2] == q_len:  # the forward's one call, differentiated as it is
             mask, _, _, _ = plan.views(plan.groups[0])
-            dq, dk, dv = _flash_backward(grad_output, query, key, value, output, lse, mask, ctx.scaling, causal=True)
+            dq, dk, dv = _flash_backward(grad_output, query, key, value, output, lse, mask, ctx.scaling, plan.causal)
             return dq, dk, dv, None, None, None
         # Summed in fp32 (fp64 for fp64 inputs). The diagonal groups come first and cover every query row and every
         # key in [offset, offset + q) exactly once, so they write their gradients (no zero fill, no add); only cached
@@ -220,7 +221,7 @@ class _SplitAttention(torch.autograd.Function):
                 lse_call,
                 mask,
                 ctx.scaling,
-                causal=diagonal,
+                causal=diagonal and plan.causal,
             )
             rows(grads[0]).copy_(dq) if diagonal else rows(grads[0]).add_(dq)
             for grad, part in ((grads[1], dk), (grads[2], dv)):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from .alibi import alibi_causal_bias
+from .alibi import alibi_bidirectional_bias, alibi_causal_bias
 from .attention_plan import AlibiAttentionPlan, mask_in_dtype, visible_keys
 
 
@@ -29,7 +29,8 @@ class FullBias:
 
 def full_bias(plan: AlibiAttentionPlan) -> torch.Tensor:
     """One fp32 (B|1, H, q, kv) bias with every mask folded in: eager's, and sdpa_mask's before its cast."""
-    bias = alibi_causal_bias(plan.slopes, plan.query_length, plan.key_length, plan.query_offset)[None]  # (1, H, q, kv)
+    alibi_bias = alibi_causal_bias if plan.causal else alibi_bidirectional_bias
+    bias = alibi_bias(plan.slopes, plan.query_length, plan.key_length, plan.query_offset)[None]  # (1, H, q, kv)
     keep = visible_keys(plan)
     return bias if keep is None else bias.masked_fill(~keep, torch.finfo(torch.float32).min)  # (B|1, H, q, kv)
 

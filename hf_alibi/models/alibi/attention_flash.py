@@ -67,13 +67,13 @@ def prepare_flash_attention_2_varlen(plan: AlibiAttentionPlan, preparation: Prep
 
 
 def flash_alibi_attention(query, key, value, plan, scaling, layer=None):
-    """The dense kernel, causal, with the heads' slopes."""
+    """The dense kernel with the heads' slopes: causal, or (bidirectional plans) not, whose bias is -m * |i - j|."""
     flash_attn = _flash_attn()
     _check_cuda(query)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, L, H, D)
     slopes = plan.slopes.to(device=query.device, dtype=torch.float32)
     return flash_attn.flash_attn_func(
-        q, k, v, plan.dropout, softmax_scale=scaling, causal=True, alibi_slopes=slopes
+        q, k, v, plan.dropout, softmax_scale=scaling, causal=plan.causal, alibi_slopes=slopes
     ), None
 
 
@@ -94,7 +94,7 @@ def flash_varlen_alibi_attention(query, key, value, plan, scaling, layer=None):
         varlen.max_k,
         plan.dropout,
         softmax_scale=scaling,
-        causal=True,
+        causal=plan.causal,
         alibi_slopes=slopes,
     )  # (real queries, H, D)
     output = q.new_zeros(q.shape[0], plan.query_length, *q.shape[2:])  # (B, q, H, D); padded queries stay zero

@@ -1,4 +1,4 @@
-"""FlexAttention: the analytic ALiBi `score_mod` (no bias tensor at all) and a block mask (padding, documents; a
+"""FlexAttention: the analytic ALiBi `score_mod` (no bias tensor at all; `|i - j|` for a bidirectional plan) and a block mask (padding, documents; a
 certified layer's key ranges per head) whose empty blocks are skipped. `FlexBlocks.compiled`: FlexAttention's fused
 kernel, for a model that runs eagerly on a GPU.
 """
@@ -25,11 +25,13 @@ def flex_block_mask(plan: AlibiAttentionPlan, ranges: "KeyRanges | None" = None)
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
-    offset, key_padding, documents = plan.query_offset, plan.key_padding, plan.documents
+    offset, key_padding, documents, causal = plan.query_offset, plan.key_padding, plan.documents, plan.causal
     given = plan.attention_mask
+    if not causal and key_padding is None and documents is None and ranges is None:
+        return None  # bidirectional and nothing masked: every block is read
 
     def mask_mod(b, h, q_idx, kv_idx):
-        keep = kv_idx <= q_idx + offset
+        keep = kv_idx <= q_idx + offset if causal else kv_idx >= 0
         if given is not None:
             keep = keep & (given[b, kv_idx] != 0)
         elif key_padding is not None:
@@ -85,7 +87,11 @@ def flex_over_blocks(query, key, value, plan, scaling, block_mask, compiled: boo
     def alibi_score(score, b, h, q_idx, kv_idx):
         return score - slopes[h] * (q_idx + offset - kv_idx)
 
-    output = attend(query, key, value, score_mod=alibi_score, block_mask=block_mask, scale=scaling)
+    def bidirectional_score(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx).abs()  # an encoder's -m * |i - j| (no cache: offset 0)
+
+    score_mod = alibi_score if plan.causal else bidirectional_score
+    output = attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
     return output.transpose(1, 2), None  # (B, q, H, D)
 
 

@@ -12,7 +12,8 @@ by a maximum length, never per layer, already in the layers' compute dtype). Eve
 
 Query row `r` sits at absolute position `query_offset + r`, where `query_offset` is the number of cached tokens (a
 0-d tensor for static caches, so compiled decoding neither syncs nor recompiles). A key `j` is visible to query `i`
-when `j <= i`, it is not padding, and it belongs to the same document (packed rows); the certified paths also leave
+when `j <= i` (any `j` in a bidirectional plan, `AlibiAttentionPlan.causal` False: an encoder's `-m |i - j|`), it is
+not padding, and it belongs to the same document (packed rows); the certified paths also leave
 out, per head and block of query rows, the keys before the layer's own certified first key (`attention_certified.KeyRanges`). ALiBi
 depends on `i - j` alone, so left padding needs no position shift and a packed document sees exactly the distances
 it would see alone: masking is all it takes.
@@ -25,7 +26,7 @@ The paths (`PATHS`; `choose_path` is the only place that picks one, and a `Route
 | `sdpa_split` | sdpa, CPU, > 1 query row ending at the last key, no dropout, no tracing, probe passed | attention_sdpa_split.py |
 | `sdpa_split_certified` | the same with `alibi_skip_eps` (a number, or `"auto"` where `skipping_pays`) | attention_certified.py |
 | `sdpa_bank` | sdpa otherwise: decoding rows, dropout, GPUs, traced graphs, `alibi_sdpa_split=False` | attention_sdpa.py |
-| `sdpa_packed` | packed rows on the split where skipping applies to a document: each document alone | attention_packed.py |
+| `sdpa_packed` | packed rows on the split where skipping applies, or bidirectional: each document alone | attention_packed.py |
 | `sdpa_decode_certified` | one decoding row that skips; `segmented`: CPU, batch 1, no dropout, probe passed | attention_certified.py |
 | `sdpa_mask` | sdpa, queries not ending at the last key as plain ints (static cache compiled, export) | attention_eager.py |
 | `flex_attention` | flex_attention; `compiled`: on a GPU outside tracing (the fused kernel) | attention_flex.py |
@@ -91,6 +92,7 @@ class AlibiAttentionPlan:
     documents: torch.Tensor | None = None  # (B, kv) document index of each token of packed rows; None = one each
     heads: slice | None = None  # the global heads `slopes` are (`for_heads`: a tensor-parallel rank's); None: all
     batch: int = 1
+    causal: bool = True  # False: an encoder's bidirectional ALiBi, -m * |i - j| over every key (no cache)
     # `key_padding`'s source, the 2-D 0/1 mask as the caller gave it (when it covers the keys): FlexAttention's
     # mask_mod reads it, since torch 2.13's inductor cannot lower a mask_mod that reads a tensor computed inside the
     # compiled graph (`.bool()` of it included)
@@ -131,11 +133,14 @@ def plan_facts(
     cu_seq_lens=None,
     dropout: float = 0.0,
     tracing: bool = False,
+    causal: bool = True,
 ) -> AlibiAttentionPlan:
     """One forward's inputs validated once and turned into facts (`plan_alibi_attention` documents the arguments)."""
     slopes = slopes.float()
     if query_offset is None:
         query_offset = key_length - query_length
+    if not causal and not (isinstance(query_offset, int) and query_offset == 0):
+        raise ValueError(f"bidirectional attention reads no cache, got {query_offset} cached tokens")
     key_padding = _key_padding(attention_mask, batch, query_offset, query_length, key_length, tracing)
     documents = _documents(position_ids, cu_seq_lens, attention_mask, batch, query_offset, query_length, tracing)
     given = attention_mask if key_padding is not None else None
@@ -149,6 +154,7 @@ def plan_facts(
         key_padding,
         documents,
         batch=batch,
+        causal=causal,
         attention_mask=given,
     )
     # A static cache hands every layer its whole buffer and counts its tokens in a 0-d tensor. Outside compilation a
@@ -217,8 +223,15 @@ def choose_path(
     request of a continuous batch (`attention_paged.py` asks per request). `kernels_work` (the split's probe) is
     called only when it matters. `paged`: continuous batching's flattened row of requests; `block_table`:
     transformers hands the paged kernel its block tables (the FlashAttention-2 decode fast path).
-    `output_attentions`: weights come from the eager path alone.
+    `output_attentions`: weights come from the eager path alone. A bidirectional plan (`plan.causal` False: an
+    encoder) never skips (the certificate bounds keys behind a row only) and refuses continuous batching.
     """
+    if not plan.causal:
+        if paged:
+            raise ValueError("continuous batching (a paged cache) serves causal decoders; this plan is bidirectional")
+        if skip_eps not in ("auto", 0, 0.0):
+            raise ValueError(f"certified skipping (skip_eps={skip_eps!r}) is causal-only; this plan is bidirectional")
+        skip_eps = 0.0
     if paged:
         if implementation != "flash_attention_2":
             return Route("paged")
@@ -302,7 +315,7 @@ def _path(implementation, plan, device, tracing, sdpa_split, skip, kernels_work)
     if not (split and kernels_work()):
         return "sdpa_bank"
     if plan.documents is not None:  # packed rows: one document mask over the whole row, or each document alone
-        return "sdpa_packed" if skip else "sdpa_bank"
+        return "sdpa_packed" if skip or not plan.causal else "sdpa_bank"
     return "sdpa_split_certified" if skip else "sdpa_split"
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .alibi import alibi_causal_bias
+from .alibi import alibi_bidirectional_bias, alibi_causal_bias
 from .attention_cpu_flash import _flash
 from .attention_eager import FullBias
 from .attention_plan import AlibiAttentionPlan, mask_in_dtype, visible_keys
@@ -26,10 +26,15 @@ class BiasBank(FullBias):
 def bias_bank(plan: AlibiAttentionPlan, query_chunk: int) -> tuple[torch.Tensor, bool]:
     """The bias of the last `chunk` queries against all keys (chunks' masks slice it), and whether masks are in it.
 
-    A single chunk (decoding, short inputs) gets padding and documents folded in once, here.
+    A single chunk (decoding, short inputs) gets padding and documents folded in once, here. Bidirectional plans'
+    chunks see keys on both sides: their bank is (1, H, chunk, 2 kv - 1), -m * |a + kv - 1 - c|, which every chunk
+    slices at its own start (`_chunk_mask`).
     """
-    chunk = min(plan.query_length, query_chunk)
-    bank = alibi_causal_bias(plan.slopes, chunk, plan.key_length)[None]  # (1, H, chunk, kv) fp32
+    chunk, kv = min(plan.query_length, query_chunk), plan.key_length
+    if not plan.causal and chunk < plan.query_length:
+        return alibi_bidirectional_bias(plan.slopes, chunk, 2 * kv - 1, kv - 1)[None], False  # (1, H, chunk, 2kv-1)
+    alibi_bias = alibi_causal_bias if plan.causal else alibi_bidirectional_bias
+    bank = alibi_bias(plan.slopes, chunk, kv)[None]  # (1, H, chunk, kv) fp32
     if chunk < plan.query_length:
         return bank, False
     keep = visible_keys(plan)
@@ -46,16 +51,14 @@ def sdpa_bank_attention(query, key, value, plan, scaling, layer=None):
 
     Rows [s, e) sit at absolute positions offset + s .. offset + e - 1 and see keys [0, offset + e). With
     E = offset + e and n = e - s, the bank row a' = a + chunk - n and column c = j + kv - E hold exactly
-    -m * ((offset + s + a) - j), so the chunk's mask is bank[:, :, chunk - n:, kv - E:].
+    -m * ((offset + s + a) - j), so the chunk's mask is bank[:, :, chunk - n:, kv - E:] (bidirectional: `_chunk_mask`).
     """
-    bank = plan.payload.in_dtype(query.dtype)  # (B|1, H, chunk, kv)
-    chunk, kv = bank.shape[2], plan.key_length
-    q_len, offset = plan.query_length, plan.query_offset
+    bank = plan.payload.in_dtype(query.dtype)  # (B|1, H, chunk, kv | 2 kv - 1)
+    chunk, q_len = bank.shape[2], plan.query_length
     outputs = []
     for start in range(0, q_len, chunk):
         end = min(start + chunk, q_len)
-        n, visible = end - start, offset + end
-        mask = bank[:, :, chunk - n :, kv - visible :]  # (B|1, H, n, visible), a view
+        mask, visible = _chunk_mask(bank, plan, start, end)  # (B|1, H, n, visible), a view
         if not plan.payload.folded:
             keep = visible_keys(plan, slice(start, end), slice(0, visible))  # (B|1, 1|H, n|1, visible) or None
             if keep is not None:
@@ -71,6 +74,18 @@ def sdpa_bank_attention(query, key, value, plan, scaling, layer=None):
         outputs.append(out)
     output = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (B, H, q, D)
     return output.transpose(1, 2), None  # (B, q, H, D)
+
+
+def _chunk_mask(bank: torch.Tensor, plan: AlibiAttentionPlan, start: int, end: int) -> tuple[torch.Tensor, int]:
+    """Rows [start, end)'s view of the bank and the keys they see: causal, keys [0, offset + end); bidirectional,
+    every key, column c = kv - 1 - start + j of the (2 kv - 1)-wide bank holding -m * |start + a - j|."""
+    chunk, kv, n = bank.shape[2], plan.key_length, end - start
+    if plan.causal:
+        visible = plan.query_offset + end
+        return bank[:, :, chunk - n :, kv - visible :], visible  # (B|1, H, n, visible)
+    if plan.payload.folded:  # one chunk: the bank is the rows' whole (B|1, H, q, kv) bias
+        return bank, kv
+    return bank[:, :, :n, kv - 1 - start : 2 * kv - 1 - start], kv  # (1, H, n, kv)
 
 
 def decode_in_ranges(query, key, value, plan, bank, ranges, scaling, segmented: bool = False):

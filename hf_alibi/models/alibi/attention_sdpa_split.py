@@ -107,18 +107,26 @@ def split_attention(query, key, value, plan: "SplitPlan", scaling: float) -> tor
     if plan.dtype != dtype:
         ranged = plan.first_keys
         plan = split_plan(
-            plan.slopes.to(query.device), plan.offset, plan.q_len, plan.key_padding, plan.chunks, plan.batch, dtype
+            plan.slopes.to(query.device),
+            plan.offset,
+            plan.q_len,
+            plan.key_padding,
+            plan.chunks,
+            plan.batch,
+            dtype,
+            plan.causal,
         )
         plan = plan if ranged is None else plan.in_key_ranges(torch.tensor(ranged))
     return _SplitAttention.apply(query, key, value, plan, scaling)
 
 
 def split_plan(
-    slopes, offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1, dtype=torch.float32
+    slopes, offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1, dtype=torch.float32, causal=True
 ) -> "SplitPlan":
-    """Every call of the split for these facts, with its masks in `dtype` (fp32; fp64 for fp64 inputs)."""
+    """Every call of the split for these facts, with its masks in `dtype` (fp32; fp64 for fp64 inputs); `causal`
+    False: bidirectional (`SplitPlan`)."""
     slopes = slopes.to(torch.promote_types(dtype, torch.float32))  # biases, log-sum-exps and merges in it
-    return SplitPlan(slopes, offset, q_len, key_padding, tuple(chunks), batch)
+    return SplitPlan(slopes, offset, q_len, key_padding, tuple(chunks), batch, causal)
 
 
 def _key_bias(slopes: torch.Tensor, visible: int, key_padding: torch.Tensor | None) -> torch.Tensor:
@@ -130,10 +138,13 @@ def _key_bias(slopes: torch.Tensor, visible: int, key_padding: torch.Tensor | No
     return bias
 
 
-def _diagonal_bias(slopes: torch.Tensor, n: int) -> torch.Tensor:
-    """-m * (a - b) for b <= a, the dtype's minimum above: a chunk's own block, (1, H, n, n) causal Toeplitz."""
+def _diagonal_bias(slopes: torch.Tensor, n: int, causal: bool = True) -> torch.Tensor:
+    """-m * (a - b) for b <= a, the dtype's minimum above: a chunk's own block, (1, H, n, n) causal Toeplitz;
+    bidirectional (`causal` False): -m * |a - b| everywhere."""
     positions = torch.arange(n, device=slopes.device, dtype=slopes.dtype)  # (n,)
     distance = positions[:, None] - positions[None, :]  # (n, n)
+    if not causal:
+        return (-slopes[:, None, None] * distance.abs())[None]  # (1, H, n, n)
     bias = -slopes[:, None, None] * distance  # (H, n, n), the one H * n * n allocation: filled in place
     return bias.masked_fill_(distance < 0, torch.finfo(slopes.dtype).min)[None]  # (1, H, n, n)
 
@@ -174,16 +185,18 @@ class SplitPlan:
     parallel region instead of one each (`groups`).
     """
 
-    def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1):
+    def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1, causal=True):
         object.__setattr__(self, "_frozen", False)
         self.offset, self.key_padding, self.heads, self.slopes = offset, key_padding, slopes.shape[0], slopes
-        self.q_len, self.batch, self.dtype, self.chunks = q_len, batch, slopes.dtype, chunks
-        self.calls = _cover([], offset, 0, q_len, 0, chunks, (0, self.heads))
+        self.q_len, self.batch, self.dtype, self.chunks, self.causal = q_len, batch, slopes.dtype, chunks, causal
+        self.visible = offset + q_len
+        self.calls = _cover([], offset, 0, q_len, 0, chunks, (0, self.heads), key_end=None if causal else self.visible)
         self.first_keys = None  # (H, blocks) first keys as nested tuples once cut to key ranges (`in_key_ranges`)
         self._set_calls(self.calls)
-        self.visible = offset + q_len
         self.ramp = _key_bias(slopes, self.visible, None)[0, :, 0]  # (H, visible): -m * (visible - 1 - j)
-        self.diagonal = _diagonal_bias(slopes, min(chunks[-1], q_len))  # (1, H, n, n)
+        # bidirectional: keys right of a call's rows, -m * (t + 1) for the t-th of them (H, visible)
+        self.fall = None if causal else self.ramp.flip(-1) - slopes[:, None]
+        self.diagonal = _diagonal_bias(slopes, min(chunks[-1], q_len), causal)  # (1, H, n, n)
         self._frozen = True
 
     def __setattr__(self, name, value):
@@ -195,7 +208,9 @@ class SplitPlan:
     def for_heads(self, heads: slice, plan) -> "SplitPlan":
         """The same calls for the global heads `heads` (a tensor-parallel rank's): `plan` is the attention plan
         already cut to them (its slopes and key ranges)."""
-        return split_plan(plan.slopes, self.offset, self.q_len, self.key_padding, self.chunks, self.batch, self.dtype)
+        return split_plan(
+            plan.slopes, self.offset, self.q_len, self.key_padding, self.chunks, self.batch, self.dtype, self.causal
+        )
 
     def in_key_ranges(self, first_key: torch.Tensor) -> "SplitPlan":
         """This plan's calls cut to `first_key` ((H, blocks) first key per head and block of `chunks[0]` rows), its
@@ -280,6 +295,9 @@ class SplitPlan:
         n, min_value, heads = end - start, torch.finfo(self.ramp.dtype).min, slice(head_start, head_end)
         if diagonal:
             mask, shift = self.diagonal[:, heads, :n, :n], None  # (1, h, n, n): -m * (a - b), min above the diagonal
+        elif key_start >= self.offset + end:  # bidirectional, keys right of the rows: -m * (j - (p + n - 1))
+            mask = self.fall[None, heads, None, : key_end - key_start]  # (1, h, 1, keys)
+            shift = self.row_shift[heads, :n].flip(-1)  # (h, n): true logit = frame logit - m * (n - 1 - a)
         else:  # m * (j - p) for keys j < p = key_end; ramp entry visible - 1 - p + j holds -m * (p - j)
             first = self.visible - 1 - key_end
             mask = self.ramp[None, heads, None, first + key_start : first + key_end]  # (1, h, 1, keys)
@@ -290,19 +308,26 @@ class SplitPlan:
         return mask, shift
 
 
-def _cover(calls, offset, first, last, key_start, chunks, heads, level=0):
+def _cover(calls, offset, first, last, key_start, chunks, heads, level=0, key_end=None):
     """`calls` with the calls for rows [first, last) of heads [heads[0], heads[1]) over keys [key_start, offset +
-    last) appended: per chunk of `chunks[level]` rows, the keys left of it, then the chunk cut by the next level."""
+    last) appended: per chunk of `chunks[level]` rows, the keys left of it, then the chunk cut by the next level.
+    Bidirectional (`key_end`, the end of the keys these rows see): each chunk's keys right of it, up to `key_end`,
+    in one call too (the mirror image of the keys left of it)."""
     if last - first <= chunks[-1]:
         if offset + first > key_start:
             calls.append(SplitCall(first, last, key_start, offset + first, False, *heads))
         calls.append(SplitCall(first, last, offset + first, offset + last, True, *heads))
+        if key_end is not None and offset + last < key_end:
+            calls.append(SplitCall(first, last, offset + last, key_end, False, *heads))
         return calls
     for start in range(first, last, chunks[level]):
         end = min(start + chunks[level], last)
         if offset + start > key_start:
             calls.append(SplitCall(start, end, key_start, offset + start, False, *heads))
-        _cover(calls, offset, start, end, offset + start, chunks, heads, level + 1)
+        inner_end = None if key_end is None else offset + end
+        _cover(calls, offset, start, end, offset + start, chunks, heads, level + 1, inner_end)
+        if key_end is not None and offset + end < key_end:
+            calls.append(SplitCall(start, end, offset + end, key_end, False, *heads))
     return calls
 
 
@@ -377,6 +402,7 @@ def prepare_sdpa_split(plan, preparation):
         SPLIT_CHUNKS,
         plan.batch,
         dtype=preparation.dtype,
+        causal=plan.causal,
     )
 
 
