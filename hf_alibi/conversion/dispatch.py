@@ -158,7 +158,9 @@ def export(
     if config.model_type == "alibi_bert":
         return export_encoder_folder(model, layout, destination, tokenizer=tokenizer, max_seq_len=max_seq_len)
     if config.model_type != "alibi_gpt2":
-        raise ValueError(f"export expects an ALiBi GPT-2 or ALiBi BERT model, got model_type={config.model_type!r} ({model})")
+        raise ValueError(
+            f"export expects an ALiBi GPT-2 or ALiBi BERT model, got model_type={config.model_type!r} ({model})"
+        )
     if layout not in EXPORTABLE:
         raise ValueError(f"an ALiBi GPT-2 model exports to {tuple(EXPORTABLE)}, got layout={layout!r}")
     EXPORTABLE[layout](config, max_seq_len)  # a refusal comes before the weights load

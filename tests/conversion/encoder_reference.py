@@ -236,9 +236,11 @@ def _attention(s, p, h, mask, slopes, position, config, chunk):
     padded = torch.where(mask.bool(), 0.0, float("-inf")).double()[:, None, None, :]  # (B, 1, 1, L)
     rows = []
     for start in range(0, L, chunk):
-        i = position[start : start + chunk]
-        bias = -slopes[:, None, None] * (i[:, None] - position[None, :]).abs()  # (heads, rows, L)
-        scores = q[:, :, start : start + chunk] @ k.transpose(-1, -2) / math.sqrt(d) + bias + padded
+        distance = (position[start : start + chunk, None] - position[None, :]).abs().double()  # (rows, L)
+        scores = q[:, :, start : start + chunk] @ k.transpose(-1, -2) / math.sqrt(d)  # (B, heads, rows, L)
+        scores -= slopes[:, None, None] * distance
+        if not mask.bool().all():
+            scores += padded
         rows.append(torch.softmax(scores, -1) @ v)  # (B, heads, rows, d)
     a = torch.cat(rows, 2).transpose(1, 2).reshape(B, L, H)
     out = a @ s[p + "attention.output.dense.weight"].T + s[p + "attention.output.dense.bias"]
