@@ -306,7 +306,11 @@ def their_encoder_config(config, layout: str, head: str, dtype: str) -> dict:
         theirs |= {"id2label": {str(k): v for k, v in config.id2label.items()}, "label2id": dict(config.label2id)}
         theirs |= {"problem_type": config.problem_type} if config.problem_type else {}
     if layout == "jina":
-        entries = {auto_name: f"{_JINA_CODE}modeling_bert.{name}" for name, auto_name in _CLASSES["jina"].values()}
+        entries = {  # what jina-embeddings-v2's and jina-reranker-v1's auto_map name
+            auto_name: f"{_JINA_CODE}modeling_bert.{name}"
+            for head_name, (name, auto_name) in _CLASSES["jina"].items()
+            if head_name != "token_classification" or head == head_name
+        }
         return theirs | {
             "auto_map": {"AutoConfig": f"{_JINA_CODE}configuration_bert.JinaBertConfig"} | entries,
             "position_embedding_type": "alibi",

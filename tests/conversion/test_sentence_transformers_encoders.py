@@ -1,0 +1,96 @@
+"""An imported jina-embeddings-v2 folder is a sentence-transformers model that encodes as their mean pooling (the
+float64 reference's), with hf_alibi imported and, through the code the folder ships, without it; an imported
+jina-reranker-v1 is a CrossEncoder scoring as their classifier."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from encoder_reference import jina_config, reference_forward, save_source, tiny_state, wordpiece_tokenizer
+from hf_alibi import convert
+
+sentence_transformers = pytest.importorskip("sentence_transformers")
+TEXTS = ["the quick brown fox jumps over the lazy dog", "hello world", "a long text of many words " * 40]
+ATOL = 2e-5
+
+
+def imported(tmp_path, head: str = "base", modules: list | None = None):
+    """A tiny Jina checkpoint with a WordPiece tokenizer (and, if given, its own modules.json), imported: (our
+    folder, their config, their state, tokenizer)."""
+    config = jina_config(head)
+    state = tiny_state(config, head, fused=False)
+    folder = save_source(tmp_path / "source", config, state, pickled=False)
+    tokenizer = wordpiece_tokenizer(folder)
+    if modules is not None:
+        (folder / "modules.json").write_text(json.dumps(modules))
+    return convert(str(folder), tmp_path / "ours"), config, state, tokenizer
+
+
+def their_mean_pooling(config, state, tokenizer, texts) -> torch.Tensor:
+    """jina-embeddings-v2's `encode`: the mean of the last hidden states over the real tokens, float64."""
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    hidden = reference_forward(config, state, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    mask = batch["attention_mask"][..., None].double()  # (B, L, 1)
+    return (hidden["hidden"] * mask).sum(1) / mask.sum(1)  # (B, H)
+
+
+def test_sentence_transformer_encodes_as_their_mean_pooling(tmp_path):
+    folder, config, state, tokenizer = imported(tmp_path)
+    model = sentence_transformers.SentenceTransformer(str(folder), device="cpu")
+    assert model.max_seq_length == 8192
+    got = torch.as_tensor(model.encode(TEXTS, convert_to_numpy=True)).double()
+    error = (got - their_mean_pooling(config, state, tokenizer, TEXTS)).abs().max().item()
+    assert error < ATOL, f"embeddings differ from their mean pooling by {error:.2e}"
+
+
+def test_a_normalize_module_of_the_source_is_kept(tmp_path):
+    theirs = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    folder, config, state, tokenizer = imported(tmp_path, modules=theirs)
+    assert [module["type"] for module in json.loads((folder / "modules.json").read_text())][-1].endswith("Normalize")
+    got = torch.as_tensor(sentence_transformers.SentenceTransformer(str(folder), device="cpu").encode(TEXTS)).double()
+    expected = torch.nn.functional.normalize(their_mean_pooling(config, state, tokenizer, TEXTS), dim=-1)
+    assert (got - expected).abs().max().item() < ATOL
+
+
+LOAD_WITHOUT_HF_ALIBI = """
+import sys, json
+sys.modules["hf_alibi"] = None  # the package is not there: only the code the folder ships
+import torch
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer(sys.argv[1], device="cpu", trust_remote_code=True)
+print(json.dumps(model.encode(json.loads(sys.argv[2])).tolist()))
+"""
+
+
+def test_the_folder_loads_without_hf_alibi_through_its_own_code(tmp_path):
+    folder, config, state, tokenizer = imported(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-P", "-c", LOAD_WITHOUT_HF_ALIBI, str(folder), json.dumps(TEXTS)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = torch.tensor(json.loads(result.stdout.strip().splitlines()[-1])).double()
+    error = (got - their_mean_pooling(config, state, tokenizer, TEXTS)).abs().max().item()
+    assert error < ATOL, f"embeddings without hf_alibi differ by {error:.2e}"
+
+
+def test_a_reranker_is_a_cross_encoder_scoring_as_their_classifier(tmp_path):
+    folder, config, state, tokenizer = imported(tmp_path, head="sequence_classification")
+    assert not (folder / "modules.json").exists()  # a classifier, not an embedding model
+    pairs = [("hello world", "the quick brown fox"), ("lazy dog", "a long text of many words")]
+    model = sentence_transformers.CrossEncoder(str(folder), device="cpu")
+    got = torch.as_tensor(model.predict(pairs, activation_fn=torch.nn.Identity())).double().flatten()
+    batch = tokenizer([q for q, _ in pairs], [d for _, d in pairs], padding=True, return_tensors="pt")
+    expected = reference_forward(config, state, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    error = (got - expected["logits"].flatten()).abs().max().item()
+    assert error < ATOL, f"reranker scores differ from their classifier's by {error:.2e}"
