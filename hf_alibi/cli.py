@@ -173,11 +173,14 @@ def run(argv: list[str]) -> None:
         from .conversion import EXACT_FAMILIES
         from .conversion.common import source_model_type
         from .conversion.encoder_files import ENCODER_MODEL_TYPES
+        from .import_utils import missing_extra
 
         path = convert_checkpoint(args.source, args.destination, args.alibi_max_bias)
         family = source_model_type(args.source)
         if family in ENCODER_MODEL_TYPES:  # only an ALiBi encoder imports from these; anything else is refused
             print(f"wrote ALiBi BERT to {path}: an exact import of the ALiBi encoder (same outputs, any length)")
+            if (path / "modules.json").is_file():
+                print(missing_extra("embeddings", "SentenceTransformer(folder)") or "load it with SentenceTransformer")
         elif family in EXACT_FAMILIES:
             print(f"wrote ALiBi GPT-2 to {path}: an exact import of the {family} model (same outputs, any length)")
         else:

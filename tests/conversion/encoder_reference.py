@@ -253,32 +253,17 @@ def _attention(s, p, h, mask, slopes, position, config, chunk):
 
 
 def wordpiece_tokenizer(folder: Path):
-    """A real WordPiece (BERT's kind, jina-embeddings-v2-base-en's) of `VOCAB` ids saved in `folder`."""
-    from transformers import BertTokenizerFast
+    """A real WordPiece (BERT's kind, jina-embeddings-v2-base-en's) of `VOCAB` ids saved in `folder`, with the
+    `vocab.txt` Jina's repositories ship beside `tokenizer.json`."""
+    from transformers import BertTokenizer
 
-    words = [
-        "the",
-        "quick",
-        "brown",
-        "fox",
-        "jumps",
-        "over",
-        "lazy",
-        "dog",
-        "hello",
-        "world",
-        "a",
-        "long",
-        "text",
-        "of",
-        "many",
-        "words",
-    ]
-    pieces = ["##s", "##ing", "##ed", "##er"] + list("abcdefghijklmnopqrstuvwxyz.,!?")
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "world", "long", "text"]
+    pieces = ["of", "many", "words", "##s", "##ing", "##ed", "##er"] + list("abcdefghijklmnopqrstuvwxyz.,!?")
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *pieces]
     vocab += [f"[unused{n}]" for n in range(VOCAB - len(vocab))]
+    tokenizer = BertTokenizer(vocab={token: index for index, token in enumerate(vocab)})
+    assert len(tokenizer) == VOCAB and tokenizer.unk_token_id not in tokenizer("the quick brown fox")["input_ids"]
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
     tokenizer.save_pretrained(folder)
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
     return tokenizer
