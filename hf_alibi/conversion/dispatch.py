@@ -8,8 +8,11 @@
     hf_alibi.export(model, "bloom", "bloom-again/")         # folder BloomForCausalLM loads
     hf_alibi.export(model, "gguf", "model.gguf", tokenizer=tokenizer)  # needs a tanh-GELU model (not BLOOM's norm)
     hf_alibi.convert("inceptionai/jais-family-590m", "jais-alibi/")  # remote-code checkpoints: read from their files
+    hf_alibi.convert("jinaai/jina-embeddings-v2-small-en", "jina/")  # ALiBi encoders -> ALiBi BERT (encoder_files)
+    hf_alibi.export("jina/", "mosaic", "mosaic/")                    # -> their layouts: jina, mosaic, gguf
 
-The same from the shell: `hf-alibi convert SRC DST`, `hf-alibi export SRC DST --to {bloom,mpt,jais,btlm,gguf}`.
+The same from the shell: `hf-alibi convert SRC DST`, `hf-alibi export SRC DST --to {bloom,mpt,jais,btlm,gguf}`
+(an ALiBi BERT folder: `--to {jina,mosaic,gguf}`).
 """
 
 import json
@@ -95,6 +98,8 @@ def convert(
     exact (same function; see each family's module); Jais and BTLM are read from their files, their code never runs.
     GPT-2 loses its position embeddings: `gpt2_alibi_kwargs` (e.g. `alibi_max_bias`) choose its slopes, and it warns
     that it must be fine-tuned. Raises `ValueError` naming any field of the source that ALiBi GPT-2 cannot hold exactly.
+    A `bert`-typed (or untyped) source is an ALiBi encoder (jina-embeddings-v2, jina-reranker-v1, MosaicBERT,
+    DNABERT-2): imported exactly into ALiBi BERT by `encoder_files.import_encoder`, or refused by name.
     """
     if destination is not None:  # refused before the (possibly long) load
         check_destination(destination)
@@ -143,6 +148,8 @@ def export(
     file, which needs the tokenizer) and returns the path. `max_seq_len`: MPT's serving length (its loaders refuse
     longer inputs), Jais's and BTLM's `n_positions` (the same) or the gguf's context length; default `n_positions`.
     A layout that cannot hold the model exactly raises `ValueError` naming the config field; nothing is written.
+    An ALiBi BERT model goes to "jina", "mosaic" (their remote-code layouts) or "gguf" (`jina-bert-v2`) instead
+    (`encoder_files.export_encoder_folder`).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")

@@ -25,7 +25,7 @@ from ..atomic_files import check_destination, staged_file
 from ..import_utils import require_extra
 from .common import EXPORT_REFUSAL, Requirement, require
 from .encoders import HEADS
-from .gguf_export import _add_tokenizer, add_general_fields
+from .gguf_export import _add_tokenizer, add_general_fields, write_out
 
 ARCHITECTURE = "jina-bert-v2"
 _NEEDS = (
@@ -135,10 +135,5 @@ def write_encoder_gguf(model, path: str | os.PathLike, tokenizer, context_length
         else:
             _add_tokenizer(writer, tokenizer, config.vocab_size)
         writer.add_token_type_count(config.type_vocab_size)
-        for name, array in encoder_gguf_tensors(model).items():
-            writer.add_tensor(name, array)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        write_out(writer, encoder_gguf_tensors(model))
     return path

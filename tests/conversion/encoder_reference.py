@@ -93,7 +93,7 @@ def tiny_state(config: dict, head: str, fused: bool, qk_norm: bool = False, seed
     def rand(*shape, scale=0.3, offset=0.0):
         return offset + scale * torch.randn(*shape, generator=generator)
 
-    H, inner, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]  # noqa: N806
+    H, V = config["hidden_size"], config["vocab_size"]  # noqa: N806
     state = {
         "embeddings.word_embeddings.weight": rand(V, H),
         "embeddings.token_type_embeddings.weight": rand(config["type_vocab_size"], H),
@@ -101,42 +101,14 @@ def tiny_state(config: dict, head: str, fused: bool, qk_norm: bool = False, seed
         "embeddings.LayerNorm.bias": rand(H, scale=0.1),
     }
     for i in range(config["num_hidden_layers"]):
-        layer = f"encoder.layer.{i}."
-        if fused:
-            state |= {
-                layer + "attention.self.Wqkv.weight": rand(3 * H, H),
-                layer + "attention.self.Wqkv.bias": rand(3 * H),
-            }
-        else:
-            for name in ("query", "key", "value"):
-                state |= {
-                    layer + f"attention.self.{name}.weight": rand(H, H),
-                    layer + f"attention.self.{name}.bias": rand(H),
-                }
-        if qk_norm:
-            for name in ("layer_norm_q", "layer_norm_k"):
-                state |= {
-                    layer + f"attention.self.{name}.weight": rand(H, offset=1.0),
-                    layer + f"attention.self.{name}.bias": rand(H),
-                }
-        state |= {
-            layer + "attention.output.dense.weight": rand(H, H),
-            layer + "attention.output.dense.bias": rand(H),
-            layer + "attention.output.LayerNorm.weight": rand(H, scale=0.1, offset=1.0),
-            layer + "attention.output.LayerNorm.bias": rand(H, scale=0.1),
-            layer + "mlp.gated_layers.weight": rand(2 * inner, H),
-            layer + "mlp.wo.weight": rand(H, inner),
-            layer + "mlp.wo.bias": rand(H),
-            layer + "mlp.layernorm.weight": rand(H, scale=0.1, offset=1.0),
-            layer + "mlp.layernorm.bias": rand(H, scale=0.1),
-        }
+        state |= _layer_state(f"encoder.layer.{i}.", config, rand, fused, qk_norm)
     if head != "masked_lm":
         state |= {"pooler.dense.weight": rand(H, H), "pooler.dense.bias": rand(H)}
     if head == "base":
         return state
     state = {"bert." + key: value for key, value in state.items()}
     if head == "masked_lm":
-        state |= {
+        return state | {
             "cls.predictions.transform.dense.weight": rand(H, H),
             "cls.predictions.transform.dense.bias": rand(H),
             "cls.predictions.transform.LayerNorm.weight": rand(H, scale=0.1, offset=1.0),
@@ -144,10 +116,37 @@ def tiny_state(config: dict, head: str, fused: bool, qk_norm: bool = False, seed
             "cls.predictions.decoder.weight": state["bert.embeddings.word_embeddings.weight"],  # tied
             "cls.predictions.decoder.bias": rand(V),
         }
-    else:
-        labels = config.get("num_labels", 2)
-        state |= {"classifier.weight": rand(labels, H), "classifier.bias": rand(labels)}
-    return state
+    labels = config.get("num_labels", 2)
+    return state | {"classifier.weight": rand(labels, H), "classifier.bias": rand(labels)}
+
+
+def _layer_state(layer: str, config: dict, rand, fused: bool, qk_norm: bool) -> dict:
+    """One layer's weights under the prefix `layer`."""
+    H, inner = config["hidden_size"], config["intermediate_size"]  # noqa: N806
+    names = ["Wqkv"] if fused else ["query", "key", "value"]
+    state = {}
+    for name in names:
+        rows = 3 * H if fused else H
+        state |= {
+            layer + f"attention.self.{name}.weight": rand(rows, H),
+            layer + f"attention.self.{name}.bias": rand(rows),
+        }
+    for name in ("layer_norm_q", "layer_norm_k") if qk_norm else ():
+        state |= {
+            layer + f"attention.self.{name}.weight": rand(H, offset=1.0),
+            layer + f"attention.self.{name}.bias": rand(H),
+        }
+    return state | {
+        layer + "attention.output.dense.weight": rand(H, H),
+        layer + "attention.output.dense.bias": rand(H),
+        layer + "attention.output.LayerNorm.weight": rand(H, scale=0.1, offset=1.0),
+        layer + "attention.output.LayerNorm.bias": rand(H, scale=0.1),
+        layer + "mlp.gated_layers.weight": rand(2 * inner, H),
+        layer + "mlp.wo.weight": rand(H, inner),
+        layer + "mlp.wo.bias": rand(H),
+        layer + "mlp.layernorm.weight": rand(H, scale=0.1, offset=1.0),
+        layer + "mlp.layernorm.bias": rand(H, scale=0.1),
+    }
 
 
 def save_source(folder: Path, config: dict, state: dict, *, pickled: bool) -> Path:

@@ -150,22 +150,27 @@ REFUSALS = {
 }
 
 
-def _plain_bert(state: dict) -> dict:
-    """BERT's own MLP names instead of the GLU's: nothing says ALiBi."""
+def _renamed(state: dict, renames: dict) -> dict:
+    """`state` with each `old` part of its keys replaced by `new`."""
     renamed = {}
     for key, value in state.items():
-        key = key.replace("mlp.gated_layers", "intermediate.dense").replace("mlp.wo", "output.dense")
-        renamed[key.replace("mlp.layernorm", "output.LayerNorm")] = value
+        for old, new in renames.items():
+            key = key.replace(old, new)
+        renamed[key] = value
     return renamed
+
+
+def _plain_bert(state: dict) -> dict:
+    """BERT's own MLP names instead of the GLU's: nothing says ALiBi."""
+    names = {"mlp.gated_layers": "intermediate.dense", "mlp.wo": "output.dense", "mlp.layernorm": "output.LayerNorm"}
+    return _renamed(state, names)
 
 
 def _qk_post_norm(state: dict) -> dict:
     """jina-embeddings-v2-base-code's names: up_gated_layer / down_layer and the layer's own layer_norm_1/2."""
-    renamed = {}
-    for key, value in state.items():
-        key = key.replace("mlp.gated_layers", "mlp.up_gated_layer").replace("mlp.wo", "mlp.down_layer")
-        renamed[key.replace("mlp.layernorm", "layer_norm_2")] = value
-    return renamed
+    return _renamed(
+        state, {"mlp.gated_layers": "mlp.up_gated_layer", "mlp.wo": "mlp.down_layer", "mlp.layernorm": "layer_norm_2"}
+    )
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
