@@ -18,8 +18,15 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from .common import check_destination, write_folder_atomically
-from .encoders import HEADS, convert_encoder, export_encoder
-from .remote_code import Checkpoint, checkpoint_of_model, copy_tokenizer_files, read_checkpoint
+from .encoders import HEADS, convert_encoder, encoder_family, export_encoder
+from .remote_code import (
+    Checkpoint,
+    checkpoint_of_model,
+    copy_tokenizer_files,
+    read_config,
+    read_state_dict,
+    source_folder,
+)
 
 ENCODER_MODEL_TYPES = ("bert", None)  # jina-embeddings-v2, jina-reranker-v1, MosaicBERT; DNABERT-2 names none
 ENCODER_LAYOUTS = ("jina", "mosaic", "gguf")
@@ -85,7 +92,7 @@ def import_encoder(source, destination: str | os.PathLike | None = None, *, toke
     Hub id); with `destination`, saved there atomically with `tokenizer` (default: the source's tokenizer files, as
     shipped) and, for an embedding model, the sentence-transformers files (the source's Normalize and max_seq_length
     kept), and the path returned."""
-    checkpoint = checkpoint_of_model(source) if isinstance(source, PreTrainedModel) else read_checkpoint(source)
+    checkpoint = checkpoint_of_model(source) if isinstance(source, PreTrainedModel) else read_encoder_checkpoint(source)
     model = convert_encoder(checkpoint)
     if destination is None:
         return model
@@ -101,6 +108,19 @@ def import_encoder(source, destination: str | os.PathLike | None = None, *, toke
             write_sentence_transformers_files(folder, model.config, **sentence)
 
     return write_folder_atomically(destination, write)
+
+
+def read_encoder_checkpoint(source: str | os.PathLike) -> Checkpoint:
+    """The config and weights of the folder or Hub id `source`; where the weights are missing, a config that shows no
+    sign of ALiBi is refused as such first (it names the model type, not a missing file)."""
+    folder = source_folder(source)
+    config = read_config(folder)
+    try:
+        state = read_state_dict(folder)
+    except ValueError:
+        encoder_family(config, ())
+        raise
+    return Checkpoint(config, state, folder)
 
 
 def load_alibi_bert(source: str | os.PathLike):
