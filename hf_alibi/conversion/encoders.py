@@ -8,7 +8,9 @@ BERT with learned positions and is refused. Their function is ours (see `AlibiBe
 position table, the symmetric bias `-m_h |i - j|` with the paper's slopes, a GLU MLP `wo(act(g[:I]) * g[I:])`.
 
 - Jina: the same parameter names (bare for `JinaBertModel`, `bert.`-prefixed under a head, as ours); the GLU's
-  activation is `feed_forward_type`'s (`geglu`: exact GELU, `reglu`: ReLU), `hidden_act` only drives the MLM head.
+  activation is `feed_forward_type`'s (`geglu`: exact GELU, `reglu`: ReLU), `hidden_act` only drives the MLM head;
+  `emb_pooler: "mean"` tells their `encode()` to mean-pool the last hidden states over the real tokens (the
+  sentence-transformers Pooling an import writes); jina-reranker-v1 is BERT's classifier on the tanh pooler.
 - MosaicBERT / DNABERT-2: `bert.`-prefixed, one fused `[q | k | v]` `Wqkv` (split into our query/key/value and fused
   back on export, both exact), the GLU's activation always the exact GELU (`geglu`); their config's
   `position_embedding_type: "absolute"` is ignored by their code, as here; their MLM head's LayerNorm has a fixed

@@ -94,3 +94,19 @@ def test_a_reranker_is_a_cross_encoder_scoring_as_their_classifier(tmp_path):
     expected = reference_forward(config, state, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     error = (got - expected["logits"].flatten()).abs().max().item()
     assert error < ATOL, f"reranker scores differ from their classifier's by {error:.2e}"
+
+
+def test_convert_says_how_to_load_it_and_names_the_extra_when_missing(tmp_path, capsys, monkeypatch):
+    from hf_alibi.cli import run
+
+    config = jina_config()
+    folder = save_source(tmp_path / "source", config, tiny_state(config, "base", fused=False), pickled=False)
+    run(["convert", str(folder), str(tmp_path / "a")])
+    assert "SentenceTransformer" in capsys.readouterr().out
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # find_spec: not installed
+    run(["convert", str(folder), str(tmp_path / "b")])
+    lines = [line for line in capsys.readouterr().out.splitlines() if "sentence-transformers" in line]
+    assert lines == [
+        "SentenceTransformer(folder) needs sentence-transformers, which is not installed: "
+        "pip install 'hf_alibi[embeddings]'"
+    ], lines
