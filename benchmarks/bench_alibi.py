@@ -36,360 +36,58 @@ run out of memory at 16384 on a 23 GB machine), ~45 min generate. Run suites sep
 """
 
 import argparse
-import contextlib
 import json
 import os
-import select
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 from . import report as reporting
-from .contestants import (
-    ALIBI_BACKENDS,
-    CONTESTANTS,
-    REFERENCE,
-    REFERENCES,
-    SUITES,
-    Shape,
-    default_contestants,
-    unsupported_reason,
-)
-from .worker import PROTOCOL_PREFIX
+from .contestants import CONTESTANTS, REFERENCE, REFERENCES, SUITES, Shape, default_contestants, unsupported_reason
+from .harness import Bench, build_report, log_cell, plan_cells, run_in_processes
 
-ROOT = Path(__file__).resolve().parents[1]
+
+class Preset(NamedTuple):
+    """A model shape and the lengths measured by default with it; explicit flags override either."""
+
+    n_embd: int
+    n_layer: int
+    n_head: int
+    vocab_size: int
+    train_lengths: list[int]
+    lengths: list[int]
+    prefill: int
+    decode: int
+
+
 PRESETS = {
-    # shape, then default lengths; explicit flags override either
-    "small": dict(
-        n_embd=768,
-        n_layer=12,
-        n_head=12,
-        vocab_size=50257,
-        train_lengths=[512, 1024],
-        lengths=[2048, 4096, 8192, 16384],
-        prefill=512,
-        decode=256,
-    ),
+    "small": Preset(768, 12, 12, 50257, [512, 1024], [2048, 4096, 8192, 16384], prefill=512, decode=256),
     # bloom-560m's width, heads and vocabulary (24 layers there; fewer on CPU via --n-layer, same for all)
-    "bloom-560m": dict(
-        n_embd=1024,
-        n_layer=4,
-        n_head=16,
-        vocab_size=250880,
-        train_lengths=[2048],
-        lengths=[2048, 4096, 8192, 16384, 32768],
-        prefill=512,
-        decode=64,
-    ),
-    "tiny": dict(
-        n_embd=96,
-        n_layer=2,
-        n_head=12,
-        vocab_size=512,
-        train_lengths=[64, 128],
-        lengths=[128, 256],
-        prefill=32,
-        decode=8,
-    ),
+    "bloom-560m": Preset(1024, 4, 16, 250880, [2048], [2048, 4096, 8192, 16384, 32768], prefill=512, decode=64),
+    "tiny": Preset(96, 2, 12, 512, [64, 128], [128, 256], prefill=32, decode=8),
 }
-
-
-class WorkerFailure(Exception):
-    def __init__(self, status: str, reason: str):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
-
-
-class Worker:
-    """A worker process and its line protocol; every wait is bounded by a timeout."""
-
-    def __init__(self, argv: list[str], log_path: Path, env: dict | None = None):
-        self.log_path = log_path
-        self.log = open(log_path, "ab")  # noqa: SIM115 (kept open for the process's life, closed in stop())
-        self.process = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            cwd=ROOT,
-            env=env,
-            start_new_session=True,  # its own process group: a timeout kills it and anything it spawned
-        )
-        self.buffer = b""
-
-    def receive(self, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        fd = self.process.stdout.fileno()
-        while True:
-            while b"\n" in self.buffer:
-                line, self.buffer = self.buffer.split(b"\n", 1)
-                text = line.decode(errors="replace")
-                if text.startswith(PROTOCOL_PREFIX):
-                    return json.loads(text[len(PROTOCOL_PREFIX) :])
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.kill()
-                raise WorkerFailure("timeout", f"no answer within {timeout:g} s")
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if readable:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    code = self.process.wait()
-                    if code == 1:  # an uncaught Python exception: its traceback is in the log
-                        raise WorkerFailure("error", "worker raised" + self._log_tail())
-                    why = " (killed, likely by the OS out of memory)" if code in (-signal.SIGKILL, 137) else ""
-                    raise WorkerFailure("crashed", f"worker exited with code {code}{why}" + self._log_tail())
-                self.buffer += chunk
-
-    def request(self, message: dict, timeout: float) -> dict:
-        try:
-            self.process.stdin.write((json.dumps(message) + "\n").encode())
-            self.process.stdin.flush()
-        except BrokenPipeError:
-            pass  # receive() reports how it died
-        return self.receive(timeout)
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def _log_tail(self) -> str:
-        self.log.flush()
-        lines = self.log_path.read_text(errors="replace").strip().splitlines()[-3:]
-        return ("; log: " + " | ".join(lines)) if lines else ""
-
-    def kill(self) -> None:
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def close(self) -> None:
-        if self.alive():
-            try:
-                self.process.stdin.write(b'{"op": "exit"}\n')
-                self.process.stdin.flush()
-                self.process.wait(timeout=10)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
-                self.kill()
-        self.log.close()
-
-
-def plan_cells(args) -> list[dict]:
-    """The measurement cells in run order; `scale` orders the sizes within a suite (for skipping after OOM)."""
-    cells = []
-    for suite in args.suites:
-        if suite == "train":  # the all-ones mask cells are what Trainer sends (its collator's attention_mask)
-            for length, batch in args.train_shapes:
-                for mask in args.train_masks:
-                    name = f"train L={length} B={batch}" + (" mask=ones" if mask == "ones" else "")
-                    cells.append(
-                        {
-                            "suite": suite,
-                            "name": name,
-                            "length": length,
-                            "batch": batch,
-                            "mask": mask,
-                            "scale": length * batch,
-                        }
-                    )
-        elif suite == "forward":
-            for length in args.lengths:
-                cells.append(
-                    {"suite": suite, "name": f"forward L={length} B=1", "length": length, "batch": 1, "scale": length}
-                )
-        else:
-            for batch in args.gen_batches:
-                cells.append(
-                    {
-                        "suite": suite,
-                        "name": f"generate B={batch} prefill {args.prefill} decode {args.decode}",
-                        "batch": batch,
-                        "prefill": args.prefill,
-                        "decode": args.decode,
-                        "scale": batch,
-                    }
-                )
-    return cells
-
-
-class Bench:
-    """Runs the plan: one worker per contestant, restarted lazily after it dies."""
-
-    def __init__(self, args, log_dir: Path):
-        self.args, self.log_dir = args, log_dir
-        self.workers: dict[str, Worker] = {}
-        self.ready: dict[str, dict] = {}
-        self.failed_at: dict[tuple[str, str], tuple[int, str]] = {}  # (contestant, suite) -> (scale, what)
-        self.unbuildable: dict[str, dict] = {}  # contestant -> its failed start: never retried
-
-    def _spec(self, name: str) -> dict:
-        a = self.args
-        return {
-            "contestant": name,
-            "shape": asdict(a.shape),
-            "max_length": a.max_length,
-            "device": a.device,
-            "dtype": a.dtype,
-            "threads": a.threads,
-            "optimizer": a.optimizer,
-            "native_flush": a.native_flush,
-            "memory_limit_bytes": int(a.memory_limit_gb * 2**30) if a.device == "cpu" else 0,
-        }
-
-    def start(self, names: list[str]) -> dict[str, dict]:
-        """Start the workers of `names` concurrently; returns the failures (contestant -> result)."""
-        failures = {name: dict(self.unbuildable[name]) for name in names if name in self.unbuildable}
-        names = [name for name in names if name not in failures]
-        for name in names:
-            if name not in self.workers or not self.workers[name].alive():
-                if name in self.workers:
-                    self.workers[name].close()  # the dead one's log handle
-                argv = [sys.executable, "-m", "benchmarks.bench_alibi", "--worker", json.dumps(self._spec(name))]
-                self.workers[name] = Worker(argv, self.log_dir / f"{name}.log")
-                self.ready.pop(name, None)
-        for name in names:
-            if name in self.ready:
-                continue
-            try:
-                self.ready[name] = self.workers[name].receive(max(self.args.timeout, 600))
-            except WorkerFailure as failure:
-                failures[name] = {"status": failure.status, "reason": f"while building the model: {failure.reason}"}
-                self.unbuildable[name] = failures[name]
-        return failures
-
-    def _ask(self, name: str, message: dict, results: dict, cell: dict, calls: int = 1) -> dict | None:
-        try:
-            answer = self.workers[name].request(message, self.args.timeout * calls)
-        except WorkerFailure as failure:
-            answer = {"ok": False, "status": failure.status, "reason": failure.reason}
-        if answer["ok"]:
-            return answer
-        results[name] = {"status": answer["status"], "reason": answer["reason"]}
-        if answer["status"] in ("oom", "timeout", "crashed"):
-            self.failed_at[(name, cell["suite"])] = (cell["scale"], f"{answer['status']} at {cell['name']}")
-        return None
-
-    def run_cell(self, cell: dict, names: list[str]) -> dict:
-        results, active = {}, []
-        for name in names:
-            reason = unsupported_reason(name, cell["suite"], self.args.device)
-            earlier = self.failed_at.get((name, cell["suite"]))
-            if reason:
-                results[name] = {"status": "unsupported", "reason": reason}
-            elif earlier and cell["scale"] >= earlier[0]:
-                results[name] = {"status": "skipped", "reason": earlier[1]}
-            else:
-                active.append(name)
-        results.update(self.start(active))
-        active = [name for name in active if name not in results]
-        request = {k: v for k, v in cell.items() if k != "name"}
-        for name in list(active):
-            prepare = {"op": "prepare", "cell": request, "warmup": self.args.warmup}
-            answer = self._ask(name, prepare, results, cell, calls=self.args.warmup + 1)
-            if answer is None:
-                active.remove(name)
-                continue
-            results[name] = {
-                "status": reporting.OK,
-                "peak_mem_bytes": answer["peak_mem_bytes"],
-                "mem_method": answer["mem_method"],
-            }
-            for key in ("seconds", "prefill_s", "total_s"):
-                results[name][key] = []
-        for _ in range(self.args.repeats):
-            for name in list(active):
-                time.sleep(self.args.settle)  # let the previous worker's OpenMP threads go idle
-                answer = self._ask(name, {"op": "time"}, results, cell)
-                if answer is None:
-                    active.remove(name)
-                    continue
-                for key in ("seconds", "prefill_s", "total_s"):
-                    if key in answer:
-                        results[name][key].append(answer[key])
-                if self.args.processes and "process_peak_bytes" in answer:  # one cell per process: its own peak
-                    results[name]["process_peak_bytes"] = answer["process_peak_bytes"]
-        for result in results.values():
-            for key in ("seconds", "prefill_s", "total_s"):
-                if not result.get(key):
-                    result.pop(key, None)
-            reporting.summarise(cell, result)
-        reporting.add_ratios(results, self.args.reference)
-        return results
-
-    def close(self) -> None:
-        for worker in self.workers.values():
-            worker.close()
-
-    def run_cell_in_processes(self, cell: dict, names: list[str], round_index: int) -> dict:
-        """One round of `--processes`: every contestant measures `cell` in a fresh process, which then exits.
-
-        The contestants' order rotates with the round (A B C, B C A, ...), so no one always runs first.
-        """
-        shift = round_index % len(names)
-        results = self.run_cell(cell, names[shift:] + names[:shift])
-        self.close()  # the next cell (or round) starts every worker afresh
-        self.workers = {}  # `ready` keeps each one's last announcement, for the report
-        return {name: results[name] for name in names}
-
-
-def build_report(args, cells: list[dict], bench: Bench) -> dict:
-    cells = [cell for cell in cells if "results" in cell]  # a partial report holds the cells done so far
-    ready = next(iter(bench.ready.values()), {})
-    threads = sorted({info["threads"] for info in bench.ready.values()})
-    memory = next((r["mem_method"] for c in cells for r in c.get("results", {}).values() if "mem_method" in r), "?")
-    optimizer = "forward + backward + SGD step" if args.optimizer == "sgd" else "forward + backward, no optimizer step"
-    alibi = [name for name in args.contestants if name in ALIBI_BACKENDS]
-    report = {
-        "schema": "hf_alibi.benchmark/1",
-        "command": args.command,
-        "machine": reporting.machine_description(
-            args.device,
-            threads[0] if len(threads) == 1 else threads or args.threads,
-            ready.get("device_name"),
-            ready.get("torch"),
-        ),
-        "settings": {
-            "shape": asdict(args.shape),
-            "dtype": args.dtype,
-            "device": args.device,
-            "suites": args.suites,
-            "repeats": args.repeats,
-            "warmup": args.warmup,
-            "processes": args.processes,
-            "optimizer": args.optimizer,
-            "reference": args.reference,
-            "optimizer_description": optimizer,
-            "memory_method": f"{memory}, the peak growth over the state just before the call (model weights excluded)",
-            "max_length": args.max_length,
-            "timeout_s": args.timeout,
-            "memory_limit_gb": args.memory_limit_gb if args.device == "cpu" else None,
-        },
-        "contestants": args.contestants,
-        "workers": bench.ready,
-        "cells": cells,
-        "targets": [
-            row for name in alibi for row in reporting.evaluate_targets(cells, name, args.targets, args.reference)
-        ],
-        "target_set": args.targets,
-    }
-    return report
 
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def parse_args(argv: list[str] | None = None):
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_alibi",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_workload_arguments(parser)
+    _add_measurement_arguments(parser)
+    _add_report_arguments(parser)
+    return parser
+
+
+def _add_workload_arguments(parser) -> None:
+    """The model's shape and what is measured on it: suites, contestants, lengths and batches."""
     parser.add_argument(
         "--preset",
         choices=sorted(PRESETS),
@@ -426,6 +124,10 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--prefill", type=int, help="generation prompt length (small: 512)")
     parser.add_argument("--decode", type=int, help="tokens generated per prompt (small: 256)")
     parser.add_argument("--gen-batches", type=_ints, default=[1, 8], help="generation batch sizes (default 1,8)")
+
+
+def _add_measurement_arguments(parser) -> None:
+    """How each cell is measured: repeats, device and dtype, threads, limits, processes."""
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per contestant and cell (median)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls before the memory probe and timing")
     parser.add_argument(
@@ -466,6 +168,10 @@ def parse_args(argv: list[str] | None = None):
         "and report the median over processes with their [min, max] and each process's whole "
         "peak memory (default 0: one long-lived process per contestant for the whole run)",
     )
+
+
+def _add_report_arguments(parser) -> None:
+    """What the ratios are against, which targets are checked, and where results go."""
     parser.add_argument(
         "--reference",
         choices=REFERENCES,
@@ -486,14 +192,21 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--out", help="write the full results here as JSON (atomically, updated after every cell)")
     parser.add_argument("--markdown", help="write the markdown table here (atomically)")
     parser.add_argument("--worker", metavar="SPEC_JSON", help=argparse.SUPPRESS)  # internal: run as a worker
+
+
+def parse_args(argv: list[str] | None = None):
+    """The command line, the preset's defaults filled in and every choice checked (`parser.error` names the value)."""
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.worker:
         return args
     preset = PRESETS[args.preset]
-    args.shape = Shape(**{k: getattr(args, k) or preset[k] for k in ("n_embd", "n_layer", "n_head", "vocab_size")})
+    args.shape = Shape(
+        **{k: getattr(args, k) or getattr(preset, k) for k in ("n_embd", "n_layer", "n_head", "vocab_size")}
+    )
     for key in ("train_lengths", "lengths", "prefill", "decode"):
         if getattr(args, key) is None:
-            setattr(args, key, preset[key])
+            setattr(args, key, getattr(preset, key))
     args.train_shapes = args.train_shapes or [(length, args.train_batch) for length in args.train_lengths]
     args.train_lengths = [length for length, _ in args.train_shapes]
     args.train_masks = [m for m in args.train_masks.split(",") if m]
@@ -539,30 +252,6 @@ def _available_memory_gb() -> float:
         return 0.0
 
 
-def _log_cell(cell: dict) -> None:
-    for name, result in cell["results"].items():
-        print(f"[bench]   {name}: {reporting.format_result(cell, result)}", file=sys.stderr, flush=True)
-
-
-def run_in_processes(args, cells: list[dict], bench: Bench) -> None:
-    """`--processes N`: N rounds; in each, every cell in every contestant's own fresh process (see `Bench`).
-
-    Rounds go over all cells before the next round starts, so slow drifts of the machine spread over all of them;
-    each cell's result combines its N processes (`report.combine_processes`) and is rewritten after every round.
-    """
-    from hf_alibi.atomic_files import write_text_atomically  # not at the top: workers import this module
-
-    rounds = {id(cell): [] for cell in cells}
-    for round_index in range(args.processes):
-        for cell in cells:
-            print(f"[bench] round {round_index + 1}/{args.processes}: {cell['name']}", file=sys.stderr, flush=True)
-            rounds[id(cell)].append(bench.run_cell_in_processes(cell, args.contestants, round_index))
-            cell["results"] = reporting.combine_processes(cell, rounds[id(cell)], args.reference)
-            _log_cell(cell)
-            if args.out:
-                write_text_atomically(args.out, json.dumps(build_report(args, cells, bench), indent=1))
-
-
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     if args.worker:
@@ -583,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                 for cell in cells:
                     print(f"[bench] {cell['name']}", file=sys.stderr, flush=True)
                     cell["results"] = bench.run_cell(cell, args.contestants)
-                    _log_cell(cell)
+                    log_cell(cell)
                     if args.out:
                         write_text_atomically(args.out, json.dumps(build_report(args, cells, bench), indent=1))
             report = build_report(args, cells, bench)

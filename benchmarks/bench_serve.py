@@ -194,38 +194,14 @@ def prepare(args, work: Path) -> dict:
 def server_command(name: str, folders: dict, args) -> tuple[list[str], str]:
     """The command line of contestant `name` ({port} filled in by `Server`) and its health route."""
     if name == "llama.cpp":
-        return [
-            args.llama_python,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(folders["llama.cpp"]),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "{port}",
-            "--n_ctx",
-            str(args.prompt_tokens + args.max_tokens + 64),
-            "--n_threads",
-            "2",
-            "--n_batch",
-            "512",
-        ], "/v1/models"
+        context = str(args.prompt_tokens + args.max_tokens + 64)
+        command = [args.llama_python, "-m", "llama_cpp.server", "--model", str(folders["llama.cpp"])]
+        command += ["--host", "127.0.0.1", "--port", "{port}", "--n_ctx", context]
+        command += ["--n_threads", "2", "--n_batch", "512"]
+        return command, "/v1/models"
     folder = folders["gpt2" if name.startswith("gpt2") else "alibi"]
-    return [
-        sys.executable,
-        "-m",
-        "hf_alibi.cli",
-        "serve",
-        str(folder),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "{port}",
-        "--device",
-        "cpu",
-        *OURS[name],
-    ], "/health"
+    command = [sys.executable, "-m", "hf_alibi.cli", "serve", str(folder), "--host", "127.0.0.1", "--port", "{port}"]
+    return [*command, "--device", "cpu", *OURS[name]], "/health"
 
 
 def served_name(name: str, folders: dict) -> str:

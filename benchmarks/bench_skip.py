@@ -49,176 +49,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.skip_worker import AUTO_SUITES, child
+
 CONTESTANTS = ("gpt2-sdpa", "alibi-dense", "alibi-skip", "alibi-auto")
-AUTO_SUITES = ("cb_decode", "packed_train")  # `"auto"` against dense only
 # glibc returns the top of its heap to the kernel when a free leaves more than its (adaptive) trim threshold there;
 # the MLP's 16 MiB activations at 8k then fault their pages in again in the next layer (~1 us per 4 KiB page). How
 # often depends on where each process's earlier allocations landed: 0 to 120k faults per 8k forward measured, for
 # GPT-2 and hf_alibi alike. A fixed mmap threshold and no trimming (what jemalloc or tcmalloc, PyTorch's advice for
 # CPU inference, do anyway) take that out of every contestant's figures; the default leaves it in.
 NO_TRIM = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
-
-
-def build(name: str, checkpoint: str, eps: float, length: int):
-    import torch
-    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
-
-    import hf_alibi  # noqa: F401  (registers the ALiBi model with the Auto classes)
-
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
-    if name == "alibi-auto":
-        model.config.alibi_skip_eps = "auto"
-        return model
-    if name == "gpt2-sdpa":
-        c = model.config
-        torch.manual_seed(0)
-        config = GPT2Config(
-            n_embd=c.n_embd,
-            n_layer=c.n_layer,
-            n_head=c.n_head,
-            vocab_size=c.vocab_size,
-            n_positions=length,
-            attn_implementation="sdpa",
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )  # the checkpoint's dropouts (0): training keeps SDPA's fused path
-        return GPT2LMHeadModel(config).eval()
-    model.config.alibi_skip_eps = eps if name == "alibi-skip" else 0.0
-    return model
-
-
-def text_ids(checkpoint: str, length: int):
-    from transformers import AutoTokenizer
-
-    import hf_alibi  # noqa: F401  (the checkpoint's config type: no remote-code prompt)
-    from benchmarks.measure_kept_fraction import heldout_stream
-
-    return heldout_stream(AutoTokenizer.from_pretrained(checkpoint), length)  # (1, length)
-
-
-def kept_fractions(model, ids, eps: float) -> list[float]:
-    """Kept fraction of causal key work per head (mean over layers): the key ranges the layers really read (the
-    certified ones, or wider where a head reads one window per block: `shared_key_windows`), recorded from one more
-    (untimed) forward through `certified_split`."""
-    import torch
-
-    import hf_alibi.models.alibi.attention_certified as attention
-    from benchmarks.skip_research import kept_fraction
-
-    used, certified_split = [], attention.certified_split
-
-    def recording(*args, **kwargs):
-        output, ranges = certified_split(*args, **kwargs)
-        used.append(ranges)
-        return output, ranges
-
-    attention.certified_split = recording
-    try:
-        model.config.alibi_skip_eps = eps
-        with torch.no_grad():
-            model(ids, logits_to_keep=1)
-    finally:
-        attention.certified_split = certified_split
-    if not used:  # the forward did not skip ("auto" where it does not pay)
-        return []
-    return torch.stack([kept_fraction(r.first_key, ids.shape[1], r.rows) for r in used]).mean(0).tolist()  # (H,)
-
-
-def child(args) -> dict:
-    """One process: one contestant, one cell; prints a JSON line."""
-    import torch
-    from transformers import StaticCache
-
-    from benchmarks.measure import process_peak_bytes, time_call
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    ids = text_ids(args.checkpoint, args.length)
-    budget = args.length + args.steps * (args.repeats + 1) + 1  # every decoding step of this process
-    model = build(args.contestant, args.checkpoint, args.eps, budget)
-    tokens = []
-    if args.suite in AUTO_SUITES:
-        return (cb_decode if args.suite == "cb_decode" else packed_train)(model, ids, args)
-    if args.suite == "train":
-        model.train()
-
-        def step():
-            model.zero_grad(set_to_none=True)
-            model(ids, labels=ids).loss.backward()
-
-        seconds = time_call(step, repeats=args.repeats)
-        return {
-            "median_s": statistics.median(seconds),
-            "tokens": [],
-            "peak_bytes": process_peak_bytes("cpu"),
-            "threads": torch.get_num_threads(),
-        }
-    with torch.no_grad():
-        if args.suite == "forward":
-            seconds = time_call(lambda: model(ids, logits_to_keep=1), repeats=args.repeats)
-        else:  # one prefill, untimed; then a warm-up call and the timed ones continue it
-            cache = StaticCache(config=model.config, max_cache_len=budget)
-            token = model(ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1:].argmax(-1)
-
-            def steps():
-                nonlocal token
-                for _ in range(args.steps):
-                    token = model(token, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
-                    tokens.append(int(token))
-
-            seconds = [s / args.steps for s in time_call(steps, repeats=args.repeats)]
-    result = {"median_s": statistics.median(seconds), "tokens": tokens, "threads": torch.get_num_threads()}
-    if args.contestant in ("alibi-skip", "alibi-auto") and args.suite == "forward":
-        eps = args.eps if args.contestant == "alibi-skip" else "auto"
-        result["kept_per_head"] = kept_fractions(model, ids, eps)
-    return result
-
-
-def cb_decode(model, ids, args) -> dict:
-    """`generate_batch` of the long context beside a 128-token request; seconds per decoding step of the long one."""
-    from transformers import ContinuousBatchingConfig, GenerationConfig
-
-    prompts = [ids[0].tolist(), ids[0, :128].tolist()]
-    greedy = GenerationConfig(max_new_tokens=args.steps + 1, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    paged = ContinuousBatchingConfig(
-        page_size=256, num_blocks=(args.length + args.steps) // 256 + 8, max_batch_tokens=4096
-    )
-    seconds, tokens = [], []
-    for _ in range(args.repeats):
-        outputs = model.generate_batch(
-            inputs=prompts,
-            generation_config=greedy,
-            continuous_batching_config=paged,
-            progress_bar=False,
-            record_timestamps=True,
-        )
-        long = outputs["req_0"]
-        if long.error is not None:
-            raise RuntimeError(long.error)
-        stamps, tokens = long.timestamps, long.generated_tokens  # the first token ends the prefill
-        seconds.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
-    return {"median_s": statistics.median(seconds), "tokens": tokens}
-
-
-def packed_train(model, ids, args) -> dict:
-    """One training step on one packed row of four documents (positions restarting, first labels -100)."""
-    import torch
-
-    from benchmarks.measure import process_peak_bytes, time_call
-
-    length = ids.shape[1]
-    lengths = [length // 2, length // 4, length // 8, length - length // 2 - length // 4 - length // 8]
-    positions = torch.cat([torch.arange(n) for n in lengths])[None]  # (1, L)
-    labels = ids.masked_fill(positions == 0, -100)  # (1, L)
-    model.train()
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        model(ids, position_ids=positions, labels=labels).loss.backward()
-
-    seconds = time_call(step, repeats=args.repeats)
-    return {"median_s": statistics.median(seconds), "tokens": [], "peak_bytes": process_peak_bytes("cpu")}
 
 
 def run_cell(args, suite: str, length: int) -> dict:
@@ -230,27 +69,9 @@ def run_cell(args, suite: str, length: int) -> dict:
         turn = round_ % len(contestants)
         order = contestants[turn:] + contestants[:turn]  # rotate who goes first
         for name in order:
-            command = [
-                sys.executable,
-                "-m",
-                "benchmarks.bench_skip",
-                "--child",
-                name,
-                "--suite",
-                suite,
-                "--length",
-                str(length),
-                "--checkpoint",
-                args.checkpoint,
-                "--eps",
-                str(args.eps),
-                "--repeats",
-                str(args.repeats),
-                "--steps",
-                str(args.steps),
-                "--threads",
-                str(args.threads),
-            ]
+            command = [sys.executable, "-m", "benchmarks.bench_skip", "--child", name, "--suite", suite]
+            command += ["--length", str(length), "--checkpoint", args.checkpoint, "--eps", str(args.eps)]
+            command += ["--repeats", str(args.repeats), "--steps", str(args.steps), "--threads", str(args.threads)]
             command += ["--native-flush"] if args.native_flush else []
             env = {**os.environ, **(NO_TRIM if args.no_trim else {})}
             with competing_load(args.load):
@@ -366,7 +187,8 @@ def markdown(cells: list[dict], args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, its contestants and process counts checked (a ValueError names the bad value)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", default="runs/cpu_demo/alibi/final", help="a trained ALiBi checkpoint folder")
     parser.add_argument("--forward", default="2048,8192,32768,65536", help="forward lengths (comma-separated)")
@@ -407,6 +229,11 @@ def main(argv=None):
         )
     if args.load < 0 or args.threads < 0:
         raise ValueError(f"--load and --threads must be >= 0, got {args.load} and {args.threads}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.child:
         args.contestant = args.child
         from hf_alibi.native_flush import flushing_denormals

@@ -117,6 +117,16 @@ def block_log_mass_bounds(
     return upper - m[:, None, None] * distance + (log_g[:, None, None] - lse_lower[..., None])  # (B, H, rows, nb)
 
 
+def _kept_start(query, lse_lower, first_position, slopes, scaling, block, eps, n, norms, centres, radii):
+    """`first_kept_key` of rows `query` (B, H, rows, D) from `first_position` on, over the first `n` key blocks of
+    `norms`, `centres` and `radii` (the last two may be None): (B, H, rows)."""
+    if centres is not None:
+        centres, radii = centres[:, :, :n], radii[..., :n]
+    positions = first_position + torch.arange(query.shape[2], device=query.device)  # (rows,)
+    bounds = block_log_mass_bounds(query, lse_lower, positions, slopes, scaling, block, norms[..., :n], centres, radii)
+    return first_kept_key(bounds, eps, block)
+
+
 def first_kept_key(log_bounds: torch.Tensor, eps: float, block: int) -> torch.Tensor:
     """The largest block boundary t with sum_{blocks before t} bound <= eps, per row: int64 (...,) from (..., nb)."""
     _check_eps(eps)
@@ -142,23 +152,17 @@ def certified_key_starts(
     query_norms: torch.Tensor | None = None,
     key_norms: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per (head, block of `row_block` query rows): the first key a kernel must compute, int64 (H, n_row_blocks).
+    """`attention_skip.certified_key_starts` (the same inputs, starts and guarantee) with the research options.
 
-    `query` (B, H, q, D), row r at absolute position `query_offset + r`; `key` (B, H, kv, D) (keys from
-    `query_offset + q` on are never read); `slopes` (H,) >= 0; `key_padding` (B, kv) True = real. Packed rows need no
-    document mask: the starts hold for them as they are (module docstring). The start is a multiple of `key_block`
-    and never past the row block's first position, so the diagonal is always computed; for every batch element and
-    every real row of the block the softmax mass of the visible keys before it is <= `eps` (0 = dense). `near` sets
-    Theorem 2's window, `centroid` adds Theorem 3's centred bound to Cauchy-Schwarz. `lse_lower` (B, H, q), if
-    given, replaces the near keys' LSE: any valid lower bound on each real row's LSE (`kernel_lse_lower_bound`).
-    `query_norms` (B, H, q) and `key_norms` (B, H, >= kv'): `upper_norms` of `query` and `key`, if already computed.
-
-    Without `centroid`, the bound is computed for groups of `row_group` rows at once (`_grouped_starts`): valid, a
-    little looser, and `row_group` times less work; 1 is every row on its own.
+    `near` sets Theorem 2's window where `lse_lower` is None (near = 1: the shipped diagonal logit). `centroid` adds
+    Theorem 3's centred bound to Cauchy-Schwarz, row by row (`row_group` applies without it: the shipped grouping).
     """
-    if not centroid:  # the shipped certificate, with Theorem 2 over the `near` nearest keys unless `lse_lower`
-        if lse_lower is None and near > 1:
-            lse_lower = near_key_lse(query, key, slopes, scaling, query_offset, near, key_padding)
+    n_row_blocks, usable = shipped.key_starts_inputs(
+        query, key, slopes, query_offset, eps, row_block, key_block, row_group, key_padding, lse_lower
+    )
+    if lse_lower is None and (centroid or near > 1):  # Theorem 2 over the `near` nearest keys
+        lse_lower = near_key_lse(query, key, slopes, scaling, query_offset, near, key_padding)  # (B, H, q)
+    if not centroid:  # the shipped certificate
         return shipped.certified_key_starts(
             query,
             key,
@@ -174,56 +178,31 @@ def certified_key_starts(
             query_norms,
             key_norms,
         )
-    _check_eps(eps)
-    _check_positive("row_block", row_block)
-    _check_positive("key_block", key_block)
-    _check_positive("row_group", row_group)
-    batch, heads, q_len, dim = query.shape
-    if key.dim() != 4 or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
-        raise ValueError(f"key {tuple(key.shape)} does not fit query {tuple(query.shape)}")
-    if not 0 <= query_offset <= key.shape[2] - q_len:
-        raise ValueError(f"query_offset={query_offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
-    _check_slopes(slopes, heads)
-    _real_keys(key, key_padding)  # checks its shape
-    if lse_lower is not None and lse_lower.shape != (batch, heads, q_len):
-        raise ValueError(f"lse_lower must have shape {(batch, heads, q_len)}, got {tuple(lse_lower.shape)}")
-    n_row_blocks = -(-q_len // row_block)
-    starts = torch.zeros(heads, n_row_blocks, dtype=torch.long, device=query.device)
-    usable = (query_offset + (n_row_blocks - 1) * row_block) // key_block  # blocks before the last row block
+    q_len = query.shape[2]
+    starts = torch.zeros(query.shape[1], n_row_blocks, dtype=torch.long, device=query.device)
     if eps == 0.0 or usable == 0:
         return starts
-    droppable = key[:, :, : usable * key_block]  # no later key is ever dropped
-    padding = None if key_padding is None else key_padding[:, : usable * key_block]
-    norms = key_block_norms(droppable, key_block, padding, key_norms)  # (B, H, nb)
-    centres, radii = key_block_spheres(droppable, key_block, padding)
+    norms, centres, radii = _droppable_blocks(key[:, :, : usable * key_block], key_block, key_padding, key_norms)
     real_rows = None if key_padding is None else key_padding[:, query_offset : query_offset + q_len].bool()  # (B, q)
     for index, first in enumerate(range(0, q_len, row_block)):
         last = min(first + row_block, q_len)
         n = (query_offset + first) // key_block  # blocks wholly before this row block
         if n == 0:
             continue
-        rows = slice(first, last)
-        if lse_lower is None:
-            lse = near_key_lse(query[:, :, rows], key, slopes, scaling, query_offset + first, near, key_padding)
-        else:
-            lse = lse_lower[:, :, rows].double()  # (B, H, n_rows)
-        positions = torch.arange(query_offset + first, query_offset + last, device=query.device)  # (n_rows,)
-        log_bounds = block_log_mass_bounds(
-            query[:, :, rows],
-            lse,
-            positions,
-            slopes,
-            scaling,
-            key_block,
-            norms[..., :n],
-            None if centres is None else centres[:, :, :n],
-            None if radii is None else radii[..., :n],
-        )  # (B, H, n_rows, n)
-        row_starts = first_kept_key(log_bounds, eps, key_block)  # (B, H, n_rows)
+        rows, lse = slice(first, last), lse_lower[:, :, first:last].double()  # (B, H, n_rows)
+        blocks = (n, norms, centres, radii)
+        row_starts = _kept_start(query[:, :, rows], lse, query_offset + first, slopes, scaling, key_block, eps, *blocks)
         if real_rows is not None:  # padded rows do not constrain the start
             row_starts = row_starts.masked_fill(~real_rows[:, None, rows], n * key_block)
         starts[:, index] = row_starts.amin(dim=(0, 2))
     return starts
+
+
+def _droppable_blocks(droppable, key_block, key_padding, key_norms):
+    """Per block of `key_block` keys of `droppable` (the keys a certificate may drop): the norm bound of
+    `key_block_norms`, and the centre and radius of `key_block_spheres` (B, H, nb), (B, H, nb, D), (B, H, nb)."""
+    padding = None if key_padding is None else key_padding[:, : droppable.shape[2]]
+    return key_block_norms(droppable, key_block, padding, key_norms), *key_block_spheres(droppable, key_block, padding)
 
 
 def certified_decode_start(
@@ -231,7 +210,7 @@ def certified_decode_start(
     block_norms: torch.Tensor,
     slopes: torch.Tensor,
     scaling: float,
-    position: int,
+    query_offset: int,
     eps: float,
     block: int,
     lse_lower: torch.Tensor,
@@ -240,26 +219,16 @@ def certified_decode_start(
 ) -> torch.Tensor:
     """First key one decoding step must compute, per batch element and head: int64 (B, H); `.amin(0)` per head.
 
-    `query` (B, H, D) or (B, H, 1, D) at absolute `position`; `block_norms` (B, H, nb) from `key_block_norms` of the
-    cache (a running maximum for the block being filled); `lse_lower` (B, H) or (B, H, 1) a lower bound on the row's
-    LSE: `near_key_lse(query, cache_keys, ..., query_offset=position, near=...)` (near=1: the diagonal logit);
-    optional `centres`/`radii` of the cache's full blocks. The start is a multiple of `block` and <= `position`.
+    `query` (B, H, D) or (B, H, 1, D) at absolute position `query_offset`; `block_norms` (B, H, nb) from
+    `key_block_norms` of the cache (a running maximum for the block being filled); `lse_lower` (B, H) or (B, H, 1) a
+    lower bound on the row's LSE: `near_key_lse(query, cache_keys, ..., query_offset=query_offset, near=...)`
+    (near=1: the diagonal logit); optional `centres`/`radii` of the cache's full blocks. The start is a multiple of
+    `block` and <= `query_offset`.
     """
     if centres is None:  # Cauchy-Schwarz alone: the shipped step
-        return shipped.certified_decode_start(query, block_norms, slopes, scaling, position, eps, block, lse_lower)
-    query, lse_lower, n = shipped.decode_inputs(query, block_norms, slopes, position, eps, block, lse_lower)
+        return shipped.certified_decode_start(query, block_norms, slopes, scaling, query_offset, eps, block, lse_lower)
+    query, lse_lower, n = shipped.decode_inputs(query, block_norms, slopes, query_offset, eps, block, lse_lower)
     if eps == 0.0 or n == 0:
         return torch.zeros(query.shape[:2], dtype=torch.long, device=query.device)
-    positions = torch.tensor([position], device=query.device)  # (1,)
-    log_bounds = block_log_mass_bounds(
-        query,
-        lse_lower,
-        positions,
-        slopes,
-        scaling,
-        block,
-        block_norms[..., :n],
-        None if centres is None else centres[:, :, :n],
-        None if radii is None else radii[..., :n],
-    )  # (B, H, 1, n)
-    return first_kept_key(log_bounds, eps, block)[..., 0]  # (B, H)
+    blocks = (n, block_norms, centres, radii)
+    return _kept_start(query, lse_lower, query_offset, slopes, scaling, block, eps, *blocks)[..., 0]  # (B, H)

@@ -1,4 +1,5 @@
-"""One contestant in its own process: builds the model once, then answers the parent's measurement requests.
+"""One contestant in its own process: builds the model once, then answers the parent's measurement requests
+(`serve`); `Worker` is the parent's handle on such a process.
 
 Protocol: the parent writes one JSON request per line on stdin; the worker answers each (and announces itself once
 with `{"event": "ready", ...}`) on a line starting with `@@bench ` on the stdout it had at start. Everything else a
@@ -21,14 +22,99 @@ import gc
 import json
 import os
 import resource
+import select
+import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 from .measure import peak_memory, process_peak_bytes, timed
 
 FAULT_ENV = "HF_ALIBI_BENCH_FAULT"
 PROTOCOL_PREFIX = "@@bench "
+ROOT = Path(__file__).resolve().parents[1]
 PAD, FIRST_REAL_ID = 0, 3  # ids 0-2 are pad/bos/eos in every contestant's config; inputs never use them
+
+
+class WorkerFailure(Exception):
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+class Worker:
+    """A worker process and its line protocol; every wait is bounded by a timeout."""
+
+    def __init__(self, argv: list[str], log_path: Path, env: dict | None = None):
+        self.log_path = log_path
+        self.log = open(log_path, "ab")  # noqa: SIM115 (kept open for the process's life, closed in stop())
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,  # its own process group: a timeout kills it and anything it spawned
+        )
+        self.buffer = b""
+
+    def receive(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        fd = self.process.stdout.fileno()
+        while True:
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                if text.startswith(PROTOCOL_PREFIX):
+                    return json.loads(text[len(PROTOCOL_PREFIX) :])
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise WorkerFailure("timeout", f"no answer within {timeout:g} s")
+            readable, _, _ = select.select([fd], [], [], remaining)
+            if readable:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    code = self.process.wait()
+                    if code == 1:  # an uncaught Python exception: its traceback is in the log
+                        raise WorkerFailure("error", "worker raised" + self._log_tail())
+                    why = " (killed, likely by the OS out of memory)" if code in (-signal.SIGKILL, 137) else ""
+                    raise WorkerFailure("crashed", f"worker exited with code {code}{why}" + self._log_tail())
+                self.buffer += chunk
+
+    def request(self, message: dict, timeout: float) -> dict:
+        try:
+            self.process.stdin.write((json.dumps(message) + "\n").encode())
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # receive() reports how it died
+        return self.receive(timeout)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def _log_tail(self) -> str:
+        self.log.flush()
+        lines = self.log_path.read_text(errors="replace").strip().splitlines()[-3:]
+        return ("; log: " + " | ".join(lines)) if lines else ""
+
+    def kill(self) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def close(self) -> None:
+        if self.alive():
+            try:
+                self.process.stdin.write(b'{"op": "exit"}\n')
+                self.process.stdin.flush()
+                self.process.wait(timeout=10)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.kill()
+        self.log.close()
 
 
 class Contestant:

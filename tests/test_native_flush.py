@@ -60,13 +60,13 @@ def test_split_attention_equals_float64_with_and_without_the_switch_and_leaves_t
     query, key, value = (torch.randn(1, 4, 3072, 32, requires_grad=True) for _ in range(3))
     slopes = torch.tensor([1 / 4, 1 / 16, 1 / 64, 1 / 256])
     with native_flush.flushing_denormals() if switch == "native flush" else contextlib.nullcontext():
-        output = sdpa_alibi_split(query, key, value, slopes, offset=0)
+        output = sdpa_alibi_split(query, key, value, slopes, query_offset=0)
         grad = torch.randn_like(output)
         grads = torch.autograd.grad(output, (query, key, value), grad)
     assert not native_flush._CallingThread.environment(), "the caller's thread flushes denormals after the call"
     assert bool((denormal_products() != 0).all()), "a worker thread flushes denormals after the call"
     exact = [t.detach().double().requires_grad_() for t in (query, key, value)]
-    expected = sdpa_alibi_split(*exact, slopes, offset=0)
+    expected = sdpa_alibi_split(*exact, slopes, query_offset=0)
     expected_grads = torch.autograd.grad(expected, exact, grad.double())
     for name, got, want in zip(("output", "dq", "dk", "dv"), (output, *grads), (expected, *expected_grads)):
         error = (got.double() - want).abs().max().item()

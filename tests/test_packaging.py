@@ -34,7 +34,7 @@ import json, sys
 from pathlib import Path
 import torch
 import hf_alibi
-from transformers import AutoModelForCausalLM
+from transformers import AutoModel, AutoModelForCausalLM
 
 out = Path(sys.argv[1])
 families = sorted(m for m in sys.modules if m.split(".")[:2] == ["transformers", "models"] and m.count(".") == 2)
@@ -43,6 +43,10 @@ model.save_pretrained(out / "core")
 loaded = AutoModelForCausalLM.from_pretrained(out / "core").eval()
 ids = torch.randint(0, 50, (1, 8))
 generated = loaded.generate(ids, max_new_tokens=4, do_sample=False).shape[1]
+encoder_config = hf_alibi.AlibiBertConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=16, vocab_size=50)
+encoder = hf_alibi.AlibiBertModel(encoder_config).eval()
+encoder.save_pretrained(out / "encoder")
+encoded = AutoModel.from_pretrained(out / "encoder").eval()(ids).last_hidden_state
 errors = {}
 from hf_alibi.serving import ServeOptions, build_app
 for feature, call in {"experiments": lambda: __import__("hf_alibi.experiments"),
@@ -53,7 +57,8 @@ for feature, call in {"experiments": lambda: __import__("hf_alibi.experiments"),
     except ImportError as exc:
         errors[feature] = str(exc)
 print(json.dumps({"families_at_import": families, "convert": hf_alibi.convert.__module__, "generated": generated,
-                  "logits_equal": torch.equal(model(ids).logits, loaded(ids).logits), "errors": errors}))
+                  "logits_equal": torch.equal(model(ids).logits, loaded(ids).logits), "errors": errors,
+                  "encoder_equal": torch.equal(encoder(ids).last_hidden_state, encoded)}))
 """
 # What a checkout may hold beside the sources; the build works on a clean copy so its build/ and egg-info stay out.
 NOT_SOURCES = shutil.ignore_patterns(
@@ -230,6 +235,7 @@ def test_core_install_runs_the_model_imports_no_other_family_and_names_each_miss
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["families_at_import"] == ["transformers.models.auto"], report["families_at_import"]
     assert report["logits_equal"] and report["generated"] == 12
+    assert report["encoder_equal"]  # the encoder saves and loads through AutoModel on a core install too
     assert report["convert"] == "hf_alibi.conversion.dispatch"  # loaded on first use, with no extra
     assert "pip install 'hf_alibi[experiments]'" in report["errors"]["experiments"], report["errors"]
     assert "pip install 'hf_alibi[gguf]'" in report["errors"]["gguf"], report["errors"]

@@ -62,8 +62,6 @@ def plot_perplexity_vs_length(
     train_length = reference_train_length(results)
     lengths = evaluated_lengths(results)
     mixed = mixed_train_lengths(results)
-    encodings = list(dict.fromkeys(name.partition("@")[0] for name in results))
-    train_lengths = sorted({ev.train_length for ev in results.values() if ev.train_length})
     figure = Figure(figsize=(11, 4.5), layout="constrained")
     if mixed:
         title = "Perplexity vs evaluation length, by position encoding and training length (circled)"
@@ -75,21 +73,7 @@ def plot_perplexity_vs_length(
         panels.append(("ppl_sliding", "Sliding window"))
     axes = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     for ax, (key, title) in zip(axes, panels):
-        for index, (name, evaluation) in enumerate(results.items()):
-            by_length = evaluation.by_length()
-            xs = [length for length in lengths if length in by_length]
-            ys = [_value(by_length[length], key) for length in xs]
-            label = name if evaluation.max_length is None else f"{name} (positions <= {evaluation.max_length})"
-            style = "-" if key == "ppl_nonoverlapping" else "--"
-            if not mixed:
-                ax.plot(xs, ys, style, marker="o", color=f"C{index}", label=label)
-                continue
-            colour = f"C{encodings.index(name.partition('@')[0]) % 10}"
-            marker = "osD^v"[train_lengths.index(evaluation.train_length) % 5] if evaluation.train_length else "x"
-            ax.plot(xs, ys, style, marker=marker, color=colour, label=label)
-            if evaluation.train_length in by_length:  # circle the point at the model's own training length
-                own = _value(by_length[evaluation.train_length], key)
-                ax.plot([evaluation.train_length], [own], "o", markersize=13, fillstyle="none", color=colour)
+        _plot_models(ax, results, key, lengths, mixed)
         if train_length and not mixed:
             ax.axvline(train_length, color="0.4", linestyle=":", linewidth=1.5, label=f"train length {train_length}")
         ax.set_xscale("log", base=2)
@@ -116,6 +100,28 @@ def plot_perplexity_vs_length(
     else:
         axes[0].legend(fontsize="small")
     save_figure(figure, path)
+
+
+def _plot_models(ax, results: Mapping[str, ModelEvaluation], key: str, lengths: list[int], mixed: bool) -> None:
+    """One line per model of its `key` perplexity on `ax`; with `mixed` training lengths, a colour per position
+    encoding, a marker per training length and a circle at the model's own training length."""
+    encodings = list(dict.fromkeys(name.partition("@")[0] for name in results))
+    train_lengths = sorted({ev.train_length for ev in results.values() if ev.train_length})
+    for index, (name, evaluation) in enumerate(results.items()):
+        by_length = evaluation.by_length()
+        xs = [length for length in lengths if length in by_length]
+        ys = [_value(by_length[length], key) for length in xs]
+        label = name if evaluation.max_length is None else f"{name} (positions <= {evaluation.max_length})"
+        style = "-" if key == "ppl_nonoverlapping" else "--"
+        if not mixed:
+            ax.plot(xs, ys, style, marker="o", color=f"C{index}", label=label)
+            continue
+        colour = f"C{encodings.index(name.partition('@')[0]) % 10}"
+        marker = "osD^v"[train_lengths.index(evaluation.train_length) % 5] if evaluation.train_length else "x"
+        ax.plot(xs, ys, style, marker=marker, color=colour, label=label)
+        if evaluation.train_length in by_length:  # circle the point at the model's own training length
+            own = _value(by_length[evaluation.train_length], key)
+            ax.plot([evaluation.train_length], [own], "o", markersize=13, fillstyle="none", color=colour)
 
 
 def plot_loss_by_position(

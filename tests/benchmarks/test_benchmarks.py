@@ -19,7 +19,8 @@ if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import bench_alibi, report  # noqa: E402
-from benchmarks.worker import FAULT_ENV  # noqa: E402
+from benchmarks.targets import evaluate_targets  # noqa: E402
+from benchmarks.worker import FAULT_ENV, Worker, WorkerFailure  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -142,13 +143,13 @@ def test_targets_met_and_not_met_from_known_numbers():
         },
     }
     report.add_ratios(forward["results"])
-    rows = {row["target"]: row for row in report.evaluate_targets([forward], "alibi-sdpa")}
+    rows = {row["target"]: row for row in evaluate_targets([forward], "alibi-sdpa")}
     assert rows["forward L=8192 <= 1.3x gpt2-sdpa time"]["status"] == "met"
     assert rows["peak memory L=8192 <= 1.25x gpt2-sdpa"]["status"] == "not met"  # 1.40x
     assert rows["forward L=8192 >= 3x faster than bloom-eager, < 0.5x its memory"]["status"] == "met"  # 3.33x, 0.47x
     assert rows["forward L=4096 >= 3x faster than bloom-eager, < 0.5x its memory"]["status"] == "n/a"
     forward["results"]["bloom-eager"] = {"status": "oom", "reason": "x"}
-    rows = {row["target"]: row for row in report.evaluate_targets([forward], "alibi-sdpa")}
+    rows = {row["target"]: row for row in evaluate_targets([forward], "alibi-sdpa")}
     assert rows["forward L=8192 >= 3x faster than bloom-eager, < 0.5x its memory"]["detail"] == "bloom-eager: oom"
 
 
@@ -173,11 +174,11 @@ DUMMY_WORKER = textwrap.dedent(
 @pytest.mark.slow  # a worker process per case
 @pytest.mark.parametrize("op, status", [("hang", "timeout"), ("crash", "crashed"), ("raise", "error")])
 def test_worker_timeout_crash_and_exception_become_statuses(tmp_path, op, status):
-    worker = bench_alibi.Worker([sys.executable, "-c", DUMMY_WORKER], tmp_path / "worker.log")
+    worker = Worker([sys.executable, "-c", DUMMY_WORKER], tmp_path / "worker.log")
     try:
         assert worker.receive(timeout=30) == {"event": "ready"}
         assert worker.request({"op": "ping"}, timeout=30) == {"ok": True, "op": "ping"}  # noise lines skipped
-        with pytest.raises(bench_alibi.WorkerFailure) as failure:
+        with pytest.raises(WorkerFailure) as failure:
             worker.request({"op": op}, timeout=1.0)
         assert failure.value.status == status
         assert not worker.alive()
@@ -228,9 +229,9 @@ def test_ratios_and_targets_follow_the_named_reference():
     assert math.isclose(results["alibi-flash"]["mem_ratio"], 52 / 50)
     assert math.isclose(results["gpt2-sdpa"]["time_ratio"], 2.0)
     cell = {"suite": "forward", "length": 4096, "batch": 1, "name": "forward L=4096 B=1", "results": results}
-    rows = report.evaluate_targets([cell], "alibi-flash", "parity", "gpt2-flash")
+    rows = evaluate_targets([cell], "alibi-flash", "parity", "gpt2-flash")
     assert [(row["target"], row["status"]) for row in rows] == [("forward L=4096 B=1 within 1.05x gpt2-flash", "met")]
-    rows = report.evaluate_targets([cell], "alibi-flash", "budget", "gpt2-flash")
+    rows = evaluate_targets([cell], "alibi-flash", "budget", "gpt2-flash")
     assert "forward L=8192 <= 1.3x gpt2-flash time" in {row["target"] for row in rows}
 
 
@@ -281,7 +282,7 @@ def test_parity_targets_need_time_and_whole_process_memory_within_5_percent():
         cell("train", 2048, _run(1.0, 10, 100)),
         cell("train", 64, _run(2.0, 10, 100)),  # below the lengths: no target
     ]
-    rows = {row["target"]: row for row in report.evaluate_targets(cells, "alibi-sdpa", "parity")}
+    rows = {row["target"]: row for row in evaluate_targets(cells, "alibi-sdpa", "parity")}
     assert set(rows) == {
         "forward L=512 B=1 within 1.05x gpt2-sdpa",
         "forward L=4096 B=1 within 1.05x gpt2-sdpa",

@@ -17,6 +17,7 @@ if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not
 from benchmarks import report  # noqa: E402
 from benchmarks.contestants import Shape, build_model, imported_bloom, imported_jais  # noqa: E402
 from benchmarks.jais_eager import EMBEDDINGS_SCALE, WIDTH_SCALE, JaisEager  # noqa: E402
+from benchmarks.targets import evaluate_targets  # noqa: E402
 
 SHAPE = Shape(n_embd=64, n_layer=2, n_head=16, vocab_size=512)  # bloom-560m's 16 heads, tiny otherwise
 
@@ -49,7 +50,7 @@ def test_issue_8_targets_read_bloom_eager_of_the_same_cell():
         },
         {"suite": "forward", "length": 16384, "results": {"alibi-from-bloom": result(2.0, 180)}},
     ]
-    rows = {row["target"]: row for row in report.evaluate_targets(cells, "alibi-from-bloom")}
+    rows = {row["target"]: row for row in evaluate_targets(cells, "alibi-from-bloom")}
     assert rows["forward L=8192 >= 4x faster than bloom-eager, <= 1/8 its memory"]["status"] == "met"
     assert rows["forward L=16384 runs"]["status"] == "met"
     assert rows["forward L=32768 runs"]["status"] == "n/a"

@@ -96,3 +96,15 @@ def alibi_bidirectional_bias(slopes: torch.Tensor, query_length: int, key_length
     at absolute position `query_offset + i` (`relative_distances`; 0 for a whole row)."""
     distance = relative_distances(query_length, key_length, slopes.device, query_offset).abs()  # (q, kv)
     return -slopes.float()[:, None, None] * distance.float()  # (H, q, kv)
+
+
+def alibi_block_bias(slopes: torch.Tensor, n: int, causal: bool = True) -> torch.Tensor:
+    """An (n x n) block's own bias in the slopes' dtype, (1, H, n, n): causal, -m * (a - b) for b <= a and the dtype's
+    minimum above (a causal Toeplitz block); bidirectional (`causal` False), -m * |a - b| everywhere. The split's
+    diagonal blocks (`attention_sdpa_split.SplitPlan`) use it; fp64 slopes give an fp64 block."""
+    positions = torch.arange(n, device=slopes.device, dtype=slopes.dtype)  # (n,)
+    distance = positions[:, None] - positions[None, :]  # (n, n)
+    if not causal:
+        return (-slopes[:, None, None] * distance.abs())[None]  # (1, H, n, n)
+    bias = -slopes[:, None, None] * distance  # (H, n, n), the one H * n * n allocation: filled in place
+    return bias.masked_fill_(distance < 0, torch.finfo(slopes.dtype).min)[None]  # (1, H, n, n)

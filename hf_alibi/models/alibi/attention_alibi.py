@@ -9,6 +9,7 @@ plan; `layer` (the layer's index, as transformers' functions get the module) mat
 """
 
 from dataclasses import replace
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -77,7 +78,7 @@ def plan_alibi_attention(
     whose chunks have `query_chunk` rows (the config's `alibi_sdpa_split` and `alibi_sdpa_query_chunk`).
     `skip_eps` (the config's `alibi_skip_eps`: `"auto"` or a number) asks for certified key skipping
     (`choose_path` says where it applies); a decoding step that skips reads the running key-norm summary of its cache
-    (`attention_certified.RunningKeyNorms`) from `key_norms`, a function called only then.
+    (`attention_key_norms.RunningKeyNorms`) from `key_norms`, a function called only then.
     `output_attentions` plans the eager path, the one that returns weights. `train_seq_len` (the config's
     length-dependent `alibi_scaling`) divides the slopes by max(1, K / n) here, once, K = cached + new keys (a static
     cache's filled part, not its buffer): every path, certified skipping and its rule read the scaled slopes; a
@@ -113,23 +114,27 @@ def plan_alibi_attention(
         output_attentions=output_attentions,
     )
     facts = with_host_offset(facts) if route.host_offset else facts
-
-    def plan_part(length: int) -> AlibiAttentionPlan:  # one uncached row of its own (a packed row's document)
-        return plan_alibi_attention(
-            implementation,
-            slopes,
-            1,
-            length,
-            length,
-            dtype=dtype,
-            sdpa_split=sdpa_split,
-            query_chunk=query_chunk,
-            skip_eps=skip_eps,
-            causal=causal,
-        )
-
+    plan_part = partial(_plan_document, implementation, slopes, dtype, sdpa_split, query_chunk, skip_eps, causal)
     preparation = Preparation(dtype, query_chunk, route.eps, key_norms, plan_part, route.segmented, route.compiled)
     return replace(facts, path=route.path, payload=PREPARE_PATHS[route.path](facts, preparation))
+
+
+def _plan_document(
+    implementation, slopes, dtype, sdpa_split, query_chunk, skip_eps, causal, length
+) -> AlibiAttentionPlan:
+    """The plan of one uncached row of its own, `length` tokens: a packed row's document (`Preparation.plan_part`)."""
+    return plan_alibi_attention(
+        implementation,
+        slopes,
+        1,
+        length,
+        length,
+        dtype=dtype,
+        sdpa_split=sdpa_split,
+        query_chunk=query_chunk,
+        skip_eps=skip_eps,
+        causal=causal,
+    )
 
 
 def alibi_attention(

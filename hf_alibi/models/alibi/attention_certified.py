@@ -10,16 +10,14 @@ softmax mass is certified <= eps (`certified_key_starts`):
   the diagonal logit (Theorem 2), as per-head block masks;
 - decoding (`sdpa_decode_certified`, one query row over a dynamic cache, `certified_decode_ranges`): per head, from
   the current query's norm, its diagonal logit and the running maximum of key norms per block of cache positions
-  (`RunningKeyNorms`), so a step costs the kept keys, not a pass over the whole cache.
+  (`attention_key_norms.RunningKeyNorms`), so a step costs the kept keys, not a pass over the whole cache.
 Every output moves by at most 2 * eps * max|v| (Theorem 1 there). Each certified path's payload (below) is built
 once per forward by its `prepare_*`; the ranges are the layer's own.
 """
 
-import weakref
 from dataclasses import dataclass, replace
 
 import torch
-from transformers import DynamicLayer, StaticLayer
 
 from .attention_cpu_flash import _SplitAttention, attend_diagonals
 from .attention_flex import flex_block_mask, flex_over_blocks
@@ -217,12 +215,14 @@ def certified_split(
     output (Theorem 1); the gradients are those of the computed, not of dense, attention.
     """
     batch, heads, q_len, _ = query.shape
-    offset, padding, slopes, dense = plan.query_offset, plan.key_padding, plan.slopes, plan.payload.split
+    query_offset, padding, slopes, dense = plan.query_offset, plan.key_padding, plan.slopes, plan.payload.split
     rows = dense.chunks[0] if rows is None else rows
-    blocks = offset + torch.arange(0, q_len, rows, device=query.device)  # (R,) each block's first position
+    blocks = query_offset + torch.arange(0, q_len, rows, device=query.device)  # (R,) each block's first position
     diagonals = KeyRanges(rows, blocks.expand(heads, -1))  # nothing left of any block: its diagonal alone
     if dense.chunks != (rows,) or dense.dtype != torch.promote_types(query.dtype, torch.float32):
-        dense = split_plan(slopes, offset, q_len, padding, (rows,), batch, dtype=query.dtype)  # (another layer dtype)
+        dense = split_plan(
+            slopes, query_offset, q_len, padding, (rows,), batch, dtype=query.dtype
+        )  # (another layer dtype)
     with torch.no_grad():  # the certificate of this step's queries and keys: no autograd through it
         q, k, v = query.detach(), key.detach(), value.detach()
         output, lse = attend_diagonals(dense.in_key_ranges(diagonals.first_key), q, k, v, scaling)  # (B, H, q, .)
@@ -234,7 +234,7 @@ def certified_split(
             k,
             slopes,
             scaling,
-            offset,
+            query_offset,
             plan.payload.eps,
             rows,
             key_block,
@@ -256,17 +256,17 @@ def certified_decode_ranges(plan: AlibiAttentionPlan, query, key, scaling: float
     """A `sdpa_decode_certified` layer's first key per head, (H, 1), for its one row `query` (B, H, 1, D) over `key`
     (B, H, kv, D): the minimum over the batch of each row's certified start. `layer` names the layer for the cache's
     running key-norm summary."""
-    position, payload = plan.query_offset, plan.payload
+    query_offset, payload = plan.query_offset, plan.payload
     if payload.key_norms is not None:
         norms = payload.key_norms(layer, key, plan.key_padding)  # (1, H, blocks)
     else:
         norms = key_block_norms(key, KEY_BLOCK, plan.key_padding).amax(0, keepdim=True)  # (1, H, blocks)
     # the diagonal logit (Theorem 2 with N = {i}) in float64, as `diagonal_lse` gives it, in a step's
     # fewest operations
-    lse = (query[:, :, 0].double() * key[:, :, position].double()).sum(-1) * scaling  # (B, H)
+    lse = (query[:, :, 0].double() * key[:, :, query_offset].double()).sum(-1) * scaling  # (B, H)
     if plan.key_padding is not None:  # a padded row (its own token is padding) has no certificate: keep it dense
-        lse = lse.masked_fill(~plan.key_padding[:, None, position], -torch.inf)
-    starts = certified_decode_start(query, norms, plan.slopes, scaling, position, payload.eps, KEY_BLOCK, lse)
+        lse = lse.masked_fill(~plan.key_padding[:, None, query_offset], -torch.inf)
+    starts = certified_decode_start(query, norms, plan.slopes, scaling, query_offset, payload.eps, KEY_BLOCK, lse)
     return KeyRanges(1, starts.amin(0)[:, None])  # (H, 1)
 
 
@@ -289,118 +289,3 @@ def flex_certified_alibi_attention(query, key, value, plan, scaling, layer=None)
     """FlexAttention over the layer's certified key ranges, as per-head block masks (`compiled`: the fused kernel)."""
     block_mask = flex_block_mask(plan, certified_flex_ranges(plan, query, key, scaling))
     return flex_over_blocks(query, key, value, plan, scaling, block_mask, plan.payload.compiled)
-
-
-class RunningKeyNorms:
-    """Per layer, an upper bound on the key norms of each block of `KEY_BLOCK` cache positions, over the whole batch,
-    kept up to date as a cache grows: a decoding step reads only the keys written since that layer's last step.
-
-    The model tells it about every forward on its cache before the layers write (`note_write(query_offset,
-    query_length)`, `query_offset` being the cache's length then); `self(layer, key, key_padding)` then folds in that
-    layer's keys [covered, len(key)) and returns (1, H, blocks) float64. What keeps it an upper bound of the cache's
-    keys (the premise N_K >= max |k_j| of Cauchy-Schwarz) is where each forward writes:
-    - a forward at the offset the last one ended at (`written`) appends: keys [0, written) are as they were;
-    - a smaller offset means the cache lost keys since (`reset()`: offset 0; `crop()`; a cache reused for another
-      request): keys before the offset are still the ones folded in, so each layer keeps what it covered below the
-      offset (the block straddling it also counted the lost keys: larger, still a bound) and folds the rest anew.
-      This is the case the last key alone could not tell: a refill with the same token there reuses nothing;
-    - a larger offset, or one a compiled graph cannot read (tracing), means keys were written unseen: forget all.
-    transformers' other cache operations leave it a bound: `reorder_cache` (beam search), `batch_select_indices` and
-    `batch_repeat_interleave` only select, permute or repeat rows, and the maximum over the batch bounds each of
-    them; offloading moves keys without changing them. Padded keys are folded in too, so the bound holds whatever
-    mask a later step passes (`key_padding` is not read). It trusts that keys enter the cache only through the
-    model's forwards: a key written by hand (`cache.update`, another model, an in-place edit) is not seen, and a
-    cache whose keys change as they age (a quantized cache) gets no summary (`for_forward`). The model keeps each
-    cache's summary in its `KeyNormSummaries` (transformers' `Cache` has no place for a model's own state).
-    """
-
-    @classmethod
-    def for_forward(cls, summaries: "KeyNormSummaries", cache, query_offset, query_length: int):
-        """What a forward on `cache` hands `plan_alibi_attention` as `key_norms`, to be called before its layers write.
-
-        The cache's summary in `summaries` (the model's), if it has one, is told of this forward's keys now, whether or
-        not the forward skips. The function returned gives that summary, or makes a new one for a cache that has none.
-        It gives None (the step summarises the whole cache afresh) for a cache that cannot be weakly referenced, or
-        whose layers are not transformers' plain dynamic or static ones: a quantized cache's keys change as they age,
-        unseen."""
-        summary = summaries.find(cache)
-        if summary is not None:
-            summary.note_write(query_offset, query_length)
-            return lambda: summary
-        return lambda: cls._attach(summaries, cache, query_offset, query_length)
-
-    @classmethod
-    def _attach(cls, summaries: "KeyNormSummaries", cache, query_offset, query_length: int):
-        layers = getattr(cache, "layers", None)
-        if layers is None or getattr(cache, "layer_class_to_replicate", None) not in (None, DynamicLayer):
-            return None
-        if any(type(layer) not in (DynamicLayer, StaticLayer) for layer in layers):
-            return None
-        summary = cls(written=int(query_offset) + query_length)  # this forward's keys are its first
-        try:
-            summaries[cache] = summary
-        except TypeError:  # no weak reference to this cache: nowhere to keep a summary
-            return None
-        return summary
-
-    def __init__(self, written: int | None = None):
-        self.written = written  # where the last noted forward's keys end; None: unknown, the next forward forgets
-        self.layers = {}  # layer -> (norms (1, H, blocks) float64, keys covered)
-
-    def note_write(self, query_offset, query_length: int) -> None:
-        """A forward is about to write `query_length` keys into every layer at `query_offset` (the cache length)."""
-        if torch.compiler.is_compiling():  # a graph must not branch on the offset, a 0-d tensor in a static cache
-            self.layers, self.written = {}, None
-            return
-        offset = int(query_offset)  # a static cache counts in a 0-d tensor; only a cache with a summary reads it
-        if self.written is None or offset > self.written:  # keys appended unseen: none of the summary can be trusted
-            self.layers = {}
-        elif offset < self.written:  # keys dropped (reset, crop): keep what lies before the offset
-            self.layers = {
-                layer: (norms[..., : -(-min(covered, offset) // KEY_BLOCK)], min(covered, offset))
-                for layer, (norms, covered) in self.layers.items()
-            }
-        self.written = offset + query_length
-
-    def __call__(self, layer, key: torch.Tensor, key_padding: torch.Tensor | None = None) -> torch.Tensor:
-        length = key.shape[2]
-        norms, covered = self.layers.get(layer, (None, 0))
-        if norms is None or covered > length:  # first call, or a caller that did not note its writes: start over
-            norms, covered = key.new_full((1, key.shape[1], 0), -torch.inf, dtype=torch.float64), 0
-        if length == covered + 1:  # one new key, the common step: fold it in, in a few operations
-            new = upper_norms(key[:, :, covered]).amax(0)[None, :, None]  # (1, H, 1)
-            if covered % KEY_BLOCK == 0:  # it opens a block
-                norms = torch.cat([norms, new], dim=-1)  # (1, H, blocks)
-            else:
-                torch.maximum(norms[..., -1:], new, out=norms[..., -1:])  # the summary is this object's own
-        elif length > covered:
-            blocks = -(-length // KEY_BLOCK)
-            grown = norms.new_full((1, key.shape[1], blocks), -torch.inf)  # (1, H, blocks)
-            grown[..., : norms.shape[-1]] = norms
-            new = upper_norms(key[:, :, covered:]).amax(0, keepdim=True)  # (1, H, n)
-            index = (torch.arange(covered, length, device=key.device) // KEY_BLOCK).expand(1, key.shape[1], -1)
-            norms = grown.scatter_reduce_(2, index, new, "amax")  # (1, H, blocks)
-        self.layers[layer] = (norms, length)
-        return norms
-
-
-class KeyNormSummaries(weakref.WeakKeyDictionary):
-    """A model's `RunningKeyNorms`, one per cache it has decoded with skipping, keyed weakly by the cache: a summary
-    lives as long as its cache and no longer, and nothing is stored on transformers' objects. A summary is a memo (a
-    cache without one is summarised afresh from its keys), so a copied or pickled model starts with none, and so does
-    a copied cache."""
-
-    def find(self, cache) -> RunningKeyNorms | None:
-        """`cache`'s summary, or None (no cache, none yet, or a cache that cannot be weakly referenced)."""
-        if cache is None:
-            return None
-        try:
-            return self.get(cache)
-        except TypeError:
-            return None
-
-    def __reduce__(self):
-        return type(self), ()
-
-    def __deepcopy__(self, memo):
-        return type(self)()

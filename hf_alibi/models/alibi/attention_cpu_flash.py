@@ -195,19 +195,19 @@ class _SplitAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         query, key, value, output, lse = ctx.saved_tensors
-        plan, offset, q_len = ctx.plan, ctx.plan.offset, query.shape[2]
+        plan, query_offset, q_len = ctx.plan, ctx.plan.query_offset, query.shape[2]
         grad_output = grad_output.to(query.dtype)
         if plan.one_call and key.shape[2] == q_len:  # the forward's one call, differentiated as it is
             mask, _, _, _ = plan.views(plan.groups[0])
             dq, dk, dv = _flash_backward(grad_output, query, key, value, output, lse, mask, ctx.scaling, plan.causal)
             return dq, dk, dv, None, None, None
         # Summed in fp32 (fp64 for fp64 inputs). The diagonal groups come first and cover every query row and every
-        # key in [offset, offset + q) exactly once, so they write their gradients (no zero fill, no add); only cached
-        # keys [0, offset) and a static cache's unread tail are zeroed; the other calls add into them.
+        # key in [query_offset, query_offset + q) exactly once, so they write their gradients (no zero fill, no add);
+        # only cached keys [0, query_offset) and a static cache's unread tail are zeroed; the other calls add into them.
         grads = [_like_kernel_output(t, lse.dtype) for t in (query, key, value)]  # (B, H, L, D)
         for grad in grads[1:]:
-            grad[:, :, :offset].zero_()
-            grad[:, :, offset + q_len :].zero_()
+            grad[:, :, :query_offset].zero_()
+            grad[:, :, query_offset + q_len :].zero_()
         for group in plan.groups:
             diagonal = group.diagonal
             mask, shift, rows, keys = plan.views(group)

@@ -25,13 +25,14 @@ def flex_block_mask(plan: AlibiAttentionPlan, ranges: "KeyRanges | None" = None)
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
-    offset, key_padding, documents, causal = plan.query_offset, plan.key_padding, plan.documents, plan.causal
+    query_offset, key_padding, documents = plan.query_offset, plan.key_padding, plan.documents
+    causal = plan.causal
     given = plan.attention_mask
     if not causal and key_padding is None and documents is None and ranges is None:
         return None  # bidirectional and nothing masked: every block is read
 
     def mask_mod(b, h, q_idx, kv_idx):
-        keep = kv_idx <= q_idx + offset if causal else kv_idx >= 0
+        keep = kv_idx <= q_idx + query_offset if causal else kv_idx >= 0
         if given is not None:
             keep = keep & (given[b, kv_idx] != 0)
         elif key_padding is not None:
@@ -80,12 +81,12 @@ def flex_over_blocks(query, key, value, plan, scaling, block_mask, compiled: boo
             "attn_implementation='flex_attention' has no backward pass on CPU in this torch version: train with "
             "'sdpa' on CPU, or run inference under torch.no_grad()"
         )
-    slopes, offset = plan.slopes.to(query.device), plan.query_offset
+    slopes, query_offset = plan.slopes.to(query.device), plan.query_offset
     if query.device.type == "cpu":  # torch 2.13's CPU flex template lowers only inputs laid out as (B, H, L, D)
         query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
 
     def alibi_score(score, b, h, q_idx, kv_idx):
-        return score - slopes[h] * (q_idx + offset - kv_idx)
+        return score - slopes[h] * (q_idx + query_offset - kv_idx)
 
     def bidirectional_score(score, b, h, q_idx, kv_idx):
         return score - slopes[h] * (q_idx - kv_idx).abs()  # an encoder's -m * |i - j| (no cache: offset 0)

@@ -139,18 +139,8 @@ def plan_paged_attention(
             f"continuous batching runs ALiBi GPT-2 on {PAGED_IMPLEMENTATIONS}, not attn_implementation="
             f"{implementation!r}: load the model with one of those"
         )
-    missing = [
-        name for name in ("cu_seq_lens_q", "cu_seq_lens_k", "read_index", "write_index") if name not in paged_kwargs
-    ]
-    if missing:
-        raise ValueError(f"a PagedAttentionCache forward needs the continuous-batching arguments {missing}")
+    cache_kwargs, cu_k = _cache_kwargs(paged_kwargs)
     slopes = slopes.float()
-    cache_kwargs = {name: paged_kwargs.get(name) for name in PAGED_KWARGS}
-    cu_k = cache_kwargs["cu_seq_lens_k"]
-    if isinstance(cu_k, dict):
-        if set(cu_k) != {"full_attention"}:
-            raise ValueError(f"ALiBi GPT-2 has full-attention layers only, got cache layer types {sorted(cu_k)}")
-        cu_k = cu_k["full_attention"]
     facts = AlibiAttentionPlan("", slopes, query_length, query_length, 0)  # one flattened row
     route = choose_path(
         implementation,
@@ -173,9 +163,35 @@ def plan_paged_attention(
 
     cu_q_list, cu_k_list = cache_kwargs["cu_seq_lens_q"].tolist(), cu_k.tolist()  # one host read per forward
     _check_boundaries(cu_q_list, cu_k_list, query_length, position_ids)
+    base = "eager" if implementation == "eager" else "sdpa"
+    options = dict(dtype=dtype, sdpa_split=sdpa_split, query_chunk=query_chunk, skip_eps=skip_eps)
+    segments, decoding = _request_plans(base, slopes, cu_q_list, cu_k_list, train_seq_len, **options)
+    decode = _decode_group(base, slopes, decoding, dtype, train_seq_len) if decoding else None
+    paged = PagedPlan(cache_kwargs, query_length, tuple(segments), decode)
+    return replace(facts, path=route.path, key_length=cu_k_list[-1], payload=paged)
+
+
+def _cache_kwargs(paged_kwargs: dict) -> tuple[dict, torch.Tensor]:
+    """The kwargs `PagedAttentionCache.update` reads, checked, and the keys' boundaries `cu_seq_lens_k`."""
+    missing = [
+        name for name in ("cu_seq_lens_q", "cu_seq_lens_k", "read_index", "write_index") if name not in paged_kwargs
+    ]
+    if missing:
+        raise ValueError(f"a PagedAttentionCache forward needs the continuous-batching arguments {missing}")
+    cache_kwargs = {name: paged_kwargs.get(name) for name in PAGED_KWARGS}
+    cu_k = cache_kwargs["cu_seq_lens_k"]
+    if isinstance(cu_k, dict):
+        if set(cu_k) != {"full_attention"}:
+            raise ValueError(f"ALiBi GPT-2 has full-attention layers only, got cache layer types {sorted(cu_k)}")
+        cu_k = cu_k["full_attention"]
+    return cache_kwargs, cu_k
+
+
+def _request_plans(base, slopes, cu_q_list, cu_k_list, train_seq_len, *, dtype, sdpa_split, query_chunk, skip_eps):
+    """Each request's own batch-1 plan (`PagedSegment`), except dense decoding rows, returned as (row, (key start,
+    key end)) for one batched call (`_decode_group`)."""
     from .attention_alibi import plan_alibi_attention  # the entry imports this module
 
-    base = "eager" if implementation == "eager" else "sdpa"
     segments, decoding = [], []
     for request in range(len(cu_q_list) - 1):
         rows = (cu_q_list[request], cu_q_list[request + 1])
@@ -201,9 +217,7 @@ def plan_paged_attention(
             train_seq_len=train_seq_len,
         )
         segments.append(PagedSegment(*rows, *keys, plan))
-    decode = _decode_group(base, slopes, decoding, dtype, train_seq_len) if decoding else None
-    paged = PagedPlan(cache_kwargs, query_length, tuple(segments), decode)
-    return replace(facts, path=route.path, key_length=cu_k_list[-1], payload=paged)
+    return segments, decoding
 
 
 @torch.compiler.disable  # the plan's per-request host ints and the cache's views run eagerly (transformers' own

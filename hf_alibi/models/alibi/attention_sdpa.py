@@ -49,9 +49,10 @@ def prepare_sdpa_bank(plan, preparation) -> BiasBank:
 def sdpa_bank_attention(query, key, value, plan, scaling, layer=None):
     """Public SDPA per query chunk; each chunk's mask is a view of the plan's bias bank.
 
-    Rows [s, e) sit at absolute positions offset + s .. offset + e - 1 and see keys [0, offset + e). With
-    E = offset + e and n = e - s, the bank row a' = a + chunk - n and column c = j + kv - E hold exactly
-    -m * ((offset + s + a) - j), so the chunk's mask is bank[:, :, chunk - n:, kv - E:] (bidirectional: `_chunk_mask`).
+    Rows [s, e) sit at absolute positions query_offset + s .. query_offset + e - 1 and see keys
+    [0, query_offset + e). With E = query_offset + e and n = e - s, the bank row a' = a + chunk - n and column
+    c = j + kv - E hold exactly -m * ((query_offset + s + a) - j), so the chunk's mask is
+    bank[:, :, chunk - n:, kv - E:] (bidirectional: `_chunk_mask`).
     """
     bank = plan.payload.in_dtype(query.dtype)  # (B|1, H, chunk, kv | 2 kv - 1)
     chunk, q_len = bank.shape[2], plan.query_length
@@ -77,7 +78,7 @@ def sdpa_bank_attention(query, key, value, plan, scaling, layer=None):
 
 
 def _chunk_mask(bank: torch.Tensor, plan: AlibiAttentionPlan, start: int, end: int) -> tuple[torch.Tensor, int]:
-    """Rows [start, end)'s view of the bank and the keys they see: causal, keys [0, offset + end); bidirectional,
+    """Rows [start, end)'s view of the bank and the keys they see: causal, keys [0, query_offset + end); bidirectional,
     every key, column c = kv - 1 - start + j of the (2 kv - 1)-wide bank holding -m * |start + a - j|."""
     chunk, kv, n = bank.shape[2], plan.key_length, end - start
     if plan.causal:

@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import torch
 
+from .alibi import alibi_block_bias
 from .attention_cpu_flash import _blocks, _SplitAttention, split_kernels_work  # noqa: F401  (the probe: this path's)
 
 # Rows per query chunk on the split path, coarse to fine (see `SplitPlan`). Measured on one call (B=1, H=8, D=64,
@@ -57,7 +58,7 @@ def sdpa_alibi_split(
     key: torch.Tensor,
     value: torch.Tensor,
     slopes: torch.Tensor,
-    offset: int,
+    query_offset: int,
     key_padding: torch.Tensor | None = None,
     scaling: float | None = None,
     chunks: tuple[int, ...] = SPLIT_CHUNKS,
@@ -65,8 +66,9 @@ def sdpa_alibi_split(
 ) -> torch.Tensor:
     """Causal ALiBi attention of `query` (B, H, q, D) over `key`/`value` (B, H, kv, D); returns (B, H, q, D).
 
-    Query row r sits at absolute position `offset + r` (`offset` = cached tokens) and sees keys j <= offset + r with
-    bias -slopes[h] * (offset + r - j); keys from offset + q on are never read (a static cache may be longer).
+    Query row r sits at absolute position `query_offset + r` (`query_offset` = cached tokens) and sees keys
+    j <= query_offset + r with bias -slopes[h] * (query_offset + r - j); keys from query_offset + q on are never read
+    (a static cache may be longer).
     `key_padding` (B, kv) bool is True for real tokens. Rows with no visible key get a finite, meaningless output.
     `scaling` defaults to D ** -0.5. `plan` is these arguments' `split_plan`, built once per forward and shared by
     every layer (forward and backward), or such a plan cut to key ranges (`SplitPlan.in_key_ranges`: per head and
@@ -75,8 +77,8 @@ def sdpa_alibi_split(
     batch, heads, q_len, dim = query.shape
     if key.shape != value.shape or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
         raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} do not fit query {tuple(query.shape)}")
-    if not 0 <= offset <= key.shape[2] - q_len:
-        raise ValueError(f"offset={offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
+    if not 0 <= query_offset <= key.shape[2] - q_len:
+        raise ValueError(f"query_offset={query_offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
     if slopes.shape != (heads,):
         raise ValueError(f"slopes must have shape ({heads},), got {tuple(slopes.shape)}")
     if key_padding is not None and key_padding.shape != (batch, key.shape[2]):
@@ -90,11 +92,11 @@ def sdpa_alibi_split(
         return torch.empty_like(query)
     if plan is None:
         dtype = torch.promote_types(query.dtype, torch.float32)
-        plan = split_plan(slopes.to(query.device), offset, q_len, key_padding, chunks, batch, dtype)
-    elif (plan.q_len, plan.offset, plan.heads, plan.batch) != (q_len, offset, heads, batch):
+        plan = split_plan(slopes.to(query.device), query_offset, q_len, key_padding, chunks, batch, dtype)
+    elif (plan.q_len, plan.query_offset, plan.heads, plan.batch) != (q_len, query_offset, heads, batch):
         raise ValueError(
-            f"the split plan is for q={plan.q_len}, offset={plan.offset}, {plan.heads} heads, batch {plan.batch}; "
-            f"the call has q={q_len}, offset={offset}, {heads} heads, batch {batch}"
+            f"the split plan is for q={plan.q_len}, query_offset={plan.query_offset}, {plan.heads} heads, "
+            f"batch {plan.batch}; the call has q={q_len}, query_offset={query_offset}, {heads} heads, batch {batch}"
         )
     return split_attention(query, key, value, plan, scaling)
 
@@ -106,52 +108,26 @@ def split_attention(query, key, value, plan: "SplitPlan", scaling: float) -> tor
     dtype = torch.promote_types(query.dtype, torch.float32)
     if plan.dtype != dtype:
         ranged = plan.first_keys
+        slopes = plan.slopes.to(query.device)
         plan = split_plan(
-            plan.slopes.to(query.device),
-            plan.offset,
-            plan.q_len,
-            plan.key_padding,
-            plan.chunks,
-            plan.batch,
-            dtype,
-            plan.causal,
+            slopes, plan.query_offset, plan.q_len, plan.key_padding, plan.chunks, plan.batch, dtype, plan.causal
         )
         plan = plan if ranged is None else plan.in_key_ranges(torch.tensor(ranged))
     return _SplitAttention.apply(query, key, value, plan, scaling)
 
 
 def split_plan(
-    slopes, offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1, dtype=torch.float32, causal=True
+    slopes, query_offset, q_len, key_padding=None, chunks=SPLIT_CHUNKS, batch=1, dtype=torch.float32, causal=True
 ) -> "SplitPlan":
     """Every call of the split for these facts, with its masks in `dtype` (fp32; fp64 for fp64 inputs); `causal`
     False: bidirectional (`SplitPlan`)."""
     slopes = slopes.to(torch.promote_types(dtype, torch.float32))  # biases, log-sum-exps and merges in it
-    return SplitPlan(slopes, offset, q_len, key_padding, tuple(chunks), batch, causal)
-
-
-def _key_bias(slopes: torch.Tensor, visible: int, key_padding: torch.Tensor | None) -> torch.Tensor:
-    """-m * (visible - 1 - j) for keys j < visible: ALiBi relative to the last of them, (B|1, H, 1, visible)."""
-    distance = torch.arange(visible - 1, -1, -1, device=slopes.device, dtype=slopes.dtype)  # (visible,)
-    bias = (-slopes[:, None] * distance)[None, :, None, :]  # (1, H, 1, visible)
-    if key_padding is not None:
-        bias = bias.masked_fill(~key_padding[:, None, None, :visible], torch.finfo(slopes.dtype).min)  # (B, H, 1, .)
-    return bias
-
-
-def _diagonal_bias(slopes: torch.Tensor, n: int, causal: bool = True) -> torch.Tensor:
-    """-m * (a - b) for b <= a, the dtype's minimum above: a chunk's own block, (1, H, n, n) causal Toeplitz;
-    bidirectional (`causal` False): -m * |a - b| everywhere."""
-    positions = torch.arange(n, device=slopes.device, dtype=slopes.dtype)  # (n,)
-    distance = positions[:, None] - positions[None, :]  # (n, n)
-    if not causal:
-        return (-slopes[:, None, None] * distance.abs())[None]  # (1, H, n, n)
-    bias = -slopes[:, None, None] * distance  # (H, n, n), the one H * n * n allocation: filled in place
-    return bias.masked_fill_(distance < 0, torch.finfo(slopes.dtype).min)[None]  # (1, H, n, n)
+    return SplitPlan(slopes, query_offset, q_len, key_padding, tuple(chunks), batch, causal)
 
 
 class SplitCall(NamedTuple):
     """One kernel call of the split: query rows [start, end) of heads [head_start, head_end) over keys
-    [key_start, key_end); `diagonal` for a block's own causal square (Toeplitz mask), else keys left of it."""
+    [key_start, key_end); `diagonal` for a block's own square (Toeplitz mask), else keys left (or right) of it."""
 
     start: int
     end: int
@@ -185,18 +161,21 @@ class SplitPlan:
     parallel region instead of one each (`groups`).
     """
 
-    def __init__(self, slopes, offset, q_len, key_padding, chunks, batch=1, causal=True):
+    def __init__(self, slopes, query_offset, q_len, key_padding, chunks, batch=1, causal=True):
         object.__setattr__(self, "_frozen", False)
-        self.offset, self.key_padding, self.heads, self.slopes = offset, key_padding, slopes.shape[0], slopes
+        self.query_offset, self.key_padding = query_offset, key_padding
+        self.heads, self.slopes = slopes.shape[0], slopes
         self.q_len, self.batch, self.dtype, self.chunks, self.causal = q_len, batch, slopes.dtype, chunks, causal
-        self.visible = offset + q_len
-        self.calls = _cover([], offset, 0, q_len, 0, chunks, (0, self.heads), key_end=None if causal else self.visible)
+        self.visible = query_offset + q_len
+        key_end = None if causal else self.visible  # bidirectional: every chunk also sees the keys right of it
+        self.calls = _cover([], query_offset, 0, q_len, 0, chunks, (0, self.heads), key_end=key_end)
         self.first_keys = None  # (H, blocks) first keys as nested tuples once cut to key ranges (`in_key_ranges`)
         self._set_calls(self.calls)
-        self.ramp = _key_bias(slopes, self.visible, None)[0, :, 0]  # (H, visible): -m * (visible - 1 - j)
+        distance = torch.arange(self.visible, device=slopes.device, dtype=slopes.dtype)  # (visible,)
+        self.ramp = -slopes[:, None] * distance.flip(0)  # (H, visible): -m * (visible - 1 - j)
         # bidirectional: keys right of a call's rows, -m * (t + 1) for the t-th of them (H, visible)
-        self.fall = None if causal else self.ramp.flip(-1) - slopes[:, None]
-        self.diagonal = _diagonal_bias(slopes, min(chunks[-1], q_len), causal)  # (1, H, n, n)
+        self.fall = None if causal else -slopes[:, None] * (distance + 1)
+        self.diagonal = alibi_block_bias(slopes, min(chunks[-1], q_len), causal)  # (1, H, n, n)
         self._frozen = True
 
     def __setattr__(self, name, value):
@@ -209,7 +188,14 @@ class SplitPlan:
         """The same calls for the global heads `heads` (a tensor-parallel rank's): `plan` is the attention plan
         already cut to them (its slopes and key ranges)."""
         return split_plan(
-            plan.slopes, self.offset, self.q_len, self.key_padding, self.chunks, self.batch, self.dtype, self.causal
+            plan.slopes,
+            self.query_offset,
+            self.q_len,
+            self.key_padding,
+            self.chunks,
+            self.batch,
+            self.dtype,
+            self.causal,
         )
 
     def in_key_ranges(self, first_key: torch.Tensor) -> "SplitPlan":
@@ -232,13 +218,15 @@ class SplitPlan:
         from its first-level call on (`_cover`), per run of heads with as many such blocks. Their sub-block calls
         repeat at a stride and group (`_group`): a few calls where one per block was made. Every other block has its
         own call per run of heads that share its first key (`_in_key_ranges`)."""
-        rows, offset, calls = self.chunks[0], self.offset, []
+        rows, query_offset, calls = self.chunks[0], self.query_offset, []
         leading = [next((b for b, first in enumerate(keys) if first > 0), len(keys)) for keys in first_keys]
         for head, end, blocks in filter(lambda run: run[2], head_runs(leading)):
-            cover = _cover([], offset, 0, min(blocks * rows, self.q_len), 0, (_PREFIX_BLOCKS * rows, rows), (head, end))
+            cover = _cover(
+                [], query_offset, 0, min(blocks * rows, self.q_len), 0, (_PREFIX_BLOCKS * rows, rows), (head, end)
+            )
             calls += [call for call in cover if not call.diagonal]  # (the one-level plan's diagonals run below)
         rest = [
-            [offset + b * rows if b < n else first for b, first in enumerate(keys)]  # the leading blocks: done
+            [query_offset + b * rows if b < n else first for b, first in enumerate(keys)]  # the leading blocks: done
             for keys, n in zip(first_keys, leading)
         ]
         return calls + [ranged for call in self.calls for ranged in _in_key_ranges(call, rest, rows)]
@@ -295,7 +283,7 @@ class SplitPlan:
         n, min_value, heads = end - start, torch.finfo(self.ramp.dtype).min, slice(head_start, head_end)
         if diagonal:
             mask, shift = self.diagonal[:, heads, :n, :n], None  # (1, h, n, n): -m * (a - b), min above the diagonal
-        elif key_start >= self.offset + end:  # bidirectional, keys right of the rows: -m * (j - (p + n - 1))
+        elif key_start >= self.query_offset + end:  # bidirectional, keys right of the rows: -m * (j - (p + n - 1))
             mask = self.fall[None, heads, None, : key_end - key_start]  # (1, h, 1, keys)
             shift = self.row_shift[heads, :n].flip(-1)  # (h, n): true logit = frame logit - m * (n - 1 - a)
         else:  # m * (j - p) for keys j < p = key_end; ramp entry visible - 1 - p + j holds -m * (p - j)
@@ -308,26 +296,26 @@ class SplitPlan:
         return mask, shift
 
 
-def _cover(calls, offset, first, last, key_start, chunks, heads, level=0, key_end=None):
-    """`calls` with the calls for rows [first, last) of heads [heads[0], heads[1]) over keys [key_start, offset +
+def _cover(calls, query_offset, first, last, key_start, chunks, heads, level=0, key_end=None):
+    """`calls` with the calls for rows [first, last) of heads [heads[0], heads[1]) over keys [key_start, query_offset +
     last) appended: per chunk of `chunks[level]` rows, the keys left of it, then the chunk cut by the next level.
     Bidirectional (`key_end`, the end of the keys these rows see): each chunk's keys right of it, up to `key_end`,
     in one call too (the mirror image of the keys left of it)."""
     if last - first <= chunks[-1]:
-        if offset + first > key_start:
-            calls.append(SplitCall(first, last, key_start, offset + first, False, *heads))
-        calls.append(SplitCall(first, last, offset + first, offset + last, True, *heads))
-        if key_end is not None and offset + last < key_end:
-            calls.append(SplitCall(first, last, offset + last, key_end, False, *heads))
+        if query_offset + first > key_start:
+            calls.append(SplitCall(first, last, key_start, query_offset + first, False, *heads))
+        calls.append(SplitCall(first, last, query_offset + first, query_offset + last, True, *heads))
+        if key_end is not None and query_offset + last < key_end:
+            calls.append(SplitCall(first, last, query_offset + last, key_end, False, *heads))
         return calls
     for start in range(first, last, chunks[level]):
         end = min(start + chunks[level], last)
-        if offset + start > key_start:
-            calls.append(SplitCall(start, end, key_start, offset + start, False, *heads))
-        inner_end = None if key_end is None else offset + end
-        _cover(calls, offset, start, end, offset + start, chunks, heads, level + 1, inner_end)
-        if key_end is not None and offset + end < key_end:
-            calls.append(SplitCall(start, end, offset + end, key_end, False, *heads))
+        if query_offset + start > key_start:
+            calls.append(SplitCall(start, end, key_start, query_offset + start, False, *heads))
+        inner_end = None if key_end is None else query_offset + end
+        _cover(calls, query_offset, start, end, query_offset + start, chunks, heads, level + 1, inner_end)
+        if key_end is not None and query_offset + end < key_end:
+            calls.append(SplitCall(start, end, query_offset + end, key_end, False, *heads))
     return calls
 
 

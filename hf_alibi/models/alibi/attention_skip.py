@@ -160,6 +160,26 @@ def _passing_blocks(log_terms: torch.Tensor, eps: float) -> torch.Tensor:
     return (torch.cumsum(torch.exp(log_terms - threshold), dim=-1) <= 1.0).sum(-1)
 
 
+def key_starts_inputs(query, key, slopes, query_offset, eps, row_block, key_block, row_group, key_padding, lse_lower):
+    """`certified_key_starts`' inputs checked: (the number of row blocks, the number of key blocks that may be
+    dropped: those wholly before the last row block)."""
+    _check_eps(eps)
+    _check_positive("row_block", row_block)
+    _check_positive("key_block", key_block)
+    _check_positive("row_group", row_group)
+    batch, heads, q_len, dim = query.shape
+    if key.dim() != 4 or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
+        raise ValueError(f"key {tuple(key.shape)} does not fit query {tuple(query.shape)}")
+    if not 0 <= query_offset <= key.shape[2] - q_len:
+        raise ValueError(f"query_offset={query_offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
+    _check_slopes(slopes, heads)
+    _real_keys(key, key_padding)  # checks its shape
+    if lse_lower is not None and lse_lower.shape != (batch, heads, q_len):
+        raise ValueError(f"lse_lower must have shape {(batch, heads, q_len)}, got {tuple(lse_lower.shape)}")
+    n_row_blocks = -(-q_len // row_block)
+    return n_row_blocks, (query_offset + (n_row_blocks - 1) * row_block) // key_block
+
+
 def certified_key_starts(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -187,23 +207,11 @@ def certified_key_starts(
     `query` and `key`, if already computed. The bound (Cauchy-Schwarz) is computed for groups of `row_group` rows at
     once (`_grouped_starts`): valid, a little looser, and `row_group` times less work; 1 is every row on its own.
     """
-    _check_eps(eps)
-    _check_positive("row_block", row_block)
-    _check_positive("key_block", key_block)
-    _check_positive("row_group", row_group)
-    batch, heads, q_len, dim = query.shape
-    if key.dim() != 4 or key.shape[:2] != (batch, heads) or key.shape[3] != dim:
-        raise ValueError(f"key {tuple(key.shape)} does not fit query {tuple(query.shape)}")
-    if not 0 <= query_offset <= key.shape[2] - q_len:
-        raise ValueError(f"query_offset={query_offset} must lie in [0, kv - q] = [0, {key.shape[2] - q_len}]")
-    _check_slopes(slopes, heads)
-    _real_keys(key, key_padding)  # checks its shape
-    if lse_lower is not None and lse_lower.shape != (batch, heads, q_len):
-        raise ValueError(f"lse_lower must have shape {(batch, heads, q_len)}, got {tuple(lse_lower.shape)}")
-    n_row_blocks = -(-q_len // row_block)
-    usable = (query_offset + (n_row_blocks - 1) * row_block) // key_block  # blocks before the last row block
+    n_row_blocks, usable = key_starts_inputs(
+        query, key, slopes, query_offset, eps, row_block, key_block, row_group, key_padding, lse_lower
+    )
     if eps == 0.0 or usable == 0:
-        return torch.zeros(heads, n_row_blocks, dtype=torch.long, device=query.device)
+        return torch.zeros(query.shape[1], n_row_blocks, dtype=torch.long, device=query.device)
     padding = None if key_padding is None else key_padding[:, : usable * key_block]
     norms = key_block_norms(key[:, :, : usable * key_block], key_block, padding, key_norms)  # (B, H, nb)
     lse = diagonal_lse(query, key, scaling, query_offset, key_padding) if lse_lower is None else lse_lower.double()
@@ -236,7 +244,9 @@ def kernel_lse_lower_bound(
     return lse.double() - 4 * delta
 
 
-def _grouped_starts(a, lse, norms, slopes, offset, eps, row_block, key_block, key_padding, row_group, chunk: int = 16):
+def _grouped_starts(
+    a, lse, norms, slopes, query_offset, eps, row_block, key_block, key_padding, row_group, chunk: int = 16
+):
     """`certified_key_starts` with Cauchy-Schwarz, vectorised over row blocks, for groups of `row_group` rows.
 
     Row i's bound is the sum over blocks K of exp(a_i N_K + b_K + c_i), with a_i = |s| |q_i|, b_K = m e_K + log G_K
@@ -250,10 +260,10 @@ def _grouped_starts(a, lse, norms, slopes, offset, eps, row_block, key_block, ke
     n_row_blocks, n_blocks = -(-q_len // row_block), norms.shape[-1]
     groups = -(-row_block // row_group)
     m = slopes.double().to(device)  # (H,)
-    positions = offset + torch.arange(q_len, device=device)  # (q,)
+    positions = query_offset + torch.arange(q_len, device=device)  # (q,)
     c = -m[:, None] * positions.double() - lse  # (B, H, q); -inf on padded rows (no real diagonal)
     if key_padding is not None:  # padded query rows never constrain the start
-        c = c.masked_fill(~key_padding[:, None, offset : offset + q_len].bool(), -math.inf)
+        c = c.masked_fill(~key_padding[:, None, query_offset : query_offset + q_len].bool(), -math.inf)
     pad_rows = n_row_blocks * row_block - q_len  # rows that constrain nothing: the last block's tail, and each
     pad_group = groups * row_group - row_block  # block's tail up to whole groups
     a, c = (
@@ -265,7 +275,7 @@ def _grouped_starts(a, lse, norms, slopes, offset, eps, row_block, key_block, ke
     c = c.gather(-1, order).unflatten(-1, (groups, row_group)).amax(-1)  # (B, H, R, groups)
     b = _block_decay(tuple(slopes.tolist()), key_block, n_blocks, str(device))[1]  # (H, nb): m e_K + log G_K
     empty = norms == -math.inf  # (B, H, nb): blocks without real keys carry no mass
-    first_row = offset + torch.arange(n_row_blocks, device=device) * row_block  # (R,)
+    first_row = query_offset + torch.arange(n_row_blocks, device=device) * row_block  # (R,)
     beyond = torch.arange(n_blocks, device=device) >= (first_row // key_block)[:, None]  # (R, nb) not droppable
     starts = torch.empty(batch, heads, n_row_blocks, groups, dtype=torch.long, device=device)
     for first in range(0, n_row_blocks, chunk):
@@ -277,7 +287,7 @@ def _grouped_starts(a, lse, norms, slopes, offset, eps, row_block, key_block, ke
     return starts.amin(dim=(0, 3))  # (H, R)
 
 
-def decode_inputs(query, block_norms, slopes, position, eps: float, block: int, lse_lower):
+def decode_inputs(query, block_norms, slopes, query_offset, eps: float, block: int, lse_lower):
     """A decoding step's certificate inputs checked: (query (B, H, 1, D), lse_lower (B, H, 1), the number of key
     blocks wholly before the current position's block)."""
     _check_eps(eps)
@@ -289,10 +299,10 @@ def decode_inputs(query, block_norms, slopes, position, eps: float, block: int, 
     batch, heads = query.shape[:2]
     if block_norms.dim() != 3 or block_norms.shape[1] != heads or block_norms.shape[0] not in (1, batch):
         raise ValueError(f"block_norms {tuple(block_norms.shape)} does not fit query {tuple(query.shape)}")
-    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
-        raise ValueError(f"position must be a non-negative integer, got {position!r}")
+    if isinstance(query_offset, bool) or not isinstance(query_offset, int) or query_offset < 0:
+        raise ValueError(f"query_offset must be a non-negative integer, got {query_offset!r}")
     lse_lower = lse_lower.reshape(*query.shape[:2], 1)  # (B, H, 1)
-    n = min(position // block, block_norms.shape[-1])  # blocks wholly before the current position's block
+    n = min(query_offset // block, block_norms.shape[-1])  # blocks wholly before the current position's block
     return query, lse_lower, n
 
 
@@ -301,26 +311,26 @@ def certified_decode_start(
     block_norms: torch.Tensor,
     slopes: torch.Tensor,
     scaling: float,
-    position: int,
+    query_offset: int,
     eps: float,
     block: int,
     lse_lower: torch.Tensor,
 ) -> torch.Tensor:
     """First key one decoding step must compute, per batch element and head: int64 (B, H); `.amin(0)` per head.
 
-    `query` (B, H, D) or (B, H, 1, D) at absolute `position`; `block_norms` (B, H, nb) from `key_block_norms` of the
-    cache (a running maximum for the block being filled); `lse_lower` (B, H) or (B, H, 1) a lower bound on the row's
-    LSE (the diagonal logit: `diagonal_lse`). The start is a multiple of `block` and <= `position`. Cauchy-Schwarz
-    (Theorem 3), in the few operations a step affords.
+    `query` (B, H, D) or (B, H, 1, D) at absolute position `query_offset`; `block_norms` (B, H, nb) from
+    `key_block_norms` of the cache (a running maximum for the block being filled); `lse_lower` (B, H) or (B, H, 1) a
+    lower bound on the row's LSE (the diagonal logit: `diagonal_lse`). The start is a multiple of `block` and
+    <= `query_offset`. Cauchy-Schwarz (Theorem 3), in the few operations a step affords.
     """
-    query, lse_lower, n = decode_inputs(query, block_norms, slopes, position, eps, block, lse_lower)
+    query, lse_lower, n = decode_inputs(query, block_norms, slopes, query_offset, eps, block, lse_lower)
     if eps == 0.0 or n == 0:
         return torch.zeros(query.shape[:2], dtype=torch.long, device=query.device)
     m, decay = _block_decay(tuple(slopes.tolist()), block, n, str(query.device))  # (H, 1), (H, n)
     # |s| |q|, kept > 0: a block without real keys has norm -inf and must give -inf, never 0 * -inf = NaN (a larger
     # factor only loosens the bound on real blocks, whose norms are >= 0)
     a = (upper_norms(query[:, :, 0]) * abs(scaling)).clamp(min=1e-300)  # (B, H)
-    terms = a[..., None] * block_norms[..., :n] + decay + (-m * position - lse_lower)  # (B, H, n)
+    terms = a[..., None] * block_norms[..., :n] + decay + (-m * query_offset - lse_lower)  # (B, H, n)
     return _passing_blocks(terms, eps) * block  # (B, H)
 
 

@@ -29,7 +29,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .activations import mlp_activation
 from .alibi import slopes_from_config
 from .attention_alibi import alibi_attention, plan_alibi_attention
-from .attention_certified import KeyNormSummaries, RunningKeyNorms
+from .attention_key_norms import KeyNormSummaries, RunningKeyNorms
 from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
 from .attention_plan import AlibiAttentionPlan
 from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
@@ -299,9 +299,9 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         built once; every layer only reads it (attention_plan.py)."""
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
-        past_length = cache.get_seq_length() if cache is not None else 0  # a 0-d tensor for static caches
-        if isinstance(past_length, torch.Tensor):
-            past_length = past_length.clone()  # the cache advances it in place during this forward
+        query_offset = cache.get_seq_length() if cache is not None else 0  # a 0-d tensor for static caches
+        if isinstance(query_offset, torch.Tensor):
+            query_offset = query_offset.clone()  # the cache advances it in place during this forward
         key_length = cache.get_mask_sizes(query_length, 0)[0] if cache is not None else query_length
         plan = plan_alibi_attention(
             self.config._attn_implementation or "sdpa",
@@ -309,7 +309,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             batch,
             query_length,
             key_length,
-            past_length,
+            query_offset,
             attention_mask=attention_mask,
             position_ids=position_ids,
             cu_seq_lens=kwargs.get("cu_seq_lens_q"),
@@ -319,7 +319,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             query_chunk=self.config.alibi_sdpa_query_chunk,
             skip_eps=self.config.alibi_skip_eps,
             train_seq_len=train_seq_len(self.config.alibi_scaling),
-            key_norms=RunningKeyNorms.for_forward(self.key_norms, cache, past_length, query_length),  # before writes
+            key_norms=RunningKeyNorms.for_forward(self.key_norms, cache, query_offset, query_length),  # before writes
             output_attentions=output_attentions,  # weights: the eager path in every layer, planned once
         )
         return cache, plan

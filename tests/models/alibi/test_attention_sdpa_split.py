@@ -211,8 +211,8 @@ def test_probe_rejects_a_kernel_whose_log_sum_exp_changed_meaning(monkeypatch):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(offset=30), "offset=30"),
-        (dict(offset=-1), "offset=-1"),
+        (dict(query_offset=30), "query_offset=30"),
+        (dict(query_offset=-1), "query_offset=-1"),
         (dict(slopes=torch.ones(3)), "slopes must have shape"),
         (dict(key_padding=torch.ones(2, 5, dtype=torch.bool)), "key_padding must have shape"),
         (dict(chunks=(8, 16)), "chunks must be decreasing"),
@@ -221,7 +221,7 @@ def test_probe_rejects_a_kernel_whose_log_sum_exp_changed_meaning(monkeypatch):
 )
 def test_bad_arguments_raise_value_error_naming_them(change, message):
     query, key, value = qkv(2, 5, 29)
-    arguments = dict(slopes=SLOPES, offset=24, key_padding=None, scaling=SCALE, chunks=(8, 3)) | change
+    arguments = dict(slopes=SLOPES, query_offset=24, key_padding=None, scaling=SCALE, chunks=(8, 3)) | change
     with pytest.raises(ValueError, match=message):
         sdpa_alibi_split(query, key, value, **arguments)
 

@@ -25,6 +25,7 @@ AUTO_CLASSES = {
     "AutoModelForQuestionAnswering",
 }
 ENTRY_FILES = ("configuration_alibi_gpt2.py", "modeling_alibi_gpt2.py")
+ENCODER_ENTRY_FILES = ("configuration_alibi_bert.py", "modeling_alibi_bert.py")  # the encoder's (test_hub_alibi_bert)
 
 
 def imports(path: Path) -> tuple[set[str], set[str]]:
@@ -40,9 +41,9 @@ def imports(path: Path) -> tuple[set[str], set[str]]:
     return relative, absolute
 
 
-def code_closure(folder: Path) -> set[str]:
+def code_closure(folder: Path, entry_files=ENTRY_FILES) -> set[str]:
     """The entry files and everything they import relatively, followed recursively inside `folder`."""
-    needed, todo = set(), list(ENTRY_FILES)
+    needed, todo = set(), list(entry_files)
     while todo:
         name = todo.pop()
         if name not in needed:
@@ -67,8 +68,10 @@ def saved(make_model, tmp_path, request):
 
 
 def test_the_model_folder_holds_exactly_what_every_checkpoint_carries():
-    """One `ls` shows a checkpoint's code: the folder's modules are the entry files' relative-import closure."""
-    assert {path.name for path in PACKAGE.glob("*.py")} - {"__init__.py"} == CODE_FILES
+    """One `ls` shows a checkpoint's code: the folder's modules are the decoder's and the encoder's entry files'
+    relative-import closures (the attention core they share is in both)."""
+    shipped = CODE_FILES | code_closure(PACKAGE, ENCODER_ENTRY_FILES)
+    assert {path.name for path in PACKAGE.glob("*.py")} - {"__init__.py"} == shipped
 
 
 def test_importing_the_package_aliases_no_module_in_sys_modules():
@@ -78,7 +81,7 @@ def test_importing_the_package_aliases_no_module_in_sys_modules():
     loaded = set(
         json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     )
-    aliases = {f"hf_alibi.{name[:-3]}" for name in CODE_FILES} & loaded
+    aliases = {f"hf_alibi.{name[:-3]}" for name in CODE_FILES | set(ENCODER_ENTRY_FILES)} & loaded
     assert not aliases, f"importing hf_alibi registered module aliases: {sorted(aliases)}"
 
 
@@ -109,9 +112,27 @@ def test_save_pretrained_writes_safetensors_config_with_auto_map_and_all_code(sa
     assert not offenders, f"absolute hf_alibi imports in saved code: {offenders}"
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
     assert set(auto_map) >= AUTO_CLASSES, f"auto_map lacks {AUTO_CLASSES - set(auto_map)}"
+    assert_auto_map_names_classes_in(folder, auto_map)
+
+
+def assert_auto_map_names_classes_in(folder: Path, auto_map: dict) -> None:
+    """Every `auto_map` target ("module.Class") is a class defined in that module's file of the saved folder."""
     for target in auto_map.values():
         module, _, class_name = target.rpartition(".")
         assert f"class {class_name}(" in (folder / f"{module}.py").read_text(), target
+
+
+def run_without_hf_alibi(loader: str, arguments: list[str], tmp_path: Path) -> None:
+    """Run the Python source `loader` with `arguments` in a fresh process that cannot import hf_alibi (the loader
+    blocks it), offline, from another folder and with `-P`: the checkpoint folder is not on sys.path, so only
+    correct relative imports resolve."""
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir(exist_ok=True)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    env.pop("PYTHONPATH", None)
+    command = [sys.executable, "-P", "-c", loader, *arguments]
+    run = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
 
 
 LOADER = r"""
@@ -138,14 +159,7 @@ def test_fresh_process_without_hf_alibi_loads_with_trust_remote_code(saved, tmp_
     model, folder = saved
     ids = random_ids(2, 30)
     torch.save(ids, tmp_path / "ids.pt")
-    elsewhere = tmp_path / "cwd"
-    elsewhere.mkdir()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
-    env.pop("PYTHONPATH", None)
-    # -P and another cwd: the checkpoint folder is not on sys.path, so only correct relative imports resolve
-    command = [sys.executable, "-P", "-c", LOADER, str(folder), str(tmp_path / "ids.pt"), str(tmp_path / "out.pt")]
-    run = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-4000:]
+    run_without_hf_alibi(LOADER, [str(folder), str(tmp_path / "ids.pt"), str(tmp_path / "out.pt")], tmp_path)
     result = torch.load(tmp_path / "out.pt")
     assert all(m.startswith("transformers_modules") for m in result["modules"]), result["modules"]
     with torch.no_grad():

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from transformers import Cache, DynamicCache, DynamicLayer, StaticCache
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
-from hf_alibi.models.alibi.attention_certified import KEY_BLOCK, KeyNormSummaries, RunningKeyNorms
+from hf_alibi.models.alibi.attention_certified import KEY_BLOCK
+from hf_alibi.models.alibi.attention_key_norms import KeyNormSummaries, RunningKeyNorms
 from hf_alibi.models.alibi.attention_skip import key_block_norms
 
 EPS = 1e-7
