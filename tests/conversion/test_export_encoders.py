@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from encoder_reference import jina_config, mosaic_config, save_source, tiny_state
-from hf_alibi import AlibiBertConfig, AlibiBertForTokenClassification, AlibiBertModel, export
+from hf_alibi import AlibiBertForTokenClassification, AlibiBertModel, export
 from hf_alibi.cli import run
 from hf_alibi.conversion import convert_encoder
 
@@ -70,17 +70,8 @@ def test_import_then_export_gives_back_the_source_bit_for_bit(tmp_path, name):
     assert not changed, changed
 
 
-def test_export_then_import_is_the_same_model():
-    model = AlibiBertModel(
-        AlibiBertConfig(
-            vocab_size=40,
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=24,
-            feed_forward_type="reglu",
-        )
-    ).eval()
+def test_export_then_import_is_the_same_model(make_encoder):
+    model = make_encoder(feed_forward_type="reglu")
     back = convert_encoder(export(model, "jina"))  # their config dict and state dict, read as a checkpoint
     for key, tensor in model.state_dict().items():
         assert torch.equal(back.state_dict()[key], tensor), key
@@ -95,21 +86,15 @@ EXPORT_REFUSALS = {
 
 
 @pytest.mark.parametrize("case", sorted(EXPORT_REFUSALS))
-def test_a_layout_that_cannot_hold_the_model_refuses_by_name_and_writes_nothing(tmp_path, case):
+def test_a_layout_that_cannot_hold_the_model_refuses_by_name_and_writes_nothing(tmp_path, make_encoder, case):
     layout, fields, model_class, named = EXPORT_REFUSALS[case]
-    config = AlibiBertConfig(
-        vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=4, intermediate_size=24, **fields
-    )
     with pytest.raises(ValueError, match=named):
-        export(model_class(config), layout, tmp_path / "out")
+        export(make_encoder(model_class, **fields), layout, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
-def test_gpt2_layouts_refuse_an_encoder_and_encoder_layouts_a_decoder(tmp_path, make_model):
-    encoder = AlibiBertModel(
-        AlibiBertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=4, intermediate_size=24)
-    )
+def test_gpt2_layouts_refuse_an_encoder_and_encoder_layouts_a_decoder(tmp_path, make_model, make_encoder):
     with pytest.raises(ValueError, match="layout='mpt'"):
-        export(encoder, "mpt", tmp_path / "a")
+        export(make_encoder(), "mpt", tmp_path / "a")
     with pytest.raises(ValueError, match="layout='jina'"):
         export(make_model(), "jina", tmp_path / "b")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from encoder_reference import jina_config, save_source, tiny_state, wordpiece_tokenizer
-from hf_alibi import AlibiBertConfig, AlibiBertForSequenceClassification, AlibiBertModel, convert, export
+from hf_alibi import AlibiBertForSequenceClassification, AlibiBertModel, convert, export
 from hf_alibi.cli import run
 from test_gguf_export import read_fields
 
@@ -76,26 +76,22 @@ def test_wordpiece_goes_in_as_llama_cpp_bert_vocabulary(imported, tmp_path):
     assert tokens[vocab["fox"]] == "\u2581fox"
 
 
-def _tiny(model_class, **fields):
-    config = AlibiBertConfig(
-        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=4, intermediate_size=24, **fields
-    )
-    return model_class(config)
-
-
 @pytest.mark.parametrize(
-    "model, named",
+    "model_class, fields, named",
     [
-        (lambda: _tiny(AlibiBertModel, feed_forward_type="reglu"), "'relu'"),
-        (lambda: _tiny(AlibiBertModel, feed_forward_type="glu", hidden_act="silu"), "'silu'"),
-        (lambda: _tiny(AlibiBertForSequenceClassification), "sequence_classification"),
+        (AlibiBertModel, dict(feed_forward_type="reglu"), "'relu'"),
+        (AlibiBertModel, dict(feed_forward_type="glu", hidden_act="silu"), "'silu'"),
+        (AlibiBertForSequenceClassification, {}, "sequence_classification"),
     ],
 )
-def test_gguf_refuses_what_jina_bert_v2_cannot_hold_and_writes_nothing(imported, tmp_path, model, named):
+def test_gguf_refuses_what_jina_bert_v2_cannot_hold_and_writes_nothing(
+    imported, tmp_path, make_encoder, model_class, fields, named
+):
     from transformers import AutoTokenizer
 
+    model = make_encoder(model_class, **fields)
     with pytest.raises(ValueError, match=named):
-        export(model(), "gguf", tmp_path / "out.gguf", tokenizer=AutoTokenizer.from_pretrained(imported))
+        export(model, "gguf", tmp_path / "out.gguf", tokenizer=AutoTokenizer.from_pretrained(imported))
     assert not (tmp_path / "out.gguf").exists()
 
 

@@ -3,7 +3,6 @@ float64 reference's), with hf_alibi imported and, through the code the folder sh
 jina-reranker-v1 is a CrossEncoder scoring as their classifier."""
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 
 from encoder_reference import jina_config, reference_forward, save_source, tiny_state, wordpiece_tokenizer
 from hf_alibi import convert
+from tests.models.alibi.test_hub import run_without_hf_alibi  # the one fresh-process runner of the Hub tests
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 TEXTS = ["the quick brown fox jumps over the lazy dog", "hello world", "a long text of many words " * 40]
@@ -62,24 +62,18 @@ def test_a_normalize_module_of_the_source_is_kept(tmp_path):
 LOAD_WITHOUT_HF_ALIBI = """
 import sys, json
 sys.modules["hf_alibi"] = None  # the package is not there: only the code the folder ships
-import torch
 from sentence_transformers import SentenceTransformer
-model = SentenceTransformer(sys.argv[1], device="cpu", trust_remote_code=True)
-print(json.dumps(model.encode(json.loads(sys.argv[2])).tolist()))
+folder, texts, output = sys.argv[1:]
+model = SentenceTransformer(folder, device="cpu", trust_remote_code=True)
+open(output, "w").write(json.dumps(model.encode(json.loads(texts)).tolist()))
 """
 
 
 def test_the_folder_loads_without_hf_alibi_through_its_own_code(tmp_path):
     folder, config, state, tokenizer = imported(tmp_path)
-    result = subprocess.run(
-        [sys.executable, "-P", "-c", LOAD_WITHOUT_HF_ALIBI, str(folder), json.dumps(TEXTS)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = torch.tensor(json.loads(result.stdout.strip().splitlines()[-1])).double()
+    output = tmp_path / "embeddings.json"
+    run_without_hf_alibi(LOAD_WITHOUT_HF_ALIBI, [str(folder), json.dumps(TEXTS), str(output)], tmp_path)
+    got = torch.tensor(json.loads(output.read_text())).double()
     error = (got - their_mean_pooling(config, state, tokenizer, TEXTS)).abs().max().item()
     assert error < ATOL, f"embeddings without hf_alibi differ by {error:.2e}"
 
