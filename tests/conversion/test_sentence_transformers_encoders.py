@@ -17,15 +17,17 @@ TEXTS = ["the quick brown fox jumps over the lazy dog", "hello world", "a long t
 ATOL = 2e-5
 
 
-def imported(tmp_path, head: str = "base", modules: list | None = None):
-    """A tiny Jina checkpoint with a WordPiece tokenizer (and, if given, its own modules.json), imported: (our
-    folder, their config, their state, tokenizer)."""
+def imported(tmp_path, head: str = "base", modules: list | None = None, max_seq_length: int | None = None):
+    """A tiny Jina checkpoint with a WordPiece tokenizer (and, if given, its own modules.json and
+    sentence_bert_config.json), imported: (our folder, their config, their state, tokenizer)."""
     config = jina_config(head)
     state = tiny_state(config, head, fused=False)
     folder = save_source(tmp_path / "source", config, state, pickled=False)
     tokenizer = wordpiece_tokenizer(folder)
     if modules is not None:
         (folder / "modules.json").write_text(json.dumps(modules))
+    if max_seq_length is not None:
+        (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
     return convert(str(folder), tmp_path / "ours"), config, state, tokenizer
 
 
@@ -46,15 +48,17 @@ def test_sentence_transformer_encodes_as_their_mean_pooling(tmp_path):
     assert error < ATOL, f"embeddings differ from their mean pooling by {error:.2e}"
 
 
-def test_a_normalize_module_of_the_source_is_kept(tmp_path):
+def test_the_sources_normalize_module_and_max_seq_length_are_kept(tmp_path):
     theirs = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
         {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
     ]
-    folder, config, state, tokenizer = imported(tmp_path, modules=theirs)
+    folder, config, state, tokenizer = imported(tmp_path, modules=theirs, max_seq_length=1024)
     assert [module["type"] for module in json.loads((folder / "modules.json").read_text())][-1].endswith("Normalize")
-    got = torch.as_tensor(sentence_transformers.SentenceTransformer(str(folder), device="cpu").encode(TEXTS)).double()
+    model = sentence_transformers.SentenceTransformer(str(folder), device="cpu")
+    assert model.max_seq_length == 1024  # the source's sentence_bert_config.json, kept
+    got = torch.as_tensor(model.encode(TEXTS)).double()
     expected = torch.nn.functional.normalize(their_mean_pooling(config, state, tokenizer, TEXTS), dim=-1)
     assert (got - expected).abs().max().item() < ATOL
 
