@@ -60,6 +60,7 @@ _DEFAULTS = {
     "classifier_dropout": None,
 }
 _LABEL_FIELDS = ("id2label", "label2id", "problem_type")
+_INDEX_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 _IMPORT_NEEDS = {
     "jina": (
         Requirement(
@@ -105,6 +106,8 @@ def their_bare_state(state: dict) -> tuple[dict, str]:
     bare = {key.removeprefix("bert."): tensor for key, tensor in state.items()}
     if len(bare) != len(state):
         raise ValueError("checkpoint holds the same weight with and without the bert. prefix")
+    for buffer in _INDEX_BUFFERS:  # saved by older transformers; index tables, not weights
+        bare.pop(buffer, None)
     if any(key.startswith("cls.predictions.") for key in bare):
         return bare, "masked_lm"
     return bare, "classifier" if "classifier.weight" in bare else "base"
