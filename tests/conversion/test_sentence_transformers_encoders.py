@@ -108,3 +108,21 @@ def test_convert_says_how_to_load_it_and_names_the_extra_when_missing(tmp_path, 
         "SentenceTransformer(folder) needs sentence-transformers, which is not installed: "
         "pip install 'hf_alibi[embeddings]'"
     ], lines
+
+
+def test_a_saved_encoder_becomes_a_sentence_transformer_with_one_call(tmp_path, make_encoder):
+    from hf_alibi.conversion import write_sentence_transformers_files
+
+    model = make_encoder(vocab_size=64, max_position_embeddings=4096)
+    model.save_pretrained(tmp_path / "mine")
+    tokenizer = wordpiece_tokenizer(tmp_path / "mine")
+    write_sentence_transformers_files(tmp_path / "mine", model.config, normalize=True)
+    encoder = sentence_transformers.SentenceTransformer(str(tmp_path / "mine"), device="cpu")
+    assert encoder.max_seq_length == 4096
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state.double()  # (B, L, H)
+    mask = batch["attention_mask"][..., None].double()
+    expected = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+    got = torch.as_tensor(encoder.encode(TEXTS)).double()
+    assert (got - expected).abs().max().item() < ATOL
