@@ -94,7 +94,7 @@ def encoder_family(config: dict, keys) -> str:
     if "jina-bert-implementation" in code or any(".mlp.gated_layers." in k for k in keys):
         return "jina"
     raise ValueError(
-        f"a {config.get('model_type') or 'bert'!r} checkpoint with no sign of ALiBi (no auto_map to "
+        f"a checkpoint of model_type {config.get('model_type')!r} with no sign of ALiBi (no auto_map to "
         "jina-bert-implementation or bert_layers, no Wqkv or mlp.gated_layers weights, no alibi_starting_size): a "
         "plain BERT with learned positions, not an ALiBi encoder"
     )
