@@ -25,7 +25,7 @@ from transformers import CompileConfig, GPT2Config, GPT2LMHeadModel, StoppingCri
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 from hf_alibi.atomic_files import write_text_atomically
 
-from .contestants import NO_DROPOUT, TOKEN_IDS, add_shape_arguments, shape_fields
+from .contestants import NO_DROPOUT, TOKEN_IDS, add_shape_arguments, exact_generation_config, shape_fields
 
 
 def build(name: str, args) -> torch.nn.Module:
@@ -61,16 +61,9 @@ def generate(model, ids, mask, new_tokens: int, compile_config) -> float:
     """Decoding tokens/s of one generate call: the steps after the first token, from the first token to the last."""
     clock = StepClock()
     with torch.no_grad():
+        config = exact_generation_config(new_tokens, cache_implementation="static", compile_config=compile_config)
         out = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            cache_implementation="static",
-            compile_config=compile_config,
-            pad_token_id=0,
-            stopping_criteria=StoppingCriteriaList([clock]),
+            ids, attention_mask=mask, generation_config=config, stopping_criteria=StoppingCriteriaList([clock])
         )
     assert out.shape[1] == ids.shape[1] + new_tokens and len(clock.times) == new_tokens
     return ids.shape[0] * (new_tokens - 1) / (clock.times[-1] - clock.times[0])

@@ -152,6 +152,17 @@ TOKEN_IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}  # every c
 NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 
 
+def exact_generation_config(new_tokens: int, **options):
+    """Greedy generation of exactly `new_tokens` tokens, with the contestants' pad id; `options` are further
+    `GenerationConfig` fields (a cache, a compile config)."""
+    from transformers import GenerationConfig
+
+    tokens = {**TOKEN_IDS, "bos_token_id": None, "eos_token_id": None}  # no eos can stop a contestant early
+    return GenerationConfig(
+        do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, use_cache=True, **tokens, **options
+    )
+
+
 def build_model(name: str, shape: Shape, max_length: int):
     """A randomly initialised causal LM for contestant `name`, fp32 on CPU, covering `max_length` positions.
 

@@ -98,32 +98,18 @@ def measure(name: str, model, weights: str, lengths: list[int], tokenizer) -> li
     """Records for one model: the main grid with the default bound, and the bound ablation, at every length."""
     attention = model.transformer.h[0].attn
     slopes = model.transformer.alibi_slopes.float()  # (H,), refilled after loading (NOTES: meta-device buffers)
-    settings = [(DEFAULT_BOUND, *cell) for cell in GRID] + [
-        (bound, 1e-7, 256, 256) for bound in BOUNDS if bound != DEFAULT_BOUND
-    ]
+    grid = [dict(eps=eps, row_block=rows, key_block=keys, bound=DEFAULT_BOUND) for eps, rows, keys in GRID]
+    ablation = [dict(eps=1e-7, row_block=256, key_block=256, bound=bound) for bound in BOUNDS if bound != DEFAULT_BOUND]
     stream = heldout_stream(tokenizer, max(lengths))
     records = []
     for length in lengths:
         layers = capture_queries_keys(model, stream[:, :length])
-        for bound, eps, row_block, key_block in settings:
-            near, centroid = BOUNDS[bound]
-            table = fractions(layers, slopes, attention.scaling, eps, row_block, key_block, near, centroid)
+        for setting in grid + ablation:
+            eps, row_block, key_block, bound = setting.values()
+            table = fractions(layers, slopes, attention.scaling, eps, row_block, key_block, *BOUNDS[bound])
             per_head = torch.tensor(table).mean(0)  # (H,): a head's slope is the same in every layer
-            records.append(
-                dict(
-                    model=name,
-                    weights=weights,
-                    length=length,
-                    eps=eps,
-                    row_block=row_block,
-                    key_block=key_block,
-                    bound=bound,
-                    slopes=slopes.tolist(),
-                    per_layer_head=table,
-                    per_head=per_head.tolist(),
-                    overall=float(per_head.mean()),
-                )
-            )
+            kept = dict(per_layer_head=table, per_head=per_head.tolist(), overall=float(per_head.mean()))
+            records.append(dict(model=name, weights=weights, length=length, **setting, slopes=slopes.tolist(), **kept))
             print(
                 f"{name:>17} {weights:>7} L={length:>6} eps={eps:.0e} blocks {row_block}/{key_block} "
                 f"[{bound}]: overall {records[-1]['overall']:.3f}",

@@ -82,49 +82,32 @@ def near_key_lse(
     return lse  # (B, H, q)
 
 
-def block_log_mass_bounds(
-    query: torch.Tensor,
-    lse_lower: torch.Tensor,
-    positions: torch.Tensor,
-    slopes: torch.Tensor,
-    scaling: float,
-    block: int,
-    norms: torch.Tensor,
-    centres: torch.Tensor | None = None,
-    radii: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """log of Theorem 3's bound on each key block's softmax mass, per row: float64 (B, H, rows, nb).
+def _kept_start(query, lse_lower, first_position, slopes, scaling, block, eps, n, norms, centres, radii):
+    """The first key each row of `query` (B, H, rows, D) must keep (`first_kept_key` over the first `n` key blocks,
+    from the log of Theorem 3's bound on each block's softmax mass): int64 (B, H, rows).
 
-    `query` (B, H, rows, D) at absolute `positions` (rows,); `lse_lower` (B, H, rows) lower bounds on LSE_i;
-    `norms` (B|1, H, nb) from `key_block_norms`; optional `centres` (B|1, H, nb, D) and `radii` (B|1, H, nb) from
-    `key_block_spheres`. Block k holds keys [k block, (k + 1) block), all of them before every row.
+    Row r sits at absolute position `first_position + r`; `lse_lower` (B, H, rows) lower bounds on LSE_i; `norms`
+    (B|1, H, >= n) from `key_block_norms`; `centres` (B|1, H, >= n, D) and `radii` (B|1, H, >= n) from
+    `key_block_spheres`, or None. Block k holds keys [k block, (k + 1) block), all of them before every row.
     """
-    n_blocks = norms.shape[-1]
-    if n_blocks * block > int(positions.min()) + 1:
-        raise ValueError(f"{n_blocks} blocks of {block} keys do not all lie at or before position {positions.min()}")
-    query = query.double()
+    positions = first_position + torch.arange(query.shape[2], device=query.device)  # (rows,)
+    if n * block > first_position + 1:
+        raise ValueError(f"{n} blocks of {block} keys do not all lie at or before position {first_position}")
+    query, norms = query.double(), norms[..., :n]
     q_norm = query.norm(dim=-1, keepdim=True) * abs(scaling)  # (B, H, rows, 1): |s| |q_i|
-    upper = q_norm * norms[:, :, None, :]  # (B, H, rows, nb): Cauchy-Schwarz
+    upper = q_norm * norms[:, :, None, :]  # (B, H, rows, n): Cauchy-Schwarz
     if centres is not None:
-        centred = (query @ centres.transpose(-1, -2)) * scaling + q_norm * radii[:, :, None, :]  # (B, H, rows, nb)
+        centres, radii = centres[:, :, :n], radii[..., :n]
+        centred = (query @ centres.transpose(-1, -2)) * scaling + q_norm * radii[:, :, None, :]  # (B, H, rows, n)
         upper = torch.minimum(upper, centred)
     # A block without real keys has norm -inf; 0 * -inf (a zero query) would be NaN, and its mass is 0 anyway
     upper = upper.masked_fill((norms == -math.inf)[:, :, None, :], -math.inf)
     m = slopes.double().to(query.device)  # (H,)
-    ends = torch.arange(1, n_blocks + 1, device=query.device, dtype=torch.float64) * block - 1  # (nb,) e_K
-    distance = positions.double()[:, None] - ends[None, :]  # (rows, nb): i - e_K >= 0
+    ends = torch.arange(1, n + 1, device=query.device, dtype=torch.float64) * block - 1  # (n,) e_K
+    distance = positions.double()[:, None] - ends[None, :]  # (rows, n): i - e_K >= 0
     log_g = _log_geometric(m, block)  # (H,)
-    return upper - m[:, None, None] * distance + (log_g[:, None, None] - lse_lower[..., None])  # (B, H, rows, nb)
-
-
-def _kept_start(query, lse_lower, first_position, slopes, scaling, block, eps, n, norms, centres, radii):
-    """`first_kept_key` of rows `query` (B, H, rows, D) from `first_position` on, over the first `n` key blocks of
-    `norms`, `centres` and `radii` (the last two may be None): (B, H, rows)."""
-    if centres is not None:
-        centres, radii = centres[:, :, :n], radii[..., :n]
-    positions = first_position + torch.arange(query.shape[2], device=query.device)  # (rows,)
-    bounds = block_log_mass_bounds(query, lse_lower, positions, slopes, scaling, block, norms[..., :n], centres, radii)
-    return first_kept_key(bounds, eps, block)
+    log_bounds = upper - m[:, None, None] * distance + (log_g[:, None, None] - lse_lower[..., None])  # (B, H, rows, n)
+    return first_kept_key(log_bounds, eps, block)
 
 
 def first_kept_key(log_bounds: torch.Tensor, eps: float, block: int) -> torch.Tensor:

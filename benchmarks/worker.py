@@ -182,8 +182,10 @@ class Contestant:
             self.model.eval()
             ids, mask = self._left_padded_prompts(batch, cell["prefill"])
             decode = cell["decode"]
+            from .contestants import exact_generation_config
+
             # t(prefill + 1 token) and t(prefill + `decode` tokens): their difference is `decode - 1` decode steps.
-            first, full = self._generation_config(1), self._generation_config(decode)
+            first, full = exact_generation_config(1), exact_generation_config(decode)
 
             def generate(config):
                 with torch.no_grad():
@@ -212,20 +214,6 @@ class Contestant:
         for row, length in enumerate(lengths):
             mask[row, prefill - length :] = 1
         return ids.masked_fill(mask == 0, PAD), mask
-
-    def _generation_config(self, new_tokens: int):
-        from transformers import GenerationConfig
-
-        # Greedy, exactly `new_tokens` for every contestant: no eos can stop one of them early.
-        return GenerationConfig(
-            do_sample=False,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            eos_token_id=None,
-            pad_token_id=PAD,
-            bos_token_id=None,
-            use_cache=True,
-        )
 
     def timed_call(self) -> dict:
         elapsed, extra = timed(self.call, self._sync)

@@ -180,6 +180,7 @@ class AlibiBertPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _compatible_flash_implementations = ["flash_attention_2"]  # the only one with an `alibi_slopes` argument
     _can_set_attn_implementation_cached_value = True  # every forward reads `config._attn_implementation`
+    _can_compile_fullgraph = True  # tested: the whole forward compiles without graph breaks (the bias bank's path)
     # What `output_hidden_states` / `output_attentions` record: each layer's input and output, each attention's weights
     _can_record_outputs = {
         "hidden_states": AlibiBertLayer,
