@@ -1,10 +1,12 @@
 """The `hf-alibi` console command.
 
 hf-alibi convert SRC DST                 # GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM (folder or Hub id) -> ALiBi GPT-2
+                                         # jina-embeddings-v2, jina-reranker-v1, MosaicBERT, DNABERT-2 -> ALiBi BERT
 hf-alibi export SRC DST --to bloom       # ALiBi GPT-2 folder -> BloomForCausalLM folder
 hf-alibi export SRC DST --to mpt --max-seq-len 8192   # -> MptForCausalLM folder (transformers, vLLM, TGI)
 hf-alibi export SRC DST --to jais        # -> their remote-code layout (also --to btlm), for their own code
-hf-alibi export SRC model.gguf --to gguf # -> one llama.cpp file (architecture mpt or jais), tokenizer included
+hf-alibi export SRC model.gguf --to gguf # -> one llama.cpp file (mpt, jais or jina-bert-v2), tokenizer included
+hf-alibi export SRC DST --to jina        # ALiBi BERT folder -> jina-bert-implementation's layout (also --to mosaic)
 hf-alibi plot-bias [MODEL_OR_CONFIG | --n-head N] --output FILE.png   # bias matrices and slope schedule
 hf-alibi train --config cpu_demo [--KEY VALUE ...]    # train short, test long (a shipped config or a YAML file)
 hf-alibi evaluate --model FOLDER [FOLDER ...]         # any checkpoint at 1x-16x its training length
@@ -37,6 +39,8 @@ DEBUG_VARIABLE = "HF_ALIBI_DEBUG"
 EXIT_ERROR = 2  # argparse's status for a bad invocation; every refusal here is one
 # Errors that are the user's to fix (a path, a value, a missing extra): their message is the whole story.
 EXPECTED_ERRORS = (ValueError, OSError, ImportError)
+# `hf-alibi export --to`: ALiBi GPT-2's layouts, then ALiBi BERT's (gguf serves both); conversion.LAYOUTS, unimported
+EXPORT_LAYOUTS = ("bloom", "mpt", "jais", "btlm", "gguf", "jina", "mosaic")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,14 +105,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=f"show the traceback of an error (or {DEBUG_VARIABLE}=1)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    convert = commands.add_parser("convert", help="import a GPT-2, BLOOM, MPT, Falcon-RW, Jais or BTLM checkpoint")
+    convert = commands.add_parser(
+        "convert",
+        help="import a GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM checkpoint, or an ALiBi encoder (Jina, MosaicBERT)",
+    )
     convert.add_argument("source", help="checkpoint folder or Hub id (its model_type picks the family)")
     convert.add_argument("destination", help="folder to write (must not exist or be empty)")
     convert.add_argument("--alibi-max-bias", type=float, help="GPT-2 only: the 8 in the paper's slope rule")
-    export = commands.add_parser("export", help="export an ALiBi GPT-2 folder to BLOOM, MPT, Jais, BTLM or GGUF")
-    export.add_argument("source", help="ALiBi GPT-2 folder (its tokenizer comes along)")
-    export.add_argument("destination", help="folder to write (bloom, mpt, jais, btlm) or a .gguf file (gguf)")
-    export.add_argument("--to", required=True, choices=("bloom", "mpt", "jais", "btlm", "gguf"), help="target layout")
+    export = commands.add_parser(
+        "export",
+        help="export an ALiBi GPT-2 folder (BLOOM, MPT, Jais, BTLM, GGUF) or ALiBi BERT (Jina, MosaicBERT, GGUF)",
+    )
+    export.add_argument("source", help="ALiBi GPT-2 or ALiBi BERT folder (its tokenizer comes along)")
+    export.add_argument("destination", help="folder to write (bloom, mpt, jais, btlm, jina, mosaic) or a .gguf file")
+    export.add_argument("--to", required=True, choices=EXPORT_LAYOUTS, help="target layout")
     export.add_argument(
         "--max-seq-len",
         type=int,
@@ -162,10 +172,16 @@ def run(argv: list[str]) -> None:
     elif args.command == "convert":
         from .conversion import EXACT_FAMILIES
         from .conversion.common import source_model_type
+        from .conversion.encoder_files import ENCODER_MODEL_TYPES
+        from .import_utils import missing_extra
 
         path = convert_checkpoint(args.source, args.destination, args.alibi_max_bias)
         family = source_model_type(args.source)
-        if family in EXACT_FAMILIES:
+        if family in ENCODER_MODEL_TYPES:  # only an ALiBi encoder imports from these; anything else is refused
+            print(f"wrote ALiBi BERT to {path}: an exact import of the ALiBi encoder (same outputs, any length)")
+            if (path / "modules.json").is_file():
+                print(missing_extra("embeddings", "SentenceTransformer(folder)") or "load it with SentenceTransformer")
+        elif family in EXACT_FAMILIES:
             print(f"wrote ALiBi GPT-2 to {path}: an exact import of the {family} model (same outputs, any length)")
         else:
             print(f"wrote ALiBi GPT-2 to {path}; fine-tune it before use")

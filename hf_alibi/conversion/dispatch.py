@@ -8,8 +8,11 @@
     hf_alibi.export(model, "bloom", "bloom-again/")         # folder BloomForCausalLM loads
     hf_alibi.export(model, "gguf", "model.gguf", tokenizer=tokenizer)  # needs a tanh-GELU model (not BLOOM's norm)
     hf_alibi.convert("inceptionai/jais-family-590m", "jais-alibi/")  # remote-code checkpoints: read from their files
+    hf_alibi.convert("jinaai/jina-embeddings-v2-small-en", "jina/")  # ALiBi encoders -> ALiBi BERT (encoder_files)
+    hf_alibi.export("jina/", "mosaic", "mosaic/")                    # -> their layouts: jina, mosaic, gguf
 
-The same from the shell: `hf-alibi convert SRC DST`, `hf-alibi export SRC DST --to {bloom,mpt,jais,btlm,gguf}`.
+The same from the shell: `hf-alibi convert SRC DST`, `hf-alibi export SRC DST --to {bloom,mpt,jais,btlm,gguf}`
+(an ALiBi BERT folder: `--to {jina,mosaic,gguf}`).
 """
 
 import json
@@ -29,6 +32,7 @@ from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .bloom import check_bloom_exportable, convert_bloom, export_bloom
 from .common import check_destination, load_config, load_tokenizer, source_model_type, write_folder_atomically
+from .encoder_files import ENCODER_LAYOUTS, ENCODER_MODEL_TYPES, export_encoder_folder, import_encoder
 from .falcon import convert_falcon
 from .gguf_export import check_gguf_exportable, write_gguf
 from .gpt2 import convert_gpt2
@@ -54,7 +58,7 @@ EXPORTABLE = {
     "btlm": check_cerebras_exportable,
     "gguf": lambda config, max_seq_len: check_gguf_exportable(config),
 }
-LAYOUTS = tuple(EXPORTABLE)
+LAYOUTS = tuple(dict.fromkeys([*EXPORTABLE, *ENCODER_LAYOUTS]))  # ALiBi GPT-2's, then ALiBi BERT's (gguf: both)
 
 
 def load_source(source: PreTrainedModel | str | os.PathLike) -> PreTrainedModel:
@@ -94,18 +98,22 @@ def convert(
     exact (same function; see each family's module); Jais and BTLM are read from their files, their code never runs.
     GPT-2 loses its position embeddings: `gpt2_alibi_kwargs` (e.g. `alibi_max_bias`) choose its slopes, and it warns
     that it must be fine-tuned. Raises `ValueError` naming any field of the source that ALiBi GPT-2 cannot hold exactly.
+    A `bert`-typed (or untyped) source is an ALiBi encoder (jina-embeddings-v2, jina-reranker-v1, MosaicBERT,
+    DNABERT-2): imported exactly into ALiBi BERT by `encoder_files.import_encoder`, or refused by name.
     """
     if destination is not None:  # refused before the (possibly long) load
         check_destination(destination)
     model_type = source.config.model_type if isinstance(source, PreTrainedModel) else source_model_type(source)
-    known = sorted([*FAMILIES, *REMOTE_CODE_FAMILIES])
-    if model_type not in known:
+    known = sorted([*FAMILIES, *REMOTE_CODE_FAMILIES, "bert"])
+    if model_type not in known and model_type not in ENCODER_MODEL_TYPES:
         raise ValueError(f"{source}: cannot import model_type {model_type!r}: hf_alibi imports {known}")
     if model_type != "gpt2" and gpt2_alibi_kwargs:
         raise ValueError(
             f"{model_type} imports copy the checkpoint's own slopes; ALiBi settings {sorted(gpt2_alibi_kwargs)} apply "
             "to GPT-2 only"
         )
+    if model_type in ENCODER_MODEL_TYPES:  # jina-embeddings-v2, jina-reranker-v1, MosaicBERT, DNABERT-2
+        return import_encoder(source, destination, tokenizer=tokenizer)
     if model_type in REMOTE_CODE_FAMILIES:
         checkpoint = checkpoint_of_model(source) if isinstance(source, PreTrainedModel) else read_checkpoint(source)
         converted = REMOTE_CODE_FAMILIES[model_type](checkpoint)
@@ -140,6 +148,8 @@ def export(
     file, which needs the tokenizer) and returns the path. `max_seq_len`: MPT's serving length (its loaders refuse
     longer inputs), Jais's and BTLM's `n_positions` (the same) or the gguf's context length; default `n_positions`.
     A layout that cannot hold the model exactly raises `ValueError` naming the config field; nothing is written.
+    An ALiBi BERT model goes to "jina", "mosaic" (their remote-code layouts) or "gguf" (`jina-bert-v2`) instead
+    (`encoder_files.export_encoder_folder`).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -152,8 +162,14 @@ def export(
     if destination is not None:  # refused before the model loads
         check_destination(destination, file_suffix=".gguf" if layout == "gguf" else None)
     config = model.config if isinstance(model, PreTrainedModel) else load_config(model)
+    if config.model_type == "alibi_bert":
+        return export_encoder_folder(model, layout, destination, tokenizer=tokenizer, max_seq_len=max_seq_len)
     if config.model_type != "alibi_gpt2":
-        raise ValueError(f"export expects an ALiBi GPT-2 model, got model_type={config.model_type!r} ({model})")
+        raise ValueError(
+            f"export expects an ALiBi GPT-2 or ALiBi BERT model, got model_type={config.model_type!r} ({model})"
+        )
+    if layout not in EXPORTABLE:
+        raise ValueError(f"an ALiBi GPT-2 model exports to {tuple(EXPORTABLE)}, got layout={layout!r}")
     EXPORTABLE[layout](config, max_seq_len)  # a refusal comes before the weights load
     if not isinstance(model, PreTrainedModel):
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)

@@ -199,13 +199,18 @@ def write_gguf(model: AlibiGPT2LMHeadModel, path: str | os.PathLike, tokenizer, 
             writer.add_clamp_kqv(config.clip_qkv)
         writer.add_file_type(gguf.LlamaFileType.ALL_F32)
         _add_tokenizer(writer, tokenizer, config.vocab_size)
-        for name, tensor in gguf_tensors(model).items():
-            writer.add_tensor(name, tensor)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        write_out(writer, gguf_tensors(model))
     return path
+
+
+def write_out(writer, tensors: dict[str, np.ndarray]) -> None:
+    """Add `tensors` to the gguf `writer`, then write its header, key-values and tensors, and close it."""
+    for name, tensor in tensors.items():
+        writer.add_tensor(name, tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def add_general_fields(writer, model: AlibiGPT2LMHeadModel) -> None:

@@ -21,11 +21,14 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "vocab.json",
     "merges.txt",
+    "vocab.txt",  # WordPiece (jina-embeddings-v2-base-en, MosaicBERT)
     "added_tokens.json",
     "chat_template.jinja",
     "chat_template.json",
 )
 _WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
+# An embedding model's sentence-transformers settings (its Normalize, its max_seq_length), kept by the encoder import
+_SENTENCE_FILES = ("modules.json", "sentence_bert_config.json")
 
 
 class Checkpoint(NamedTuple):
@@ -47,7 +50,7 @@ def source_folder(source: str | os.PathLike) -> Path:
     from huggingface_hub.errors import HFValidationError
 
     check_hub_id(source)  # no valid id, or no Hub to ask and not cached: at once, not after the client's retries
-    patterns = ["config.json", "generation_config.json", *TOKENIZER_FILES, *_WEIGHT_PATTERNS]
+    patterns = ["config.json", "generation_config.json", *TOKENIZER_FILES, *_WEIGHT_PATTERNS, *_SENTENCE_FILES]
     try:
         return Path(snapshot_download(str(source), allow_patterns=patterns))
     except (HFValidationError, OSError) as exc:  # the hub's errors for unknown ids, offline misses, no network
