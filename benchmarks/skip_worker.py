@@ -8,30 +8,20 @@ AUTO_SUITES = ("cb_decode", "packed_train")  # `"auto"` against dense only
 
 
 def build(name: str, checkpoint: str, eps: float, length: int):
-    import torch
-    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM
 
     import hf_alibi  # noqa: F401  (registers the ALiBi model with the Auto classes)
+    from benchmarks.contestants import Shape, build_model
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
     if name == "alibi-auto":
         model.config.alibi_skip_eps = "auto"
         return model
-    if name == "gpt2-sdpa":
+    if (
+        name == "gpt2-sdpa"
+    ):  # GPT-2 of the checkpoint's shape, randomly initialised, every dropout 0 (SDPA's fused path)
         c = model.config
-        torch.manual_seed(0)
-        config = GPT2Config(
-            n_embd=c.n_embd,
-            n_layer=c.n_layer,
-            n_head=c.n_head,
-            vocab_size=c.vocab_size,
-            n_positions=length,
-            attn_implementation="sdpa",
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )  # the checkpoint's dropouts (0): training keeps SDPA's fused path
-        return GPT2LMHeadModel(config).eval()
+        return build_model("gpt2-sdpa", Shape(c.n_embd, c.n_layer, c.n_head, c.vocab_size), length)[0].eval()
     model.config.alibi_skip_eps = eps if name == "alibi-skip" else 0.0
     return model
 

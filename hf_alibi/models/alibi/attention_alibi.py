@@ -219,3 +219,16 @@ PREPARE_PATHS = {
     "sdpa_packed": prepare_sdpa_packed,
 }
 assert tuple(ALIBI_ATTENTION_FUNCTIONS) == PATHS == tuple(PREPARE_PATHS), "every path has one function and one prepare"
+
+
+class AlibiAttentionBackends:
+    """What transformers reads off a model class about its attention, the same for every model on this core (mixed
+    in before `PreTrainedModel`): SDPA, flex and FlashAttention-2 (the one flash implementation with an
+    `alibi_slopes` argument), and every forward reads `config._attn_implementation`, so `set_attn_implementation`
+    may switch backends at any time (transformers would otherwise guess from the modeling file's source)."""
+
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_flash_attn = True
+    _compatible_flash_implementations = ["flash_attention_2"]
+    _can_set_attn_implementation_cached_value = True

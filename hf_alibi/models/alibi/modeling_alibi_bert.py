@@ -25,7 +25,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .alibi import get_alibi_slopes
-from .attention_alibi import alibi_attention, plan_alibi_attention
+from .attention_alibi import AlibiAttentionBackends, alibi_attention, plan_alibi_attention
 from .attention_plan import AlibiAttentionPlan
 from .configuration_alibi_bert import AlibiBertConfig
 
@@ -170,16 +170,11 @@ class AlibiBertPooler(nn.Module):
         return self.activation(self.dense(hidden_states[:, 0]))  # (B, C)
 
 
-class AlibiBertPreTrainedModel(PreTrainedModel):
+class AlibiBertPreTrainedModel(AlibiAttentionBackends, PreTrainedModel):
     config_class = AlibiBertConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
     _no_split_modules = ["AlibiBertLayer"]
-    _supports_sdpa = True
-    _supports_flex_attn = True
-    _supports_flash_attn = True
-    _compatible_flash_implementations = ["flash_attention_2"]  # the only one with an `alibi_slopes` argument
-    _can_set_attn_implementation_cached_value = True  # every forward reads `config._attn_implementation`
     _can_compile_fullgraph = True  # tested: the whole forward compiles without graph breaks (the bias bank's path)
     # What `output_hidden_states` / `output_attentions` record: each layer's input and output, each attention's weights
     _can_record_outputs = {
@@ -358,17 +353,22 @@ def _classifier_dropout(config: AlibiBertConfig) -> nn.Dropout:
     return nn.Dropout(config.hidden_dropout_prob if rate is None else rate)
 
 
+def _add_classifier(model: AlibiBertPreTrainedModel, config: AlibiBertConfig, pooled: bool, loss_type: str) -> None:
+    """BERT's classification heads' parts on `model`: the encoder (with its pooler if `pooled`), dropout, classifier."""
+    model.num_labels = config.num_labels
+    model.bert = AlibiBertModel(config, add_pooling_layer=pooled)
+    model.dropout = _classifier_dropout(config)
+    model.classifier = nn.Linear(config.hidden_size, config.num_labels)
+    model.loss_type = loss_type
+    model.post_init()
+
+
 class AlibiBertForSequenceClassification(AlibiBertPreTrainedModel):
     """BERT's: the pooler output -> dropout -> `classifier`; `problem_type` as in BERT (regression for one label)."""
 
     def __init__(self, config: AlibiBertConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
-        self.bert = AlibiBertModel(config)
-        self.dropout = _classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.loss_type = "ForSequenceClassification"
-        self.post_init()
+        _add_classifier(self, config, pooled=True, loss_type="ForSequenceClassification")
 
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, **kwargs):
@@ -385,12 +385,7 @@ class AlibiBertForTokenClassification(AlibiBertPreTrainedModel):
 
     def __init__(self, config: AlibiBertConfig):
         super().__init__(config)
-        self.num_labels = config.num_labels
-        self.bert = AlibiBertModel(config, add_pooling_layer=False)
-        self.dropout = _classifier_dropout(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.loss_type = "ForTokenClassification"
-        self.post_init()
+        _add_classifier(self, config, pooled=False, loss_type="ForTokenClassification")
 
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, **kwargs):

@@ -28,7 +28,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .activations import mlp_activation
 from .alibi import slopes_from_config
-from .attention_alibi import alibi_attention, plan_alibi_attention
+from .attention_alibi import AlibiAttentionBackends, alibi_attention, plan_alibi_attention
 from .attention_key_norms import KeyNormSummaries, RunningKeyNorms
 from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
 from .attention_plan import AlibiAttentionPlan
@@ -135,22 +135,15 @@ class AlibiGPT2Block(GradientCheckpointingLayer):
         return hidden_states, weights
 
 
-class AlibiGPT2PreTrainedModel(PreTrainedModel):
+class AlibiGPT2PreTrainedModel(AlibiAttentionBackends, PreTrainedModel):
     config_class = AlibiGPT2Config
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
     _no_split_modules = ["AlibiGPT2Block"]
-    _supports_sdpa = True
-    _supports_flex_attn = True
-    _supports_flash_attn = True
-    _compatible_flash_implementations = ["flash_attention_2"]  # the only one with an `alibi_slopes` argument
     # transformers' meaning: the forward compiles without graph breaks with a compilable cache (none, dynamic, static;
     # tested). Continuous batching's paged cache breaks every model's graph at its `update`, and ours at the paged
     # planner too (`attention_paged.py`: both `torch.compiler.disable`, host reads kept out of compiled graphs).
     _can_compile_fullgraph = True
-    # Every forward reads `config._attn_implementation`, so `set_attn_implementation` may switch backends at any
-    # time; transformers would otherwise guess from this file's source that it cannot.
-    _can_set_attn_implementation_cached_value = True
     # What `output_hidden_states` / `output_attentions` record (transformers' `capture_outputs` hooks): each block's
     # input and output, each attention module's weights
     _can_record_outputs = {"hidden_states": AlibiGPT2Block, "attentions": OutputRecorder(AlibiGPT2Attention, index=1)}
