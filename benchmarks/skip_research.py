@@ -119,27 +119,18 @@ def first_kept_key(log_bounds: torch.Tensor, eps: float, block: int) -> torch.Te
 
 
 def certified_key_starts(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    slopes: torch.Tensor,
-    scaling: float,
-    query_offset: int,
-    eps: float,
-    row_block: int,
-    key_block: int,
-    key_padding: torch.Tensor | None = None,
-    near: int = 64,
-    centroid: bool = True,
-    row_group: int = 1,
-    lse_lower: torch.Tensor | None = None,
-    query_norms: torch.Tensor | None = None,
-    key_norms: torch.Tensor | None = None,
+    query, key, slopes, scaling, query_offset, eps, row_block, key_block, key_padding=None, near=64, centroid=True, **kw
 ) -> torch.Tensor:
     """`attention_skip.certified_key_starts` (the same inputs, starts and guarantee) with the research options.
 
     `near` sets Theorem 2's window where `lse_lower` is None (near = 1: the shipped diagonal logit). `centroid` adds
     Theorem 3's centred bound to Cauchy-Schwarz, row by row (`row_group` applies without it: the shipped grouping).
+    `kw`: the shipped function's `row_group`, `lse_lower`, `query_norms`, `key_norms`.
     """
+    row_group, lse_lower = kw.get("row_group", 1), kw.get("lse_lower")
+    query_norms, key_norms = kw.get("query_norms"), kw.get("key_norms")
+    if set(kw) - {"row_group", "lse_lower", "query_norms", "key_norms"}:
+        raise TypeError(f"certified_key_starts got unexpected keyword arguments {sorted(kw)}")
     n_row_blocks, usable = shipped.key_starts_inputs(
         query, key, slopes, query_offset, eps, row_block, key_block, row_group, key_padding, lse_lower
     )
@@ -189,16 +180,7 @@ def _droppable_blocks(droppable, key_block, key_padding, key_norms):
 
 
 def certified_decode_start(
-    query: torch.Tensor,
-    block_norms: torch.Tensor,
-    slopes: torch.Tensor,
-    scaling: float,
-    query_offset: int,
-    eps: float,
-    block: int,
-    lse_lower: torch.Tensor,
-    centres: torch.Tensor | None = None,
-    radii: torch.Tensor | None = None,
+    query, block_norms, slopes, scaling, query_offset, eps, block, lse_lower, centres=None, radii=None
 ) -> torch.Tensor:
     """First key one decoding step must compute, per batch element and head: int64 (B, H); `.amin(0)` per head.
 

@@ -127,7 +127,7 @@ def prefill_starts(p) -> torch.Tensor:
         p["key_padding"],
         p["near"],
         p["centroid"],
-        p["row_group"],
+        row_group=p["row_group"],
     )
     first_rows = torch.arange(0, p["query"].shape[2], p["row_block"]) + p["offset"]  # (n_row_blocks,)
     assert bool((starts % p["key_block"] == 0).all()) and bool((starts <= first_rows).all()), starts

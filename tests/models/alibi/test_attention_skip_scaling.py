@@ -97,7 +97,7 @@ def test_the_prefill_certificate_from_a_plans_slopes_drops_at_most_eps(p, train_
         plan.key_padding,
         p["near"],
         p["centroid"],
-        p["row_group"],
+        row_group=p["row_group"],
     )
     row_starts = starts.repeat_interleave(p["row_block"], dim=1)[:, : p["query"].shape[2]]  # (H, q)
     assert_drops_at_most_eps(p, train_seq_len, row_starts)
