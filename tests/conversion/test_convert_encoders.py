@@ -143,7 +143,6 @@ def _without(state: dict, suffix: str) -> dict:
 REFUSALS = {
     # name -> (how the source is changed, what the refusal names)
     "plain BERT": (lambda c, s: ({**c, "auto_map": {}}, _plain_bert(s)), "no sign of ALiBi"),
-    "base-code layout": (lambda c, s: (c, _qk_post_norm(s)), "qk-post-norm"),
     "original MLP": (lambda c, s: ({**c, "feed_forward_type": "original"}, s), "feed_forward_type='original'"),
     "unknown MLP": (lambda c, s: ({**c, "feed_forward_type": "swiglu"}, s), "feed_forward_type='swiglu'"),
     "absolute positions": (lambda c, s: ({**c, "position_embedding_type": "absolute"}, s), "position_embedding_type"),
@@ -165,13 +164,6 @@ def _plain_bert(state: dict) -> dict:
     """BERT's own MLP names instead of the GLU's: nothing says ALiBi."""
     names = {"mlp.gated_layers": "intermediate.dense", "mlp.wo": "output.dense", "mlp.layernorm": "output.LayerNorm"}
     return _renamed(state, names)
-
-
-def _qk_post_norm(state: dict) -> dict:
-    """jina-embeddings-v2-base-code's names: up_gated_layer / down_layer and the layer's own layer_norm_1/2."""
-    return _renamed(
-        state, {"mlp.gated_layers": "mlp.up_gated_layer", "mlp.wo": "mlp.down_layer", "mlp.layernorm": "layer_norm_2"}
-    )
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
