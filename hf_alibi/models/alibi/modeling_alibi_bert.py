@@ -120,15 +120,23 @@ class AlibiBertAttention(nn.Module):
         return self.output(attended, hidden_states), weights
 
 
-class AlibiBertGLUMLP(nn.Module):
-    """Jina's GLU: `LN(wo(dropout(act(g[..., :I]) * g[..., I:])) + h)`, `g = gated_layers(h)` (no bias)."""
+class AlibiBertGLU(nn.Module):
+    """What both layouts' GLUs share: the width `I`, the activation (`config.glu_activation`), the dropout before the
+    down projection; each layout's GLU adds its own projections under its source's names."""
 
     def __init__(self, config: AlibiBertConfig):
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gated_layers = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.act = ACT2FN[config.glu_activation]
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+
+class AlibiBertGLUMLP(AlibiBertGLU):
+    """Jina's GLU: `LN(wo(dropout(act(g[..., :I]) * g[..., I:])) + h)`, `g = gated_layers(h)` (no bias)."""
+
+    def __init__(self, config: AlibiBertConfig):
+        super().__init__(config)
+        self.gated_layers = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.wo = nn.Linear(config.intermediate_size, config.hidden_size)
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
@@ -137,16 +145,13 @@ class AlibiBertGLUMLP(nn.Module):
         return self.layernorm(self.wo(self.dropout(self.act(gated) * plain)) + hidden_states)
 
 
-class AlibiBertCodeGLUMLP(nn.Module):
+class AlibiBertCodeGLUMLP(AlibiBertGLU):
     """jina-embeddings-v2-base-code's GLU, the activation on the SECOND half and no LayerNorm of its own:
     `down_layer(dropout(u[..., :I] * act(u[..., I:])))`, `u = up_gated_layer(h)` (no bias)."""
 
     def __init__(self, config: AlibiBertConfig):
-        super().__init__()
-        self.intermediate_size = config.intermediate_size
+        super().__init__(config)
         self.up_gated_layer = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.act = ACT2FN[config.glu_activation]
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.down_layer = nn.Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
