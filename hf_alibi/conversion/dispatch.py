@@ -12,7 +12,7 @@
     hf_alibi.export("jina/", "mosaic", "mosaic/")                    # -> their layouts: jina(_code), mosaic, gguf
 
 The same from the shell: `hf-alibi convert SRC DST`, `hf-alibi export SRC DST --to {bloom,mpt,jais,btlm,gguf}`
-(an ALiBi BERT folder: `--to {jina,mosaic,gguf}`).
+(an ALiBi BERT folder: `--to {jina,jina_code,mosaic,gguf}`).
 """
 
 import json
@@ -149,8 +149,7 @@ def export(
     longer inputs), Jais's and BTLM's `n_positions` (the same) or the gguf's context length; default `n_positions`.
     A layout that cannot hold the model exactly raises `ValueError` naming the config field; nothing is written.
     An ALiBi BERT model goes to "jina", "jina_code" (base-code's), "mosaic" (their remote-code layouts) or "gguf"
-    (`jina-bert-v2`) instead
-    (`encoder_files.export_encoder_folder`).
+    (`jina-bert-v2`) instead (`encoder_files.export_encoder_folder`).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")

@@ -11,9 +11,9 @@ equal (TEI measured 4e-4 relative on Jina's own). Refused by name: `reglu` (llam
 a `glu` activation other than GELU, jina-embeddings-v2-base-code's `layer_layout="jina_code"` (gguf's table has
 places for its `layer_norm_1`/`layer_norm_2`, but this export and its llama.cpp check cover Jina's layer only),
 classifier heads (the gguf holds the encoder; llama.cpp's converter keeps no pooler, so jina-reranker-v1's head is not
-held exactly). A masked-LM model's head is left out, as llama.cpp's converter
-leaves it out. WordPiece vocabularies (jina-embeddings-v2-base-en's) go in as llama.cpp's `bert` vocabulary, byte-level
-BPE ones (base-de/es/zh/code) as `gpt2`.
+held exactly). A masked-LM model's head is left out, as llama.cpp's converter leaves it out. WordPiece vocabularies
+(jina-embeddings-v2-base-en's) go in as llama.cpp's `bert` vocabulary, byte-level BPE ones (base-de/es/zh/code) as
+`gpt2`.
 """
 
 import json
