@@ -1,6 +1,6 @@
-"""An imported jina-embeddings-v2 folder (base-code's layout too) is a sentence-transformers model that encodes as their mean pooling (the
-float64 reference's), with hf_alibi imported and, through the code the folder ships, without it; an imported
-jina-reranker-v1 is a CrossEncoder scoring as their classifier."""
+"""An imported jina-embeddings-v2 folder (base-code's layout too) is a sentence-transformers model that encodes as
+their mean pooling (the float64 reference's), with hf_alibi imported and, through the code the folder ships, without
+it; an imported jina-reranker-v1 is a CrossEncoder scoring as their classifier."""
 
 import json
 import sys
