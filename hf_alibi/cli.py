@@ -40,7 +40,7 @@ EXIT_ERROR = 2  # argparse's status for a bad invocation; every refusal here is 
 # Errors that are the user's to fix (a path, a value, a missing extra): their message is the whole story.
 EXPECTED_ERRORS = (ValueError, OSError, ImportError)
 # `hf-alibi export --to`: ALiBi GPT-2's layouts, then ALiBi BERT's (gguf serves both); conversion.LAYOUTS, unimported
-EXPORT_LAYOUTS = ("bloom", "mpt", "jais", "btlm", "gguf", "jina", "mosaic")
+EXPORT_LAYOUTS = ("bloom", "mpt", "jais", "btlm", "gguf", "jina", "jina_code", "mosaic")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -9,10 +9,10 @@
     hf_alibi.export(model, "gguf", "model.gguf", tokenizer=tokenizer)  # needs a tanh-GELU model (not BLOOM's norm)
     hf_alibi.convert("inceptionai/jais-family-590m", "jais-alibi/")  # remote-code checkpoints: read from their files
     hf_alibi.convert("jinaai/jina-embeddings-v2-small-en", "jina/")  # ALiBi encoders -> ALiBi BERT (encoder_files)
-    hf_alibi.export("jina/", "mosaic", "mosaic/")                    # -> their layouts: jina, mosaic, gguf
+    hf_alibi.export("jina/", "mosaic", "mosaic/")                    # -> their layouts: jina(_code), mosaic, gguf
 
 The same from the shell: `hf-alibi convert SRC DST`, `hf-alibi export SRC DST --to {bloom,mpt,jais,btlm,gguf}`
-(an ALiBi BERT folder: `--to {jina,mosaic,gguf}`).
+(an ALiBi BERT folder: `--to {jina,jina_code,mosaic,gguf}`).
 """
 
 import json
@@ -148,8 +148,8 @@ def export(
     file, which needs the tokenizer) and returns the path. `max_seq_len`: MPT's serving length (its loaders refuse
     longer inputs), Jais's and BTLM's `n_positions` (the same) or the gguf's context length; default `n_positions`.
     A layout that cannot hold the model exactly raises `ValueError` naming the config field; nothing is written.
-    An ALiBi BERT model goes to "jina", "mosaic" (their remote-code layouts) or "gguf" (`jina-bert-v2`) instead
-    (`encoder_files.export_encoder_folder`).
+    An ALiBi BERT model goes to "jina", "jina_code" (base-code's), "mosaic" (their remote-code layouts) or "gguf"
+    (`jina-bert-v2`) instead (`encoder_files.export_encoder_folder`).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")

@@ -29,7 +29,7 @@ from .remote_code import (
 )
 
 ENCODER_MODEL_TYPES = ("bert", None)  # jina-embeddings-v2, jina-reranker-v1, MosaicBERT; DNABERT-2 names none
-ENCODER_LAYOUTS = ("jina", "mosaic", "gguf")
+ENCODER_LAYOUTS = ("jina", "jina_code", "mosaic", "gguf")
 _NORMALIZE = "sentence_transformers.models.Normalize"
 
 

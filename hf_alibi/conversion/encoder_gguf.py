@@ -8,10 +8,12 @@ llama.cpp computes its bias from the paper's slopes at max bias 8 (ours), bidire
 
 What differs: ggml's GELU is the tanh approximation (as TEI's), so llama.cpp's embeddings are close to ours, not
 equal (TEI measured 4e-4 relative on Jina's own). Refused by name: `reglu` (llama.cpp's graph has only the GELU GLU),
-a `glu` activation other than GELU, classifier heads (the gguf holds the encoder; llama.cpp's converter keeps no
-pooler, so jina-reranker-v1's head is not held exactly). A masked-LM model's head is left out, as llama.cpp's converter
-leaves it out. WordPiece vocabularies (jina-embeddings-v2-base-en's) go in as llama.cpp's `bert` vocabulary, byte-level
-BPE ones (base-de/es/zh/code) as `gpt2`.
+a `glu` activation other than GELU, jina-embeddings-v2-base-code's `layer_layout="jina_code"` (gguf's table has
+places for its `layer_norm_1`/`layer_norm_2`, but this export and its llama.cpp check cover Jina's layer only),
+classifier heads (the gguf holds the encoder; llama.cpp's converter keeps no pooler, so jina-reranker-v1's head is not
+held exactly). A masked-LM model's head is left out, as llama.cpp's converter leaves it out. WordPiece vocabularies
+(jina-embeddings-v2-base-en's) go in as llama.cpp's `bert` vocabulary, byte-level BPE ones (base-de/es/zh/code) as
+`gpt2`.
 """
 
 import json
@@ -35,6 +37,12 @@ _NEEDS = (
         "{family}'s GLU is GELU (GEGLU); this model's GLU activation is {value!r} (feed_forward_type="
         "{config.feed_forward_type!r})",
         read=lambda config: config.glu_activation,
+    ),
+    Requirement(
+        "layer_layout",
+        "jina",
+        "this export writes jina-embeddings-v2's layer into {family}; {field}={value!r} (jina-embeddings-v2-base-code's "
+        "layer_norm_1/layer_norm_2 and second-half GLU) is not written to gguf nor checked against llama.cpp here",
     ),
 )
 

@@ -15,8 +15,11 @@ position table, the symmetric bias `-m_h |i - j|` with the paper's slopes, a GLU
   back on export, both exact), the GLU's activation always the exact GELU (`geglu`); their config's
   `position_embedding_type: "absolute"` is ignored by their code, as here; their MLM head's LayerNorm has a fixed
   eps 1e-12.
-- jina-embeddings-v2-base-code (`jina-bert-v2-qk-post-norm`) adds the residual a second time after each attention
-  block (`layer_norm_1(x + LN(dense(a) + x))`): refused by name, nothing here computes that.
+- jina-embeddings-v2-base-code (`jina-bert-v2-qk-post-norm`, family "jina_code"): Jina's names plus q/k LayerNorms
+  (`attention.self.layer_norm_q/k`), the layer's input added a second time after the attention block
+  (`a = layer_norm_1(x + LN(dense(attn) + x))`), the GLU `mlp.up_gated_layer` / `mlp.down_layer` with the activation
+  on the second half and the residual LayerNorm `layer_norm_2(a + mlp(a))`: `AlibiBertConfig(layer_layout="jina_code")`
+  holds it under the same names, key for key.
 
 Their code caps inputs (Jina: `max_position_embeddings`-sized bias in TEI; MosaicBERT grows its table); ours runs at
 any length.
@@ -29,7 +32,11 @@ from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, Requirement, load_exactly, r
 from .remote_code import Checkpoint
 from .weight_map import Entry, WeightMap, map_weights
 
-NAMES = {"jina": "jina-bert-implementation (jina-embeddings-v2, jina-reranker-v1)", "mosaic": "MosaicBERT/DNABERT-2"}
+NAMES = {
+    "jina": "jina-bert-implementation (jina-embeddings-v2, jina-reranker-v1)",
+    "jina_code": "jina-bert-v2-qk-post-norm (jina-embeddings-v2-base-code)",
+    "mosaic": "MosaicBERT/DNABERT-2",
+}
 LAYOUTS = tuple(NAMES)
 HEADS = {  # our class -> the head it carries
     "AlibiBertModel": "base",
@@ -37,11 +44,6 @@ HEADS = {  # our class -> the head it carries
     "AlibiBertForSequenceClassification": "sequence_classification",
     "AlibiBertForTokenClassification": "token_classification",
 }
-QK_POST_NORM = (
-    "jina-bert-v2-qk-post-norm (jina-embeddings-v2-base-code) adds each layer's input a second time after its "
-    "attention block (layer_norm_1(x + attention(x))) and names its MLP up_gated_layer/down_layer: AlibiBertModel "
-    "does not compute that, so this checkpoint cannot be imported exactly"
-)
 # Their config classes' defaults (both derive from transformers' BertConfig) for keys a config.json leaves out
 _DEFAULTS = {
     "vocab_size": 30522,
@@ -61,34 +63,32 @@ _DEFAULTS = {
 }
 _LABEL_FIELDS = ("id2label", "label2id", "problem_type")
 _INDEX_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
-_IMPORT_NEEDS = {
-    "jina": (
-        Requirement(
-            "position_embedding_type",
-            "alibi",
-            "{family} config has {field}={value!r}: their code then adds a learned position table, not ALiBi",
-        ),
-        Requirement(
-            "feed_forward_type",
-            frozenset({"geglu", "reglu"}),
-            "{family} config has {field}={value!r}: only the GLU MLPs geglu and reglu are ALiBi BERT's (original is "
-            "BERT's plain MLP)",
-        ),
+_JINA_NEEDS = (
+    Requirement(
+        "position_embedding_type",
+        "alibi",
+        "{family} config has {field}={value!r}: their code then adds a learned position table, not ALiBi",
     ),
-    "mosaic": (),
-}
+    Requirement(
+        "feed_forward_type",
+        frozenset({"geglu", "reglu"}),
+        "{family} config has {field}={value!r}: only the GLU MLPs geglu and reglu are ALiBi BERT's (original is "
+        "BERT's plain MLP)",
+    ),
+)
+_IMPORT_NEEDS = {"jina": _JINA_NEEDS, "jina_code": _JINA_NEEDS, "mosaic": ()}
 _HIDDEN_ACT = Requirement(
     "hidden_act", frozenset(ACT2FN), "{family} config has {field}={value!r}, an activation transformers lacks"
 )
 
 
 def encoder_family(config: dict, keys) -> str:
-    """ "jina" or "mosaic": whose code the checkpoint (`config` dict, its state dict's `keys`) belongs to;
-    `ValueError` for jina-embeddings-v2-base-code's layout and for a `bert` checkpoint with no sign of ALiBi."""
+    """ "jina", "jina_code" or "mosaic": whose code the checkpoint (`config` dict, its state dict's `keys`) belongs to;
+    `ValueError` for a `bert` checkpoint with no sign of ALiBi."""
     code = " ".join(str(value) for value in (config.get("auto_map") or {}).values())
     keys = list(keys)
     if "jina-bert-v2-qk-post-norm" in code or any(".layer_norm_1." in k or ".up_gated_layer." in k for k in keys):
-        raise ValueError(QK_POST_NORM)
+        return "jina_code"
     if "bert_layers" in code or "alibi_starting_size" in config or any(".attention.self.Wqkv." in k for k in keys):
         return "mosaic"
     if "jina-bert-implementation" in code or any(".mlp.gated_layers." in k for k in keys):
@@ -129,17 +129,8 @@ def encoder_weights(config, head: str, pooler: bool) -> WeightMap:
         attention += [
             f"attention.self.{n}.{part}" for n in ("layer_norm_q", "layer_norm_k") for part in ("weight", "bias")
         ]
-    layer = attention + [
-        "attention.output.dense.weight",
-        "attention.output.dense.bias",
-        "attention.output.LayerNorm.weight",
-        "attention.output.LayerNorm.bias",
-        "mlp.gated_layers.weight",
-        "mlp.wo.weight",
-        "mlp.wo.bias",
-        "mlp.layernorm.weight",
-        "mlp.layernorm.bias",
-    ]
+    output = [f"attention.output.{name}.{part}" for name in ("dense", "LayerNorm") for part in ("weight", "bias")]
+    layer = attention + output + _LAYER_WEIGHTS[config.layer_layout]
     body = [
         "embeddings.word_embeddings.weight",
         "embeddings.token_type_embeddings.weight",
@@ -158,6 +149,21 @@ def encoder_weights(config, head: str, pooler: bool) -> WeightMap:
     elif head != "base":
         entries += [Entry("classifier.weight", "classifier.weight"), Entry("classifier.bias", "classifier.bias")]
     return tuple(entries)
+
+
+# `layer_layout` -> each layer's tensors after its attention block
+_LAYER_WEIGHTS = {
+    "jina": ["mlp.gated_layers.weight", "mlp.wo.weight", "mlp.wo.bias", "mlp.layernorm.weight", "mlp.layernorm.bias"],
+    "jina_code": [
+        "layer_norm_1.weight",
+        "layer_norm_1.bias",
+        "mlp.up_gated_layer.weight",
+        "mlp.down_layer.weight",
+        "mlp.down_layer.bias",
+        "layer_norm_2.weight",
+        "layer_norm_2.bias",
+    ],
+}
 
 
 def split_qkv(state: dict, n_layer: int) -> dict:
@@ -215,8 +221,11 @@ def alibi_bert_config(config: dict, family: str, head: str, num_labels: int | No
     labels = {name: config[name] for name in _LABEL_FIELDS if config.get(name) is not None}
     if num_labels is not None:
         labels["num_labels"] = num_labels
-    feed_forward = config["feed_forward_type"] if family == "jina" else "geglu"  # Mosaic's GLU: nn.GELU() always
-    return AlibiBertConfig(**fields, **labels, feed_forward_type=feed_forward, qk_layer_norm=qk_norm)
+    feed_forward = config["feed_forward_type"] if family != "mosaic" else "geglu"  # Mosaic's GLU: nn.GELU() always
+    layout = "jina_code" if family == "jina_code" else "jina"
+    return AlibiBertConfig(
+        **fields, **labels, feed_forward_type=feed_forward, qk_layer_norm=qk_norm, layer_layout=layout
+    )
 
 
 def convert_encoder(checkpoint: Checkpoint):
@@ -232,7 +241,8 @@ def convert_encoder(checkpoint: Checkpoint):
     if head == "masked_lm":  # their MLM classes build no pooler; a pooler saved beside is not part of the function
         state = {key: value for key, value in state.items() if not key.startswith("pooler.")}
     labels = state["classifier.weight"].shape[0] if "classifier.weight" in state else None
-    qk_norm = any(".attention.self.layer_norm_q." in key for key in state)
+    # base-code's code always has them (a checkpoint without them is refused as missing weights)
+    qk_norm = family == "jina_code" or any(".attention.self.layer_norm_q." in key for key in state)
     config = alibi_bert_config(checkpoint.config, family, head, labels, qk_norm)
     model_class = getattr(modeling_alibi_bert, {v: k for k, v in HEADS.items()}[head])
     model = (
@@ -259,32 +269,39 @@ def _with_tied_names(model, ours: dict) -> dict:
 
 
 _NO_QK_NORM = Requirement("qk_layer_norm", False, "{family} has no LayerNorm on q and k; {field}={value!r}")
-_EXPORT_NEEDS = {
-    "jina": (
-        _NO_QK_NORM,
-        Requirement(
-            "feed_forward_type", frozenset({"geglu", "reglu"}), "{family}'s GLU is geglu or reglu; {field}={value!r}"
-        ),
+_JINA_GLU = Requirement(
+    "feed_forward_type", frozenset({"geglu", "reglu"}), "{family}'s GLU is geglu or reglu; {field}={value!r}"
+)
+_LAYOUT = "{family}'s layer is layer_layout={accepted!r}; the model has {field}={value!r}"
+_EXPORT_NEEDS = {  # the layer's layout first: the refusal then names what differs most
+    "jina": (Requirement("layer_layout", "jina", _LAYOUT), _NO_QK_NORM, _JINA_GLU),
+    "jina_code": (
+        Requirement("layer_layout", "jina_code", _LAYOUT),
+        Requirement("qk_layer_norm", True, "{family} always has LayerNorms on q and k; {field}={value!r}"),
+        _JINA_GLU,
     ),
     "mosaic": (
+        Requirement("layer_layout", "jina", _LAYOUT),
         _NO_QK_NORM,
         Requirement("feed_forward_type", "geglu", "{family}'s GLU is always the exact GELU (geglu); {field}={value!r}"),
     ),
 }
+_JINA_CLASSES = {
+    "base": ("JinaBertModel", "AutoModel"),
+    "masked_lm": ("JinaBertForMaskedLM", "AutoModelForMaskedLM"),
+    "sequence_classification": ("JinaBertForSequenceClassification", "AutoModelForSequenceClassification"),
+    "token_classification": ("JinaBertForTokenClassification", "AutoModelForTokenClassification"),
+}
 _CLASSES = {  # layout -> head -> (their class, the auto_map entry that loads it)
-    "jina": {
-        "base": ("JinaBertModel", "AutoModel"),
-        "masked_lm": ("JinaBertForMaskedLM", "AutoModelForMaskedLM"),
-        "sequence_classification": ("JinaBertForSequenceClassification", "AutoModelForSequenceClassification"),
-        "token_classification": ("JinaBertForTokenClassification", "AutoModelForTokenClassification"),
-    },
+    "jina": _JINA_CLASSES,
+    "jina_code": _JINA_CLASSES,
     "mosaic": {
         "base": ("BertModel", "AutoModel"),
         "masked_lm": ("BertForMaskedLM", "AutoModelForMaskedLM"),
         "sequence_classification": ("BertForSequenceClassification", "AutoModelForSequenceClassification"),
     },
 }
-_JINA_CODE = "jinaai/jina-bert-implementation--"
+_JINA_CODE = {"jina": "jinaai/jina-bert-implementation--", "jina_code": "jinaai/jina-bert-v2-qk-post-norm--"}
 
 
 def check_encoder_exportable(config, layout: str, head: str) -> None:
@@ -310,14 +327,15 @@ def their_encoder_config(config, layout: str, head: str, dtype: str) -> dict:
     if head in ("sequence_classification", "token_classification"):
         theirs |= {"id2label": {str(k): v for k, v in config.id2label.items()}, "label2id": dict(config.label2id)}
         theirs |= {"problem_type": config.problem_type} if config.problem_type else {}
-    if layout == "jina":
-        entries = {  # what jina-embeddings-v2's and jina-reranker-v1's auto_map name
-            auto_name: f"{_JINA_CODE}modeling_bert.{name}"
-            for head_name, (name, auto_name) in _CLASSES["jina"].items()
+    if layout in _JINA_CODE:
+        code = _JINA_CODE[layout]
+        entries = {  # what jina-embeddings-v2's (base-code's) and jina-reranker-v1's auto_map name
+            auto_name: f"{code}modeling_bert.{name}"
+            for head_name, (name, auto_name) in _JINA_CLASSES.items()
             if head_name != "token_classification" or head == head_name
         }
         return theirs | {
-            "auto_map": {"AutoConfig": f"{_JINA_CODE}configuration_bert.JinaBertConfig"} | entries,
+            "auto_map": {"AutoConfig": f"{code}configuration_bert.JinaBertConfig"} | entries,
             "position_embedding_type": "alibi",
             "feed_forward_type": config.feed_forward_type,
             "emb_pooler": "mean" if head == "base" else None,
@@ -332,7 +350,8 @@ def their_encoder_config(config, layout: str, head: str, dtype: str) -> dict:
 
 
 def export_encoder(model, layout: str) -> Checkpoint:
-    """`model` (an `AlibiBert*`) as a jina-bert-implementation (`layout="jina"`) or MosaicBERT checkpoint: their
+    """`model` (an `AlibiBert*`) as a jina-bert-implementation (`layout="jina"`), jina-bert-v2-qk-post-norm
+    (`"jina_code"`) or MosaicBERT checkpoint: their
     config dict and state dict. Jina: bare keys for a base model, `bert.` under a head, the MLM decoder bias under
     BERT's saved name `cls.predictions.bias`, the tied decoder weight left out (safetensors); MosaicBERT: `bert.`
     under a head, `Wqkv` fused, the tied decoder weight stored as their `.bin` files hold it."""

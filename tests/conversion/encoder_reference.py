@@ -8,6 +8,13 @@ MosaicBERT and DNABERT-2 (`bert_layers.py`: `bert.` prefix, one fused `[q | k | 
 GLU's activation always the exact GELU, `alibi_starting_size`; DNABERT-2's config without `model_type` and
 `architectures`). All of them: post-LN BERT, `h = LN(word[x] + type[t])`; per layer `s = q.k / sqrt(d) - m_h |i - j|`
 (+ padded keys masked), `h = LN(dense(softmax(s) v) + h)`, `g = gated_layers(h)`, `h = LN(wo(act(g[:I]) * g[I:]) + h)`.
+
+jina-embeddings-v2-base-code (`jinaai/jina-bert-v2-qk-post-norm`, read in the transformers PR #35320 modular
+`JinaBertSelfAttention` / `JinaBertGLUMLP` / `JinaBertLayer.forward` and TEI's `jina_code.rs`): Jina's config keys and
+attention names plus `layer_norm_q/k` on the projected q and k (over the full hidden width, before the head split);
+per layer `x` the input, `o = LN(dense(softmax(s) v) + x)` (BERT's SelfOutput), `a = layer_norm_1(x + o)`,
+`u = up_gated_layer(a)` (no bias, 2I), `h = layer_norm_2(a + down_layer(u[:I] * act(u[I:])))`: the activation
+(`feed_forward_type`'s, geglu the exact GELU) on the SECOND half, no `mlp.layernorm`.
 """
 
 import json
@@ -19,6 +26,7 @@ from safetensors.torch import save_file
 
 VOCAB, HIDDEN, HEADS, INTERMEDIATE, LAYERS = 64, 24, 6, 40, 2  # 6 heads: the slopes' interleave matters
 JINA_CODE = "jinaai/jina-bert-implementation--"
+JINA_BASE_CODE = "jinaai/jina-bert-v2-qk-post-norm--"  # the code jina-embeddings-v2-base-code's auto_map names
 MOSAIC_AUTO_MAP = {
     "AutoConfig": "configuration_bert.BertConfig",
     "AutoModel": "bert_layers.BertModel",
@@ -41,8 +49,9 @@ SIZES = {
 }
 
 
-def jina_config(head: str = "base", feed_forward_type: str = "geglu") -> dict:
-    """jina-embeddings-v2's config.json keys (`head="sequence_classification"`: jina-reranker-v1's)."""
+def jina_config(head: str = "base", feed_forward_type: str = "geglu", code: str = JINA_CODE) -> dict:
+    """jina-embeddings-v2's config.json keys (`head="sequence_classification"`: jina-reranker-v1's; `code=JINA_BASE_CODE`:
+    jina-embeddings-v2-base-code's, whose keys are the same but for the auto_map)."""
     classes = {
         "base": "JinaBertModel",
         "masked_lm": "JinaBertForMaskedLM",
@@ -52,10 +61,10 @@ def jina_config(head: str = "base", feed_forward_type: str = "geglu") -> dict:
         "model_type": "bert",
         "architectures": [classes[head]],
         "auto_map": {
-            "AutoConfig": JINA_CODE + "configuration_bert.JinaBertConfig",
-            "AutoModel": JINA_CODE + "modeling_bert.JinaBertModel",
-            "AutoModelForMaskedLM": JINA_CODE + "modeling_bert.JinaBertForMaskedLM",
-            "AutoModelForSequenceClassification": JINA_CODE + "modeling_bert.JinaBertForSequenceClassification",
+            "AutoConfig": code + "configuration_bert.JinaBertConfig",
+            "AutoModel": code + "modeling_bert.JinaBertModel",
+            "AutoModelForMaskedLM": code + "modeling_bert.JinaBertForMaskedLM",
+            "AutoModelForSequenceClassification": code + "modeling_bert.JinaBertForSequenceClassification",
         },
         "position_embedding_type": "alibi",
         "feed_forward_type": feed_forward_type,
@@ -87,7 +96,8 @@ def mosaic_config(dnabert2: bool = False, head: str = "masked_lm") -> dict:
 
 def tiny_state(config: dict, head: str, fused: bool, qk_norm: bool = False, seed: int = 0) -> dict:
     """Random weights (LayerNorms off 1/0, every bias nonzero) in the source's layout: keys `bert.`-prefixed under a
-    head (bare for a base model), `Wqkv` fused when `fused`."""
+    head (bare for a base model), `Wqkv` fused when `fused`; base-code's layer (and its q/k norms) when the config's
+    auto_map names `JINA_BASE_CODE`."""
     generator = torch.Generator().manual_seed(seed)
 
     def rand(*shape, scale=0.3, offset=0.0):
@@ -101,7 +111,7 @@ def tiny_state(config: dict, head: str, fused: bool, qk_norm: bool = False, seed
         "embeddings.LayerNorm.bias": rand(H, scale=0.1),
     }
     for i in range(config["num_hidden_layers"]):
-        state |= _layer_state(f"encoder.layer.{i}.", config, rand, fused, qk_norm)
+        state |= _layer_state(f"encoder.layer.{i}.", config, rand, fused, qk_norm or is_base_code(config))
     if head != "masked_lm":
         state |= {"pooler.dense.weight": rand(H, H), "pooler.dense.bias": rand(H)}
     if head == "base":
@@ -136,17 +146,34 @@ def _layer_state(layer: str, config: dict, rand, fused: bool, qk_norm: bool) -> 
             layer + f"attention.self.{name}.weight": rand(H, offset=1.0),
             layer + f"attention.self.{name}.bias": rand(H),
         }
-    return state | {
+    state |= {
         layer + "attention.output.dense.weight": rand(H, H),
         layer + "attention.output.dense.bias": rand(H),
         layer + "attention.output.LayerNorm.weight": rand(H, scale=0.1, offset=1.0),
         layer + "attention.output.LayerNorm.bias": rand(H, scale=0.1),
+    }
+    if is_base_code(config):
+        return state | {
+            layer + "layer_norm_1.weight": rand(H, scale=0.1, offset=1.0),
+            layer + "layer_norm_1.bias": rand(H, scale=0.1),
+            layer + "mlp.up_gated_layer.weight": rand(2 * inner, H),
+            layer + "mlp.down_layer.weight": rand(H, inner),
+            layer + "mlp.down_layer.bias": rand(H),
+            layer + "layer_norm_2.weight": rand(H, scale=0.1, offset=1.0),
+            layer + "layer_norm_2.bias": rand(H, scale=0.1),
+        }
+    return state | {
         layer + "mlp.gated_layers.weight": rand(2 * inner, H),
         layer + "mlp.wo.weight": rand(H, inner),
         layer + "mlp.wo.bias": rand(H),
         layer + "mlp.layernorm.weight": rand(H, scale=0.1, offset=1.0),
         layer + "mlp.layernorm.bias": rand(H, scale=0.1),
     }
+
+
+def is_base_code(config: dict) -> bool:
+    """Whether `config` is jina-embeddings-v2-base-code's (its auto_map names jina-bert-v2-qk-post-norm's code)."""
+    return (config.get("auto_map") or {}).get("AutoModel", "").startswith(JINA_BASE_CODE)
 
 
 def save_source(folder: Path, config: dict, state: dict, *, pickled: bool) -> Path:
@@ -193,13 +220,20 @@ def reference_forward(config: dict, state: dict, ids, mask=None, token_type_ids=
     glu_act = torch.relu if config.get("feed_forward_type") == "reglu" else _gelu
     slopes = torch.tensor(paper_slopes(n_head), dtype=torch.float64)  # (heads,)
     position = torch.arange(ids.shape[1])
+    inner = config["intermediate_size"]
     for i in range(config["num_hidden_layers"]):
-        h = _attention(s, f"encoder.layer.{i}.", h, mask, slopes, position, config, chunk)
-        p = f"encoder.layer.{i}.mlp."
-        g = h @ s[p + "gated_layers.weight"].T  # (B, L, 2I)
-        inner = config["intermediate_size"]
-        out = (glu_act(g[..., :inner]) * g[..., inner:]) @ s[p + "wo.weight"].T + s[p + "wo.bias"]
-        h = _layer_norm(out + h, s[p + "layernorm.weight"], s[p + "layernorm.bias"], eps)
+        p = f"encoder.layer.{i}."
+        attended = _attention(s, p, h, mask, slopes, position, config, chunk)
+        if p + "layer_norm_1.weight" in s:  # base-code: the input added again, the GLU's activation on the 2nd half
+            a = _layer_norm(h + attended, s[p + "layer_norm_1.weight"], s[p + "layer_norm_1.bias"], eps)
+            u = a @ s[p + "mlp.up_gated_layer.weight"].T  # (B, L, 2I)
+            down, down_bias = s[p + "mlp.down_layer.weight"], s[p + "mlp.down_layer.bias"]
+            out = (u[..., :inner] * glu_act(u[..., inner:])) @ down.T + down_bias
+            h = _layer_norm(a + out, s[p + "layer_norm_2.weight"], s[p + "layer_norm_2.bias"], eps)
+            continue
+        g = attended @ s[p + "mlp.gated_layers.weight"].T  # (B, L, 2I)
+        out = (glu_act(g[..., :inner]) * g[..., inner:]) @ s[p + "mlp.wo.weight"].T + s[p + "mlp.wo.bias"]
+        h = _layer_norm(out + attended, s[p + "mlp.layernorm.weight"], s[p + "mlp.layernorm.bias"], eps)
     result = {"hidden": h}
     if "pooler.dense.weight" in s:
         result["pooled"] = torch.tanh(h[:, 0] @ s["pooler.dense.weight"].T + s["pooler.dense.bias"])

@@ -1,4 +1,4 @@
-"""jina-embeddings-v2, jina-reranker-v1, MosaicBERT and DNABERT-2 -> ALiBi BERT is exact: hidden states, pooler, MLM and
+"""jina-embeddings-v2 (base-code's layout too), jina-reranker-v1, MosaicBERT and DNABERT-2 -> ALiBi BERT is exact: hidden states, pooler, MLM and
 classifier logits equal the float64 reference of their code (`encoder_reference`) within fp32 rounding, on a padded
 batch, on every attention backend, past 8192 tokens; both weight layouts; tokenizer files as shipped; what cannot be
 held exactly is refused by name, with nothing written."""
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from encoder_reference import (
+    JINA_BASE_CODE,
     VOCAB,
     jina_config,
     mosaic_config,
@@ -25,6 +26,8 @@ SOURCES = {
     "jina-embeddings-v2": (jina_config(), "base", False, False),
     "jina-reranker-v1": (jina_config("sequence_classification"), "sequence_classification", False, False),
     "jina-mlm-reglu": (jina_config("masked_lm", "reglu"), "masked_lm", False, False),
+    "jina-embeddings-v2-base-code": (jina_config(code=JINA_BASE_CODE), "base", False, False),
+    "jina-base-code-mlm-reglu": (jina_config("masked_lm", "reglu", JINA_BASE_CODE), "masked_lm", False, False),
     "mosaicbert": (mosaic_config(), "masked_lm", True, True),
     "mosaicbert-classifier": (mosaic_config(head="sequence_classification"), "sequence_classification", True, True),
     "dnabert-2": (mosaic_config(dnabert2=True), "masked_lm", True, True),
@@ -89,14 +92,22 @@ def test_the_classes_and_switches_each_source_needs(tmp_path):
     got = {}
     for name in SOURCES:
         model = convert(str(source(tmp_path, name)[0]))
-        got[name] = (type(model).__name__, model.config.feed_forward_type, model.config.max_position_embeddings)
+        config = model.config
+        got[name] = (
+            type(model).__name__,
+            config.feed_forward_type,
+            config.layer_layout,
+            config.max_position_embeddings,
+        )
     assert got == {
-        "jina-embeddings-v2": ("AlibiBertModel", "geglu", 8192),
-        "jina-reranker-v1": ("AlibiBertForSequenceClassification", "geglu", 8192),
-        "jina-mlm-reglu": ("AlibiBertForMaskedLM", "reglu", 8192),
-        "mosaicbert": ("AlibiBertForMaskedLM", "geglu", 512),
-        "mosaicbert-classifier": ("AlibiBertForSequenceClassification", "geglu", 512),
-        "dnabert-2": ("AlibiBertForMaskedLM", "geglu", 512),
+        "jina-embeddings-v2": ("AlibiBertModel", "geglu", "jina", 8192),
+        "jina-reranker-v1": ("AlibiBertForSequenceClassification", "geglu", "jina", 8192),
+        "jina-mlm-reglu": ("AlibiBertForMaskedLM", "reglu", "jina", 8192),
+        "jina-embeddings-v2-base-code": ("AlibiBertModel", "geglu", "jina_code", 8192),
+        "jina-base-code-mlm-reglu": ("AlibiBertForMaskedLM", "reglu", "jina_code", 8192),
+        "mosaicbert": ("AlibiBertForMaskedLM", "geglu", "jina", 512),
+        "mosaicbert-classifier": ("AlibiBertForSequenceClassification", "geglu", "jina", 512),
+        "dnabert-2": ("AlibiBertForMaskedLM", "geglu", "jina", 512),
     }
 
 
@@ -143,7 +154,6 @@ def _without(state: dict, suffix: str) -> dict:
 REFUSALS = {
     # name -> (how the source is changed, what the refusal names)
     "plain BERT": (lambda c, s: ({**c, "auto_map": {}}, _plain_bert(s)), "no sign of ALiBi"),
-    "base-code layout": (lambda c, s: (c, _qk_post_norm(s)), "qk-post-norm"),
     "original MLP": (lambda c, s: ({**c, "feed_forward_type": "original"}, s), "feed_forward_type='original'"),
     "unknown MLP": (lambda c, s: ({**c, "feed_forward_type": "swiglu"}, s), "feed_forward_type='swiglu'"),
     "absolute positions": (lambda c, s: ({**c, "position_embedding_type": "absolute"}, s), "position_embedding_type"),
@@ -165,13 +175,6 @@ def _plain_bert(state: dict) -> dict:
     """BERT's own MLP names instead of the GLU's: nothing says ALiBi."""
     names = {"mlp.gated_layers": "intermediate.dense", "mlp.wo": "output.dense", "mlp.layernorm": "output.LayerNorm"}
     return _renamed(state, names)
-
-
-def _qk_post_norm(state: dict) -> dict:
-    """jina-embeddings-v2-base-code's names: up_gated_layer / down_layer and the layer's own layer_norm_1/2."""
-    return _renamed(
-        state, {"mlp.gated_layers": "mlp.up_gated_layer", "mlp.wo": "mlp.down_layer", "mlp.layernorm": "layer_norm_2"}
-    )
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))

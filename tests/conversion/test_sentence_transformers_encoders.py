@@ -1,6 +1,6 @@
-"""An imported jina-embeddings-v2 folder is a sentence-transformers model that encodes as their mean pooling (the
-float64 reference's), with hf_alibi imported and, through the code the folder ships, without it; an imported
-jina-reranker-v1 is a CrossEncoder scoring as their classifier."""
+"""An imported jina-embeddings-v2 folder (base-code's layout too) is a sentence-transformers model that encodes as
+their mean pooling (the float64 reference's), with hf_alibi imported and, through the code the folder ships, without
+it; an imported jina-reranker-v1 is a CrossEncoder scoring as their classifier."""
 
 import json
 import sys
@@ -8,7 +8,15 @@ import sys
 import pytest
 import torch
 
-from encoder_reference import jina_config, reference_forward, save_source, tiny_state, wordpiece_tokenizer
+from encoder_reference import (
+    JINA_BASE_CODE,
+    JINA_CODE,
+    jina_config,
+    reference_forward,
+    save_source,
+    tiny_state,
+    wordpiece_tokenizer,
+)
 from hf_alibi import convert
 from tests.models.alibi.test_hub import run_without_hf_alibi  # the one fresh-process runner of the Hub tests
 
@@ -17,10 +25,10 @@ TEXTS = ["the quick brown fox jumps over the lazy dog", "hello world", "a long t
 ATOL = 2e-5
 
 
-def imported(tmp_path, head: str = "base", modules: list | None = None, max_seq_length: int | None = None):
-    """A tiny Jina checkpoint with a WordPiece tokenizer (and, if given, its own modules.json and
-    sentence_bert_config.json), imported: (our folder, their config, their state, tokenizer)."""
-    config = jina_config(head)
+def imported(tmp_path, head="base", modules=None, max_seq_length=None, code=JINA_CODE):
+    """A tiny Jina checkpoint (`code=JINA_BASE_CODE`: base-code's) with a WordPiece tokenizer (and, if given, its own
+    modules.json and sentence_bert_config.json), imported: (our folder, their config, their state, tokenizer)."""
+    config = jina_config(head, code=code)
     state = tiny_state(config, head, fused=False)
     folder = save_source(tmp_path / "source", config, state, pickled=False)
     tokenizer = wordpiece_tokenizer(folder)
@@ -39,8 +47,9 @@ def their_mean_pooling(config, state, tokenizer, texts) -> torch.Tensor:
     return (hidden["hidden"] * mask).sum(1) / mask.sum(1)  # (B, H)
 
 
-def test_sentence_transformer_encodes_as_their_mean_pooling(tmp_path):
-    folder, config, state, tokenizer = imported(tmp_path)
+@pytest.mark.parametrize("code", [JINA_CODE, JINA_BASE_CODE], ids=["jina-embeddings-v2", "base-code"])
+def test_sentence_transformer_encodes_as_their_mean_pooling(tmp_path, code):
+    folder, config, state, tokenizer = imported(tmp_path, code=code)
     model = sentence_transformers.SentenceTransformer(str(folder), device="cpu")
     assert model.max_seq_length == 8192
     got = torch.as_tensor(model.encode(TEXTS, convert_to_numpy=True)).double()

@@ -15,6 +15,8 @@ AUTO_MAP = {
 
 # `feed_forward_type` -> the GLU's activation (None: the config's `hidden_act`)
 FEED_FORWARD_ACTIVATIONS = {"geglu": "gelu", "reglu": "relu", "glu": None}
+# `layer_layout` values: jina-embeddings-v2's (and MosaicBERT's) layer, and jina-embeddings-v2-base-code's
+LAYER_LAYOUTS = ("jina", "jina_code")
 
 
 class AlibiBertConfig(PretrainedConfig):
@@ -58,6 +60,12 @@ class AlibiBertConfig(PretrainedConfig):
         qk_layer_norm (`bool`, *optional*, defaults to `False`):
             A LayerNorm on the queries and on the keys (`attention.self.layer_norm_q`, `layer_norm_k`) before the
             scores, as jina-embeddings-v2-base-code has.
+        layer_layout (`str`, *optional*, defaults to `"jina"`):
+            The layer around the attention: `"jina"` (jina-embeddings-v2, MosaicBERT): `a = LN(dense(attn(h)) + h)`,
+            `g = gated_layers(a)`, `h = layernorm(wo(act(g[..., :I]) * g[..., I:]) + a)`. `"jina_code"`
+            (jina-embeddings-v2-base-code's `jina-bert-v2-qk-post-norm`): the layer's input is added a second time,
+            `a = layer_norm_1(h + LN(dense(attn(h)) + h))`, the GLU is `u = up_gated_layer(a)` with the activation
+            on the second half, `h = layer_norm_2(a + down_layer(u[..., :I] * act(u[..., I:])))`.
         max_position_embeddings (`int`, *optional*, defaults to 8192):
             The length the source model names (informational only): ALiBi has no position table and inputs of any
             length run.
@@ -89,6 +97,7 @@ class AlibiBertConfig(PretrainedConfig):
     pad_token_id: int | None = 0
     classifier_dropout: float | None = None
     qk_layer_norm: bool = False
+    layer_layout: str = "jina"
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = True
 
@@ -133,6 +142,8 @@ class AlibiBertConfig(PretrainedConfig):
             raise ValueError(f"layer_norm_eps must be a positive number, got {eps!r}")
         if not isinstance(self.qk_layer_norm, bool):
             raise ValueError(f"qk_layer_norm must be True or False, got {self.qk_layer_norm!r}")
+        if self.layer_layout not in LAYER_LAYOUTS:
+            raise ValueError(f"layer_layout {self.layer_layout!r} is unknown; choose one of {list(LAYER_LAYOUTS)}")
 
     @property
     def glu_activation(self) -> str:

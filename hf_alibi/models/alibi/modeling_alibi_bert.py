@@ -2,7 +2,8 @@
 and DNABERT-2, under jina-embeddings-v2's parameter names (a Jina checkpoint's state dict loads key for key).
 
 Forward: `h = LN(word[x] + type[t])`; per layer `s = q.k / sqrt(d_head) - m_h |i - j|` (padded keys masked),
-`h = LN(dense(softmax(s) v) + h)`, `g = gated_layers(h)`, `h = LN(wo(act(g[..., :I]) * g[..., I:]) + h)`. Attention
+`h = LN(dense(softmax(s) v) + h)`, `g = gated_layers(h)`, `h = LN(wo(act(g[..., :I]) * g[..., I:]) + h)`
+(`layer_layout="jina_code"`, jina-embeddings-v2-base-code: see `AlibiBertLayer`). Attention
 goes through the decoder's shared core (`attention_alibi.py`) with a bidirectional plan, so every backend (eager,
 SDPA, flex, FlashAttention-2) and packed rows work at any length. Classes in transformers' order: embeddings,
 attention, MLP, layer, encoder, pooler, pretrained base, model, heads.
@@ -119,15 +120,23 @@ class AlibiBertAttention(nn.Module):
         return self.output(attended, hidden_states), weights
 
 
-class AlibiBertGLUMLP(nn.Module):
-    """Jina's GLU: `LN(wo(dropout(act(g[..., :I]) * g[..., I:])) + h)`, `g = gated_layers(h)` (no bias)."""
+class AlibiBertGLU(nn.Module):
+    """What both layouts' GLUs share: the width `I`, the activation (`config.glu_activation`), the dropout before the
+    down projection; each layout's GLU adds its own projections under its source's names."""
 
     def __init__(self, config: AlibiBertConfig):
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gated_layers = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.act = ACT2FN[config.glu_activation]
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+
+class AlibiBertGLUMLP(AlibiBertGLU):
+    """Jina's GLU: `LN(wo(dropout(act(g[..., :I]) * g[..., I:])) + h)`, `g = gated_layers(h)` (no bias)."""
+
+    def __init__(self, config: AlibiBertConfig):
+        super().__init__(config)
+        self.gated_layers = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.wo = nn.Linear(config.intermediate_size, config.hidden_size)
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
@@ -136,15 +145,42 @@ class AlibiBertGLUMLP(nn.Module):
         return self.layernorm(self.wo(self.dropout(self.act(gated) * plain)) + hidden_states)
 
 
+class AlibiBertCodeGLUMLP(AlibiBertGLU):
+    """jina-embeddings-v2-base-code's GLU, the activation on the SECOND half and no LayerNorm of its own:
+    `down_layer(dropout(u[..., :I] * act(u[..., I:])))`, `u = up_gated_layer(h)` (no bias)."""
+
+    def __init__(self, config: AlibiBertConfig):
+        super().__init__(config)
+        self.up_gated_layer = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_layer = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        up, gated = self.up_gated_layer(hidden_states).split(self.intermediate_size, dim=-1)  # 2 x (B, L, I)
+        return self.down_layer(self.dropout(up * self.act(gated)))
+
+
 class AlibiBertLayer(GradientCheckpointingLayer):
+    """`layer_layout="jina"`: `a = LN(dense(attn(h)) + h)`, then the GLU with its own residual LayerNorm.
+    `"jina_code"` (jina-bert-v2-qk-post-norm, read in their `JinaBertLayer.forward` and TEI's `jina_code.rs`): the
+    input added a second time, `a = layer_norm_1(h + LN(dense(attn(h)) + h))`, `h = layer_norm_2(a + mlp(a))`."""
+
     def __init__(self, config: AlibiBertConfig):
         super().__init__()
         self.attention = AlibiBertAttention(config)
-        self.mlp = AlibiBertGLUMLP(config)
+        self.double_residual = config.layer_layout == "jina_code"
+        if self.double_residual:
+            self.layer_norm_1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            self.mlp = AlibiBertCodeGLUMLP(config)
+            self.layer_norm_2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        else:
+            self.mlp = AlibiBertGLUMLP(config)
 
     def forward(self, hidden_states, plan, output_attentions=False):
-        hidden_states, weights = self.attention(hidden_states, plan, output_attentions)
-        return self.mlp(hidden_states), weights
+        attended, weights = self.attention(hidden_states, plan, output_attentions)  # (B, L, C)
+        if not self.double_residual:
+            return self.mlp(attended), weights
+        hidden_states = self.layer_norm_1(hidden_states + attended)
+        return self.layer_norm_2(hidden_states + self.mlp(hidden_states)), weights
 
 
 class AlibiBertEncoder(nn.Module):

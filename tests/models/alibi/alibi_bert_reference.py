@@ -79,7 +79,7 @@ def reference_encoder(model, input_ids, attention_mask=None, token_type_ids=None
     if rows is not None and config.num_hidden_layers != 1:
         raise ValueError("rows= needs a one-layer model: deeper layers' keys need every row")
     state = {k.removeprefix("bert."): v.detach().double() for k, v in model.state_dict().items()}
-    eps, heads, inner = config.layer_norm_eps, config.num_attention_heads, config.intermediate_size
+    eps, heads = config.layer_norm_eps, config.num_attention_heads
     batch, length = input_ids.shape
     types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
     hidden = (
@@ -105,9 +105,23 @@ def reference_encoder(model, input_ids, attention_mask=None, token_type_ids=None
             hidden = hidden[:, rows]  # (B, n, C): the residual of the rows computed
         attended = reference_attention(q, k, v, slopes, visible, rows=rows)[0].transpose(1, 2).flatten(2)
         dense = F.linear(attended, state[f"{p}attention.output.dense.weight"], state[f"{p}attention.output.dense.bias"])
-        hidden = _layer_norm(dense + hidden, state, f"{p}attention.output.LayerNorm", eps)
-        gated = hidden @ state[f"{p}mlp.gated_layers.weight"].T  # (B, L, 2I)
-        mixed = act(gated[..., :inner]) * gated[..., inner:]
-        out = F.linear(mixed, state[f"{p}mlp.wo.weight"], state[f"{p}mlp.wo.bias"])
-        hidden = _layer_norm(out + hidden, state, f"{p}mlp.layernorm", eps)
+        out = _layer_norm(dense + hidden, state, f"{p}attention.output.LayerNorm", eps)
+        hidden = _after_attention(config, state, p, hidden, out, act)
     return hidden
+
+
+def _after_attention(config, state, p, x, out, act):
+    """The rest of the layer whose input is `x` after `out = LN(dense(a) + x)`: Jina's GLU and its residual
+    LayerNorm, or base-code's (`layer_layout="jina_code"`) `a = layer_norm_1(x + out)`,
+    `layer_norm_2(a + down_layer(u[:I] * act(u[I:])))` with `u = up_gated_layer(a)`."""
+    eps, inner = config.layer_norm_eps, config.intermediate_size
+    if config.layer_layout == "jina_code":
+        a = _layer_norm(x + out, state, f"{p}layer_norm_1", eps)
+        up = a @ state[f"{p}mlp.up_gated_layer.weight"].T  # (B, L, 2I)
+        mixed = up[..., :inner] * act(up[..., inner:])
+        down = F.linear(mixed, state[f"{p}mlp.down_layer.weight"], state[f"{p}mlp.down_layer.bias"])
+        return _layer_norm(a + down, state, f"{p}layer_norm_2", eps)
+    gated = out @ state[f"{p}mlp.gated_layers.weight"].T  # (B, L, 2I)
+    mixed = act(gated[..., :inner]) * gated[..., inner:]
+    down = F.linear(mixed, state[f"{p}mlp.wo.weight"], state[f"{p}mlp.wo.bias"])
+    return _layer_norm(down + out, state, f"{p}mlp.layernorm", eps)

@@ -27,6 +27,7 @@ def test_defaults_are_jina_embeddings_v2_base_and_the_model_type_is_its_own():
         pad_token_id=0,
         classifier_dropout=None,
         qk_layer_norm=False,
+        layer_layout="jina",
         max_position_embeddings=8192,
         tie_word_embeddings=True,
     )
@@ -59,6 +60,7 @@ def test_the_glu_activation_comes_from_feed_forward_type_and_hidden_act_only_for
         (dict(classifier_dropout=2), "classifier_dropout"),
         (dict(layer_norm_eps=0), "layer_norm_eps"),
         (dict(qk_layer_norm="yes"), "qk_layer_norm"),
+        (dict(layer_layout="jina-code"), "layer_layout"),
     ],
 )
 def test_every_bad_value_is_a_value_error_naming_the_field(overrides, field):

@@ -21,9 +21,10 @@ from hf_alibi.models.alibi.configuration_alibi_bert import AUTO_MAP
 ENCODER_CODE_FILES = code_closure(PACKAGE, ENCODER_ENTRY_FILES)
 
 
-@pytest.fixture
-def saved(make_encoder, tmp_path):
-    model = make_encoder(AlibiBertForMaskedLM, qk_layer_norm=True)
+@pytest.fixture(params=["jina", "jina_code"])
+def saved(make_encoder, tmp_path, request):
+    """A saved masked-LM encoder of each `layer_layout` (jina-embeddings-v2's, base-code's)."""
+    model = make_encoder(AlibiBertForMaskedLM, qk_layer_norm=True, layer_layout=request.param)
     folder = tmp_path / "checkpoint"
     model.save_pretrained(folder)
     return model, folder

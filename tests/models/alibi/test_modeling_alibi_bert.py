@@ -38,8 +38,14 @@ def test_every_backend_matches_the_reference_with_right_padding_and_segments(mak
 
 @pytest.mark.parametrize(
     "overrides",
-    [dict(qk_layer_norm=True), dict(feed_forward_type="reglu"), dict(feed_forward_type="glu", hidden_act="silu")],
-    ids=["qk_layer_norm", "reglu", "glu_silu"],
+    [
+        dict(qk_layer_norm=True),
+        dict(feed_forward_type="reglu"),
+        dict(feed_forward_type="glu", hidden_act="silu"),
+        dict(layer_layout="jina_code", qk_layer_norm=True),
+        dict(layer_layout="jina_code", feed_forward_type="reglu"),
+    ],
+    ids=["qk_layer_norm", "reglu", "glu_silu", "jina_code", "jina_code_reglu"],
 )
 def test_variants_match_the_reference(make_encoder, overrides):
     model = make_encoder(**overrides)
