@@ -23,7 +23,8 @@ from .attention_cpu_flash import _SplitAttention, attend_diagonals
 from .attention_flex import flex_block_mask, flex_over_blocks
 from .attention_plan import AUTO_EPS, AlibiAttentionPlan, Preparation, mask_in_dtype  # noqa: F401
 from .attention_sdpa import BiasBank, bias_bank, decode_in_ranges
-from .attention_sdpa_split import SplitPlan, shared_key_windows, split_plan
+from .attention_sdpa_split import SplitPlan, split_plan
+from .attention_sdpa_split_calls import shared_key_windows
 from .attention_skip import (
     certified_decode_start,
     certified_key_starts,

@@ -12,7 +12,7 @@ from .alibi import alibi_bidirectional_bias, alibi_causal_bias
 from .attention_cpu_flash import _flash
 from .attention_eager import FullBias
 from .attention_plan import AlibiAttentionPlan, mask_in_dtype, visible_keys
-from .attention_sdpa_split import head_runs
+from .attention_sdpa_split_calls import head_runs
 
 
 @dataclass(frozen=True, eq=False)

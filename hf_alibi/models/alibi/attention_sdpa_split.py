@@ -43,15 +43,7 @@ import torch
 
 from .alibi import alibi_block_bias
 from .attention_cpu_flash import _blocks, _SplitAttention, split_kernels_work  # noqa: F401  (the probe: this path's)
-from .attention_sdpa_split_calls import (  # noqa: F401  (shared_key_windows, head_runs: the split's, for its callers)
-    CallGroup,
-    SplitCall,
-    _cover,
-    _group,
-    _in_key_ranges,
-    head_runs,
-    shared_key_windows,
-)
+from .attention_sdpa_split_calls import CallGroup, _cover, _group, _in_key_ranges, head_runs
 from .attention_sdpa_split_floor import bias_floors, floored
 
 # Rows per query chunk on the split path, coarse to fine (see `SplitPlan`). Measured on one call (B=1, H=8, D=64,

@@ -15,9 +15,9 @@ from hf_alibi.models.alibi.attention_sdpa_split import (
     SPLIT_CHUNKS,
     SplitPlan,
     sdpa_alibi_split,
-    shared_key_windows,
     split_plan,
 )
+from hf_alibi.models.alibi.attention_sdpa_split_calls import shared_key_windows
 
 
 def certified_like_starts(slopes, offset, q_len, rows, reach_per_slope, seed=0):
