@@ -49,9 +49,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.skip_worker import AUTO_SUITES, child
+from benchmarks.skip_worker import AUTO_SUITES, REFERENCES, child, is_encoder
 
-CONTESTANTS = ("gpt2-sdpa", "alibi-dense", "alibi-skip", "alibi-auto")
+CONTESTANTS = ("gpt2-sdpa", "bert-sdpa", "alibi-dense", "alibi-skip", "alibi-auto")
 # glibc returns the top of its heap to the kernel when a free leaves more than its (adaptive) trim threshold there;
 # the MLP's 16 MiB activations at 8k then fault their pages in again in the next layer (~1 us per 4 KiB page). How
 # often depends on where each process's earlier allocations landed: 0 to 120k faults per 8k forward measured, for
@@ -157,7 +157,7 @@ def markdown(cells: list[dict], args) -> str:
     unit = {"forward": "s per forward", "decode": "ms per token", "train": "s per step"}
     allocator = "glibc without heap trimming (`--no-trim`)" if args.no_trim else "default glibc malloc"
     names = args.contestants
-    reference = "gpt2-sdpa" if "gpt2-sdpa" in names else names[0]
+    reference = next((name for name in names if name in REFERENCES), names[0])
     ratios = [(a, b) for a, b in (("alibi-skip", "alibi-dense"), ("alibi-auto", "alibi-dense")) if {a, b} <= set(names)]
     kept = [name for name in ("alibi-skip", "alibi-auto") if name in names]
     threads = f"{args.threads} torch threads" if args.threads else "torch's default threads"
@@ -192,7 +192,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", default="runs/cpu_demo/alibi/final", help="a trained ALiBi checkpoint folder")
     parser.add_argument("--forward", default="2048,8192,32768,65536", help="forward lengths (comma-separated)")
-    parser.add_argument("--decode", default="8192,16384,32768", help="decoding context lengths; 0: none")
+    parser.add_argument("--decode", help="decoding context lengths; 0: none (default 8192,16384,32768; 0 for encoders)")
     parser.add_argument("--train", default="0", help="training step lengths (forward + backward); 0: none")
     parser.add_argument("--cb-decode", default="0", help="continuous-batching decoding contexts; 0: none")
     parser.add_argument("--packed-train", default="0", help="packed-row training step lengths; 0: none")
@@ -213,7 +213,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "hf_alibi.native_flush.flushing_denormals() (the opt-in switch: denormals flushed on every thread)",
     )
     parser.add_argument(
-        "--contestants", default=",".join(CONTESTANTS), help=f"comma-separated subset of {', '.join(CONTESTANTS)}"
+        "--contestants",
+        help=f"comma-separated subset of {', '.join(CONTESTANTS)} (default: all but the other kind's reference)",
     )
     parser.add_argument("--load", type=int, default=0, help="busy processes run beside each contestant's process")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per contestant (0: torch's default)")
@@ -222,11 +223,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--suite", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.contestants = tuple(args.contestants.split(","))
+    encoder = args.child is None and is_encoder(args.checkpoint)  # an encoder: bidirectional rows, no decoding
+    reference = "bert-sdpa" if encoder else "gpt2-sdpa"
+    mine = [name for name in CONTESTANTS if name not in REFERENCES or name == reference]
+    args.contestants = tuple(args.contestants.split(",")) if args.contestants else tuple(mine)
     if not args.contestants or not set(args.contestants) <= set(CONTESTANTS):
         raise ValueError(
             f"--contestants must name some of {', '.join(CONTESTANTS)}, got {','.join(args.contestants)!r}"
         )
+    args.decode = args.decode if args.decode is not None else ("0" if encoder else "8192,16384,32768")
+    decodes = [n for n in (args.decode, args.cb_decode, args.packed_train) if any(int(x) for x in n.split(",") if x)]
+    if encoder and decodes:
+        raise ValueError(f"{args.checkpoint} is an encoder: --decode, --cb-decode and --packed-train serve causal LMs")
     if args.load < 0 or args.threads < 0:
         raise ValueError(f"--load and --threads must be >= 0, got {args.load} and {args.threads}")
     return args

@@ -5,25 +5,45 @@
 import statistics
 
 AUTO_SUITES = ("cb_decode", "packed_train")  # `"auto"` against dense only
+REFERENCES = ("gpt2-sdpa", "bert-sdpa")  # transformers' model of the checkpoint's shape: a causal LM's, an encoder's
+
+
+def is_encoder(checkpoint: str) -> bool:
+    """Whether the checkpoint is an ALiBi encoder (`alibi_bert`: bidirectional rows) rather than a causal LM."""
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(checkpoint) / "config.json").read_text()).get("model_type") == "alibi_bert"
 
 
 def build(name: str, checkpoint: str, eps: float, length: int):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
-    import hf_alibi  # noqa: F401  (registers the ALiBi model with the Auto classes)
+    import hf_alibi  # noqa: F401  (registers the ALiBi models with the Auto classes)
     from benchmarks.contestants import Shape, build_model
 
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
+    encoder = is_encoder(checkpoint)
+    loader = AutoModelForMaskedLM if encoder else AutoModelForCausalLM
+    model = loader.from_pretrained(checkpoint, attn_implementation="sdpa").eval()
     if name == "alibi-auto":
         model.config.alibi_skip_eps = "auto"
         return model
-    if (
-        name == "gpt2-sdpa"
-    ):  # GPT-2 of the checkpoint's shape, randomly initialised, every dropout 0 (SDPA's fused path)
+    if name in REFERENCES:  # the checkpoint's shape, randomly initialised, every dropout 0 (SDPA's fused path)
         c = model.config
-        return build_model("gpt2-sdpa", Shape(c.n_embd, c.n_layer, c.n_head, c.vocab_size), length)[0].eval()
+        shape = Shape(c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.vocab_size)
+        return build_model(name, shape, length)[0].eval()
     model.config.alibi_skip_eps = eps if name == "alibi-skip" else 0.0
     return model
+
+
+def call(model, ids, labels: bool = False):
+    """One forward as its callers make it: a causal LM's last logits only (or the loss); an encoder with the all-ones
+    mask Trainer and sentence-transformers send (the masked-LM loss over every token with `labels`)."""
+    import torch
+
+    if model.config.model_type in ("alibi_bert", "bert"):
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids), **({"labels": ids} if labels else {}))
+    return model(ids, labels=ids) if labels else model(ids, logits_to_keep=1)
 
 
 def text_ids(checkpoint: str, length: int):
@@ -43,6 +63,7 @@ def kept_fractions(model, ids, eps: float) -> list[float]:
 
     import hf_alibi.models.alibi.attention_certified as attention
     from benchmarks.skip_research import kept_fraction
+    from hf_alibi.experiments.kept_context import bidirectional_kept_fraction
 
     used, certified_split = [], attention.certified_split
 
@@ -55,12 +76,19 @@ def kept_fractions(model, ids, eps: float) -> list[float]:
     try:
         model.config.alibi_skip_eps = eps
         with torch.no_grad():
-            model(ids, logits_to_keep=1)
+            call(model, ids)
     finally:
         attention.certified_split = certified_split
     if not used:  # the forward did not skip ("auto" where it does not pay)
         return []
-    return torch.stack([kept_fraction(r.first_key, ids.shape[1], r.rows) for r in used]).mean(0).tolist()  # (H,)
+    length = ids.shape[1]
+    kept = [
+        kept_fraction(r.first_key, length, r.rows)
+        if r.end_key is None
+        else bidirectional_kept_fraction(r.first_key, r.end_key, length, r.rows)
+        for r in used
+    ]
+    return torch.stack(kept).mean(0).tolist()  # (H,)
 
 
 def child(args) -> dict:
@@ -83,7 +111,7 @@ def child(args) -> dict:
 
         def step():
             model.zero_grad(set_to_none=True)
-            model(ids, labels=ids).loss.backward()
+            call(model, ids, labels=True).loss.backward()
 
         seconds = time_call(step, repeats=args.repeats)
         return {
@@ -94,7 +122,7 @@ def child(args) -> dict:
         }
     with torch.no_grad():
         if args.suite == "forward":
-            seconds = time_call(lambda: model(ids, logits_to_keep=1), repeats=args.repeats)
+            seconds = time_call(lambda: call(model, ids), repeats=args.repeats)
         else:  # one prefill, untimed; then a warm-up call and the timed ones continue it
             cache = StaticCache(config=model.config, max_cache_len=budget)
             token = model(ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1:].argmax(-1)

@@ -13,9 +13,11 @@ Bidirectional rows (an encoder, `-m |i - j|` on every key): `certified_key_windo
 sides. Left of row i it is the causal certificate as is (Theorems 2-3 of `attention_skip` hold for any subset of
 the visible keys: the diagonal logit still bounds LSE_i from below, and the keys left of t are bounded with
 `-m (i - j)`); the right side is the same certificate on the sequence reversed (j -> L - 1 - j maps `-m (j - i)` to
-`-m (i' - j')`). Each side certifies eps / 2, so the dropped mass of a row is <= eps and its output moves by at most
-2 eps max|v| (Theorem 1). `bidirectional_kept_fraction` is the kept share of the L x L work. Not a path of the
-model: the measurement that decides whether one pays (`benchmarks/measure_bidirectional_kept.py`).
+`-m (i' - j')`: `attention_certified.certified_key_ends`). Each side certifies eps / 2, so the dropped mass of a row
+is <= eps and its output moves by at most 2 eps max|v| (Theorem 1). `bidirectional_kept_fraction` is the kept share
+of the L x L work. The model's encoder path (`certified_split` on a bidirectional plan) bounds each row's LSE by its
+diagonal block's log-sum-exp instead of the diagonal logit (tighter); this is the measurement that decided it pays
+(`benchmarks/measure_bidirectional_kept.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..models.alibi.alibi import length_scaled_slopes
+from ..models.alibi.attention_certified import certified_key_ends
 from ..models.alibi.attention_skip import certified_key_starts
 from ..models.alibi.configuration_alibi_gpt2 import train_seq_len
 
@@ -51,21 +54,9 @@ def certified_key_windows(
     (H, ceil(L / row_block)) each; every real row of the block keeps keys [start, end), the dropped mass of the
     visible keys outside it certified <= eps (module docstring). `query`, `key` (B, H, L, D); `key_padding` (B, L)
     True = real; `row_group` as `certified_key_starts`'s (the left side's)."""
-    length = query.shape[2]
-    if key.shape[2] != length:
-        raise ValueError(f"bidirectional self-attention needs as many keys as queries, got {key.shape[2]} and {length}")
     half = eps / 2
     starts = certified_key_starts(query, key, slopes, scaling, 0, half, row_block, key_block, key_padding, row_group)
-    flipped = None if key_padding is None else key_padding.flip(-1)
-    # the reversed sequence in blocks of one group, each block's start holding for each of its rows: back in the
-    # original order, row r keeps keys before L - (its reversed row's start)
-    group = row_group
-    mirrored = certified_key_starts(
-        query.flip(2), key.flip(2), slopes, scaling, 0, half, group, key_block, flipped, group
-    )
-    ends = (length - mirrored.repeat_interleave(group, dim=1)[:, :length]).flip(-1)  # (H, L)
-    pad = -length % row_block
-    ends = torch.nn.functional.pad(ends, (0, pad), value=0).unflatten(1, (-1, row_block)).amax(-1)  # (H, R)
+    ends = certified_key_ends(query, key, slopes, scaling, half, row_block, key_block, key_padding, row_group)
     return starts, ends
 
 

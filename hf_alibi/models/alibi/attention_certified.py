@@ -18,6 +18,7 @@ once per forward by its `prepare_*`; the ranges are the layer's own.
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 
 from .attention_cpu_flash import _SplitAttention, attend_diagonals
 from .attention_flex import flex_block_mask, flex_over_blocks
@@ -36,7 +37,8 @@ from .attention_skip import (
 
 @dataclass(frozen=True, eq=False)
 class KeyRanges:
-    """The first key each (head, block of `rows` queries) attends to: keys before it are skipped.
+    """The first key each (head, block of `rows` queries) attends to: keys before it are skipped (and for an
+    encoder's bidirectional rows the end key: keys from it on are skipped too).
 
     `first_key` is (H, ceil(q / rows)) int64 of absolute key indices; block `b` covers query rows
     [b * rows, (b + 1) * rows). A block's first key never lies past the block's first query position, so every row
@@ -45,6 +47,7 @@ class KeyRanges:
 
     rows: int
     first_key: torch.Tensor  # (H, blocks) int64
+    end_key: torch.Tensor | None = None  # (H, blocks) int64: a bidirectional block's keys from it on are skipped
 
 
 # Query rows per block of the certificate, and the split's one level of blocks when skipping. Finer blocks follow
@@ -89,12 +92,16 @@ ROW_GROUP = 16
 AUTO_REACH = 24.0
 AUTO_PREFILL_KEPT = 0.32
 AUTO_DECODE_KEPT = 0.15
+# An encoder's bidirectional rows (`certified_split` with end keys too): MEASURE
+AUTO_BIDIRECTIONAL_KEPT = 0.32
 
 
 def predicted_kept(slopes: torch.Tensor, query_length: int, key_length: int) -> float:
-    """The fraction of causal key work certified skipping is predicted to keep, averaged over heads (the reach of
+    """The fraction of key work certified skipping is predicted to keep, averaged over heads (the reach of
     `AUTO_REACH`): of a decoding row's `key_length` keys, or of a prefill's causal (query, key) pairs. Plain floats:
-    a decoding step asks once per forward, and tensor ops would cost more than the answer saves."""
+    a decoding step asks once per forward, and tensor ops would cost more than the answer saves. An encoder's rows
+    keep the reach on both sides of each row, and that share of its L x L pairs is the same number: each side is a
+    causal prefill's kept share of its half."""
     length = float(key_length)  # a prefill's rows end at the last of `key_length` keys: causal work ~ length^2 / 2
     kept = 0.0
     for slope in slopes.tolist():
@@ -103,9 +110,12 @@ def predicted_kept(slopes: torch.Tensor, query_length: int, key_length: int) -> 
     return kept / len(slopes)
 
 
-def skipping_pays(slopes: torch.Tensor, query_length: int, key_length: int) -> bool:
-    """Whether `alibi_skip_eps="auto"` skips for this call's shape and the heads' slopes (CPU, measured above)."""
+def skipping_pays(slopes: torch.Tensor, query_length: int, key_length: int, causal: bool = True) -> bool:
+    """Whether `alibi_skip_eps="auto"` skips for this call's shape and the heads' slopes (CPU, measured above);
+    `causal` False: an encoder's bidirectional rows."""
     kept = predicted_kept(slopes, query_length, key_length)
+    if not causal:
+        return kept <= AUTO_BIDIRECTIONAL_KEPT
     return kept <= (AUTO_DECODE_KEPT if query_length == 1 else AUTO_PREFILL_KEPT)
 
 
@@ -157,6 +167,7 @@ def prepare_sdpa_split_certified(plan: AlibiAttentionPlan, preparation: Preparat
         (ROWS,),
         plan.batch,
         dtype=preparation.dtype,
+        causal=plan.causal,
     )
     return CertifiedSplit(preparation.skip_eps, split)
 
@@ -191,18 +202,69 @@ def certified_flex_ranges(plan: AlibiAttentionPlan, query, key, scaling: float) 
     return KeyRanges(ROWS, starts)
 
 
+def certified_key_ends(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    slopes: torch.Tensor,
+    scaling: float,
+    eps: float,
+    row_block: int,
+    key_block: int,
+    key_padding: torch.Tensor | None = None,
+    row_group: int = 1,
+    lse_lower: torch.Tensor | None = None,
+    query_norms: torch.Tensor | None = None,
+    key_norms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Bidirectional rows (module docstring): per (head, block of `row_block` rows) of uncached self-attention, the
+    end of the keys a kernel must compute, int64 (H, n_row_blocks): for every real row of the block the softmax mass
+    of the keys from it on is <= `eps`. Never before the block's last row + 1. Arguments as `certified_key_starts`'
+    (`lse_lower`, `query_norms`, `key_norms` (B, H, L) in the original order).
+
+    The mirror image of `certified_key_starts`: reversed, the keys right of row i are the keys left of its mirror at
+    the same distances, so the causal certificate of the reversed queries and keys holds for them. Each group of
+    `row_group` consecutive rows is certified as a block of its own there (reversed blocks of `row_block` rows would
+    not line up with the original ones), and a block's end is the largest of its groups'.
+    """
+    length = query.shape[2]
+    if key.shape[2] != length:
+        raise ValueError(f"bidirectional self-attention needs as many keys as queries, got {key.shape[2]} and {length}")
+
+    def reverse(tensor):
+        return None if tensor is None else tensor.flip(-1)
+
+    mirrored = certified_key_starts(
+        query.flip(2),
+        key.flip(2),
+        slopes,
+        scaling,
+        0,
+        eps,
+        row_group,
+        key_block,
+        reverse(key_padding),
+        row_group,
+        reverse(lse_lower),
+        reverse(query_norms),
+        reverse(key_norms),
+    )  # (H, ceil(L / row_group)) first keys of the reversed sequence
+    ends = (length - mirrored.repeat_interleave(row_group, dim=1)[:, :length]).flip(-1)  # (H, L) each row's end
+    return F.pad(ends, (0, -length % row_block), value=0).unflatten(1, (-1, row_block)).amax(-1)  # (H, R)
+
+
 def certified_split(
     query, key, value, plan: AlibiAttentionPlan, scaling: float, rows: int | None = None, key_block: int = KEY_BLOCK
 ):
     """The split with certified skipping: (output (B, H, q, D) in the query's dtype, the `KeyRanges` it read: the
     certified ones, or earlier).
 
-    1. Every `rows`-row block's own causal diagonal, on the kernel: the running output and log-sum-exp of each row.
+    1. Every `rows`-row block's own diagonal, on the kernel: the running output and log-sum-exp of each row.
     2. Those log-sum-exps, less their rounding (`kernel_lse_lower_bound`), bound each row's from below; with them,
-       `certified_key_starts` gives each (head, block) its first key.
-    3. Each block's keys from its first key to the block, per run of heads sharing a first key, merged in. With
-       batch 1 each head's first keys are moved back to one window per head (`shared_key_windows`: more keys kept,
-       so still certified), which lets its blocks run as one kernel call.
+       `certified_key_starts` gives each (head, block) its first key (`_certified_windows`), and for a bidirectional
+       plan `certified_key_ends` its end key too, each side with eps / 2.
+    3. Each block's keys from its first key to the block (and from the block to its end key), per run of heads
+       sharing a first (end) key, merged in. With batch 1 each head's first keys are moved back to one window per
+       head (`shared_key_windows`: more keys kept, so still certified), which lets its blocks run as one kernel call.
     `plan` is a `sdpa_split_certified` plan; `key`/`value` hold its keys (a static cache's filled part). `rows` and
     `key_block` size the blocks of query rows (None: the plan's `ROWS`) and of keys (the defaults are the measured
     ones).
@@ -210,48 +272,48 @@ def certified_split(
     Training (gradients on): steps 1-2 run without autograd, on this step's own queries and keys, so the dropped
     mass is certified for the very forward it drops from. Step 3 and the backward are the split's autograd function
     over the ranged calls (`_SplitAttention`, given step 1's results): the gradient is the exact gradient of the
-    attention this forward computed, the causal attention restricted to each (head, block)'s kept keys. The ranges
-    are a step function of the queries and keys, constant almost everywhere, so holding them fixed is what the
-    derivative of the computed function is. That attention is within 2 * eps * max|v| of dense attention in every
-    output (Theorem 1); the gradients are those of the computed, not of dense, attention. With the floored bias
-    (`attention_sdpa_split_floor.py`: the certificate bounds the exact logits, the floor raises the far keys' weights
-    by at most e^-18 of a row's mass in all) the bound is 2 * (eps + e^-18) * max|v|.
+    attention this forward computed, the attention restricted to each (head, block)'s kept keys. The ranges are a
+    step function of the queries and keys, constant almost everywhere, so holding them fixed is what the derivative
+    of the computed function is. That attention is within 2 * eps * max|v| of dense attention in every output
+    (Theorem 1); the gradients are those of the computed, not of dense, attention. With the floored bias
+    (`attention_sdpa_split_floor.py`, causal plans: the certificate bounds the exact logits, the floor raises the far
+    keys' weights by at most e^-18 of a row's mass in all) the bound is 2 * (eps + e^-18) * max|v|.
     """
     batch, heads, q_len, _ = query.shape
-    query_offset, padding, slopes, dense = plan.query_offset, plan.key_padding, plan.slopes, plan.payload.split
+    query_offset, slopes, dense = plan.query_offset, plan.slopes, plan.payload.split
     rows = dense.chunks[0] if rows is None else rows
     blocks = query_offset + torch.arange(0, q_len, rows, device=query.device)  # (R,) each block's first position
-    diagonals = KeyRanges(rows, blocks.expand(heads, -1))  # nothing left of any block: its diagonal alone
+    block_ends = (blocks + rows).clamp(max=query_offset + q_len)  # (R,)
     if dense.chunks != (rows,) or dense.dtype != torch.promote_types(query.dtype, torch.float32):
-        facts = (query_offset, q_len, padding, (rows,), batch, query.dtype)
+        facts = (query_offset, q_len, plan.key_padding, (rows,), batch, query.dtype, plan.causal)
         dense = split_plan(slopes, *facts, floor=dense.floor)  # (another layer dtype)
     dense = dense.with_floors(query, key, scaling)  # this layer call's floored biases, if exact (forward and backward)
+    ends = None if plan.causal else block_ends.expand(heads, -1)  # nothing right of any block: its diagonal alone
     with torch.no_grad():  # the certificate of this step's queries and keys: no autograd through it
         q, k, v = query.detach(), key.detach(), value.detach()
-        output, lse = attend_diagonals(dense.in_key_ranges(diagonals.first_key), q, k, v, scaling)  # (B, H, q, .)
-        query_norms, key_norms = upper_norms(q), upper_norms(k)  # (B, H, q), (B, H, kv)
-        real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None], 0.0)
-        lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, rows, q.shape[-1])
-        starts = certified_key_starts(
-            q,
-            k,
-            slopes,
-            scaling,
-            query_offset,
-            plan.payload.eps,
-            rows,
-            key_block,
-            padding,
-            row_group=ROW_GROUP,
-            lse_lower=lower,
-            query_norms=query_norms,
-            key_norms=key_norms,
-        )  # (H, R)
+        diagonals = dense.in_key_ranges(blocks.expand(heads, -1), ends)  # nothing left of any block either
+        output, lse = attend_diagonals(diagonals, q, k, v, scaling)  # (B, H, q, .)
+        starts, ends = _certified_windows(plan, q, k, lse, scaling, rows, key_block)  # (H, R) each; ends None: causal
         if batch == 1:  # one call per head over all its blocks, not one per (head, block): `shared_key_windows`
             starts = shared_key_windows(starts, blocks)
-    ranges = KeyRanges(rows, starts)
-    output = _SplitAttention.apply(query, key, value, dense.in_key_ranges(starts), scaling, (output, lse))
-    return output, ranges  # (B, H, q, D) in the query's dtype
+            ends = None if ends is None else q_len - shared_key_windows(q_len - ends, q_len - block_ends)
+    output = _SplitAttention.apply(query, key, value, dense.in_key_ranges(starts, ends), scaling, (output, lse))
+    return output, KeyRanges(rows, starts, ends)  # (B, H, q, D) in the query's dtype
+
+
+def _certified_windows(plan: AlibiAttentionPlan, q, k, lse, scaling: float, rows: int, key_block: int):
+    """Step 2 of `certified_split`: each (head, block)'s certified first key, and for a bidirectional plan its end
+    key (eps / 2 on each side), int64 (H, R) each (None: a causal plan's), from the diagonal blocks' log-sum-exps."""
+    padding, slopes, eps = plan.key_padding, plan.slopes, plan.payload.eps
+    query_norms, key_norms = upper_norms(q), upper_norms(k)  # (B, H, q), (B, H, kv)
+    real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None], 0.0)
+    lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, rows, q.shape[-1])
+    side = eps if plan.causal else eps / 2
+    bounds = dict(row_group=ROW_GROUP, lse_lower=lower, query_norms=query_norms, key_norms=key_norms)
+    starts = certified_key_starts(q, k, slopes, scaling, plan.query_offset, side, rows, key_block, padding, **bounds)
+    if plan.causal:
+        return starts, None
+    return starts, certified_key_ends(q, k, slopes, scaling, side, rows, key_block, padding, **bounds)
 
 
 @torch.no_grad()  # a certificate: the ranges are constants to autograd

@@ -14,7 +14,8 @@ Query row `r` sits at absolute position `query_offset + r`, where `query_offset`
 0-d tensor for static caches, so compiled decoding neither syncs nor recompiles). A key `j` is visible to query `i`
 when `j <= i` (any `j` in a bidirectional plan, `AlibiAttentionPlan.causal` False: an encoder's `-m |i - j|`), it is
 not padding, and it belongs to the same document (packed rows); the certified paths also leave
-out, per head and block of query rows, the keys before the layer's own certified first key (`attention_certified.KeyRanges`). ALiBi
+out, per head and block of query rows, the keys before the layer's own certified first key (and in a bidirectional
+plan those from its certified end key on: `attention_certified.KeyRanges`). ALiBi
 depends on `i - j` alone, so left padding needs no position shift and a packed document sees exactly the distances
 it would see alone: masking is all it takes.
 
@@ -24,7 +25,7 @@ The paths (`PATHS`; `choose_path` is the only place that picks one, and a `Route
 |---|---|---|
 | `eager` | `attn_implementation="eager"` or `output_attentions`: the fp32 reference, the only one with weights | attention_eager.py |
 | `sdpa_split` | sdpa, CPU, > 1 query row ending at the last key, no dropout, no tracing, probe passed | attention_sdpa_split.py |
-| `sdpa_split_certified` | the same with `alibi_skip_eps` (a number, or `"auto"` where `skipping_pays`) | attention_certified.py |
+| `sdpa_split_certified` | the same with `alibi_skip_eps` (a number, or `"auto"` where `skipping_pays`); encoders too | attention_certified.py |
 | `sdpa_bank` | sdpa otherwise: decoding rows, dropout, GPUs, traced graphs, `alibi_sdpa_split=False` | attention_sdpa.py |
 | `sdpa_packed` | packed rows on the split where skipping applies, or bidirectional: each document alone | attention_packed.py |
 | `sdpa_decode_certified` | one decoding row that skips; `segmented`: CPU, batch 1, no dropout, probe passed | attention_certified.py |
@@ -224,20 +225,12 @@ def choose_path(
     called only when it matters. `paged`: continuous batching's flattened row of requests; `block_table`:
     transformers hands the paged kernel its block tables (the FlashAttention-2 decode fast path).
     `output_attentions`: weights come from the eager path alone. A bidirectional plan (`plan.causal` False: an
-    encoder) refuses continuous batching, and never skips: the certificate extends to keys on both sides (on a
-    masked LM trained by the repository's recipe it keeps 0.38 / 0.24 / 0.13 of the L x L work at 8k / 16k / 32k,
-    for 3-4% of a dense forward: results/skip/bidirectional_kept.md), but no path computes per-head windows of keys on both
-    sides of a row yet, so a bidirectional forward stays dense.
+    encoder) refuses continuous batching, and skips on the split alone (each document of packed rows too), with a
+    window of keys on both sides of each block (`attention_certified.certified_split`; `"auto"` by its own measured
+    rule, `skip_pays(slopes, q, kv, False)`); FlexAttention runs it dense.
     """
-    if not plan.causal:
-        if paged:
-            raise ValueError("continuous batching (a paged cache) serves causal decoders; this plan is bidirectional")
-        if skip_eps not in ("auto", 0, 0.0):
-            raise ValueError(
-                f"certified skipping (skip_eps={skip_eps!r}) is causal-only; this plan is bidirectional (no path "
-                "computes key windows on both sides of a row yet)"
-            )
-        skip_eps = 0.0
+    if not plan.causal and paged:
+        raise ValueError("continuous batching (a paged cache) serves causal decoders; this plan is bidirectional")
     if paged:
         if implementation != "flash_attention_2":
             return Route("paged")
@@ -279,14 +272,15 @@ def _skip_eps(implementation, plan, device, tracing, skip_eps, skip_pays) -> flo
         return float(skip_eps)
     if implementation != "sdpa" or device != "cpu":
         return 0.0
+    rule = skip_pays if plan.causal else lambda slopes, q, kv: skip_pays(slopes, q, kv, False)
     if plan.documents is not None:  # packed rows: each document is a row of its own
         lengths = [n for row in document_lengths(plan.documents) for n in row]
-        pays = any(skip_pays(plan.slopes, n, n) for n in lengths)
+        pays = any(rule(plan.slopes, n, n) for n in lengths)
     else:
         key_length = plan.key_length
         if isinstance(plan.query_offset, torch.Tensor):  # a static cache's step: its filled keys
             key_length = int(plan.query_offset) + plan.query_length
-        pays = skip_pays(plan.slopes, plan.query_length, key_length)
+        pays = rule(plan.slopes, plan.query_length, key_length)
     return AUTO_EPS if pays else 0.0
 
 
@@ -301,7 +295,7 @@ def _path(implementation, plan, device, tracing, sdpa_split, skip, kernels_work)
             # torch 2.13's CPU inductor lowers a mask_mod over document indices the graph computed itself, but on
             # AVX2 (AMD EPYC) the fused kernel it builds returns wrong rows; a compiled packed row takes the one mask
             return "sdpa_mask"
-        return "flex_attention_certified" if skip else "flex_attention"
+        return "flex_attention_certified" if skip and plan.causal else "flex_attention"
     bottom_right = (  # plain ints and queries that end at the last key: no cache, dynamic, static outside compile
         isinstance(plan.query_offset, int)
         and _is_static(plan.query_length)

@@ -114,11 +114,12 @@ def split_attention(query, key, value, plan: "SplitPlan", scaling: float) -> tor
     dtype than the plan's masks gets the same calls with masks in its own (fp64 inputs: fp64 masks)."""
     dtype = torch.promote_types(query.dtype, torch.float32)
     if plan.dtype != dtype:
-        ranged = plan.first_keys
+        ranged, ends = plan.first_keys, plan.end_keys
         slopes = plan.slopes.to(query.device)
         facts = (plan.query_offset, plan.q_len, plan.key_padding, plan.chunks, plan.batch, dtype, plan.causal)
         plan = split_plan(slopes, *facts, plan.floor)
-        plan = plan if ranged is None else plan.in_key_ranges(torch.tensor(ranged))
+        if ranged is not None:
+            plan = plan.in_key_ranges(torch.tensor(ranged), None if ends is None else torch.tensor(ends))
     return _SplitAttention.apply(query, key, value, plan.with_floors(query, key, scaling), scaling)
 
 
@@ -170,6 +171,7 @@ class SplitPlan:
         key_end = None if causal else self.visible  # bidirectional: every chunk also sees the keys right of it
         self.calls = _cover([], query_offset, 0, q_len, 0, chunks, (0, self.heads), key_end=key_end)
         self.first_keys = None  # (H, blocks) first keys as nested tuples once cut to key ranges (`in_key_ranges`)
+        self.end_keys = None  # (H, blocks) end keys likewise, a bidirectional plan's keys right of each block
         self._set_calls(self.calls)
         distance = torch.arange(self.visible, device=slopes.device, dtype=slopes.dtype)  # (visible,)
         self.ramp = -slopes[:, None] * distance.flip(0)  # (H, visible): -m * (visible - 1 - j)
@@ -209,15 +211,23 @@ class SplitPlan:
         object.__setattr__(call, "floors", floors.to(self.dtype))
         return call
 
-    def in_key_ranges(self, first_key: torch.Tensor) -> "SplitPlan":
-        """This plan's calls cut to `first_key` ((H, blocks) first key per head and block of `chunks[0]` rows), its
-        masks shared: what a layer that certifies its own key ranges needs (a one-level plan, one per forward)."""
+    def in_key_ranges(self, first_key: torch.Tensor, end_key: torch.Tensor | None = None) -> "SplitPlan":
+        """This plan's calls cut to `first_key` ((H, blocks) first key per head and block of `chunks[0]` rows), and
+        for a bidirectional plan to `end_key` ((H, blocks): the keys from it on are left out), its masks shared: what
+        a layer that certifies its own key ranges needs (a one-level plan, one per forward)."""
         if len(self.chunks) != 1:
             raise ValueError(f"key ranges cut a one-level plan (chunks = (rows,)), this one has {self.chunks}")
+        if end_key is not None and self.causal:
+            raise ValueError("end keys cut the keys right of a block's rows, which only a bidirectional plan reads")
         ranged = copy.copy(self)  # the masks shared; the calls its own
         object.__setattr__(ranged, "_frozen", False)
         ranged.first_keys = tuple(map(tuple, first_key.tolist()))
-        ranged._set_calls(self._ranged_calls(ranged.first_keys))
+        if end_key is None:
+            ranged._set_calls(self._ranged_calls(ranged.first_keys))
+        else:  # both sides cut, call by call (a dense head's blocks each make their own call on either side)
+            ranged.end_keys = tuple(map(tuple, end_key.tolist()))
+            rows, first, end = self.chunks[0], ranged.first_keys, ranged.end_keys
+            ranged._set_calls([part for call in self.calls for part in _in_key_ranges(call, first, rows, end)])
         ranged._frozen = True
         return ranged
 

@@ -51,11 +51,21 @@ def _cover(calls, query_offset, first, last, key_start, chunks, heads, level=0, 
     return calls
 
 
-def _in_key_ranges(call, first_keys, rows):
-    """A call cut to the key ranges of its block: one call per run of heads with the same first key, if any keys."""
+def _in_key_ranges(call, first_keys, rows, last_keys=None, query_offset=0):
+    """A call cut to the key ranges of its block: one call per run of heads with the same first key (keys left of the
+    rows) or, given `last_keys`, the same end key (keys right of them: a bidirectional plan), if any keys remain."""
     start, end, key_start, key_end, diagonal, _, heads = call
     if diagonal:  # a block's own diagonal is always kept (first keys never pass a block's first query)
         return [call]
+    if key_start >= query_offset + end:  # keys right of the rows
+        if last_keys is None:
+            return [call]
+        runs = head_runs([last_keys[head][start // rows] for head in range(heads)])
+        return [
+            SplitCall(start, end, key_start, min(key_end, last), False, head, run_end)
+            for head, run_end, last in runs
+            if key_start < min(key_end, last)
+        ]
     runs = head_runs([first_keys[head][start // rows] for head in range(heads)])
     return [
         SplitCall(start, end, max(key_start, first), key_end, False, head, run_end)

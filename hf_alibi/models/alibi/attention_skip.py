@@ -53,6 +53,10 @@ rounded up by their error bound (`upper_norms`); everything else is float64, so 
 arithmetic on the inputs as given; `_ROUNDING_MARGIN` absorbs float64's own rounding. (The max shift of Theorem 4's
 exps adds at most u |z_j - max z| <= u (2 |s| |q_i| N + m n) per logit, inside its gamma_{D+2} term for D >= 1.)
 
+Bidirectional rows (an encoder's -m |i - j| over every key). Reversed, the keys right of row i are the keys left of
+its mirror at the same distances, so the causal bound of the reversed queries and keys certifies them
+(`attention_certified.certified_key_ends`); with eps / 2 on each side the dropped mass is <= eps, and Theorem 1 holds.
+
 Decoding. A full cache block never changes, so its summary (max norm) is computed once; the block
 being filled always contains the current position and is never dropped, so a running maximum of its norms (what a
 cache extends step by step: `torch.maximum(old, new_norm)`) is all it needs before it completes.

@@ -69,6 +69,13 @@ class AlibiBertConfig(PretrainedConfig):
         max_position_embeddings (`int`, *optional*, defaults to 8192):
             The length the source model names (informational only): ALiBi has no position table and inputs of any
             length run.
+        alibi_skip_eps (`float` or `"auto"`, *optional*, defaults to `"auto"`):
+            Certified key skipping on both sides of each row (the `sdpa` backend on CPU, outside torch.compile): per
+            head and block of 256 query rows, the far keys left and right whose softmax mass is provably <= eps in
+            all are not computed, which changes each output by at most `2 * eps * max|v|`. `"auto"` skips with eps
+            `1e-7` (exact to fp32 rounding) where it was measured to pay for the heads' slopes and the length
+            (`attention_certified.skipping_pays`), dense elsewhere; a number in `(0, 1)` skips with that eps wherever
+            it applies; `0.0` is dense attention. A runtime choice, e.g. `from_pretrained(..., alibi_skip_eps=0.0)`.
 
     Example:
 
@@ -100,6 +107,7 @@ class AlibiBertConfig(PretrainedConfig):
     layer_layout: str = "jina"
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = True
+    alibi_skip_eps: float | str = "auto"
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -144,6 +152,10 @@ class AlibiBertConfig(PretrainedConfig):
             raise ValueError(f"qk_layer_norm must be True or False, got {self.qk_layer_norm!r}")
         if self.layer_layout not in LAYER_LAYOUTS:
             raise ValueError(f"layer_layout {self.layer_layout!r} is unknown; choose one of {list(LAYER_LAYOUTS)}")
+        skip = self.alibi_skip_eps
+        if skip != "auto" and (isinstance(skip, bool) or not isinstance(skip, (int, float)) or not 0.0 <= skip < 1.0):
+            raise ValueError(f"alibi_skip_eps must be 'auto' or a number in [0, 1), got {skip!r}")
+        self.alibi_skip_eps = skip if skip == "auto" else float(skip)
 
     @property
     def glu_activation(self) -> str:

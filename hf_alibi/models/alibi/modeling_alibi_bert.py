@@ -311,6 +311,7 @@ class AlibiBertModel(AlibiBertPreTrainedModel):
             dtype=dtype,
             dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
             output_attentions=output_attentions,
+            skip_eps=self.config.alibi_skip_eps,
             causal=AlibiBertSelfAttention.is_causal,
         )
 
