@@ -6,14 +6,18 @@ q/k LayerNorms), `attn_output`, `attn_output_norm`, `ffn_up` (the fused `gated_l
 applies the GELU to the first half, as Jina does), `ffn_down`, `layer_output_norm`. Weights are written F32 (exact);
 llama.cpp computes its bias from the paper's slopes at max bias 8 (ours), bidirectional, no length cap.
 
-What differs: ggml's GELU is the tanh approximation (as TEI's), so llama.cpp's embeddings are close to ours, not
-equal (TEI measured 4e-4 relative on Jina's own). Refused by name: `reglu` (llama.cpp's graph has only the GELU GLU),
-a `glu` activation other than GELU, jina-embeddings-v2-base-code's `layer_layout="jina_code"` (gguf's table has
-places for its `layer_norm_1`/`layer_norm_2`, but this export and its llama.cpp check cover Jina's layer only),
-classifier heads (the gguf holds the encoder; llama.cpp's converter keeps no pooler, so jina-reranker-v1's head is not
-held exactly). A masked-LM model's head is left out, as llama.cpp's converter leaves it out. WordPiece vocabularies
-(jina-embeddings-v2-base-en's) go in as llama.cpp's `bert` vocabulary, byte-level BPE ones (base-de/es/zh/code) as
-`gpt2`.
+jina-embeddings-v2-base-code's layer (`layer_layout="jina_code"`) goes into the same graph: `layer_norm_1` is
+`attn_norm_2` (llama.cpp adds the layer input again before it), `down_layer` is `ffn_down`, `layer_norm_2` is
+`layer_output_norm`, and `up_gated_layer`'s rows `[up | gate]` are split into `ffn_up` and `ffn_gate`, which llama.cpp
+computes as `gelu(ffn_gate x) * ffn_up x`: Jina's activation on the second half. Left fused as one `ffn_up` (where
+gguf's table maps it), llama.cpp's GEGLU would put the GELU on the first half instead.
+
+What differs: ggml's GELU is the tanh approximation (as TEI's), read from an fp16 table, so llama.cpp's embeddings are
+close to ours, not equal (TEI measured 4e-4 relative on Jina's own). Refused by name: `reglu` (llama.cpp's graph has
+only the GELU GLU), a `glu` activation other than GELU, classifier heads (the gguf holds the encoder; llama.cpp's
+converter keeps no pooler, so jina-reranker-v1's head is not held exactly). A masked-LM model's head is left out, as
+llama.cpp's converter leaves it out. WordPiece vocabularies (jina-embeddings-v2-base-en's) go in as llama.cpp's `bert`
+vocabulary, byte-level BPE ones (base-de/es/zh/code) as `gpt2`, with the `<s>`/`</s>` their post-processor adds.
 """
 
 import json
@@ -37,12 +41,6 @@ _NEEDS = (
         "{family}'s GLU is GELU (GEGLU); this model's GLU activation is {value!r} (feed_forward_type="
         "{config.feed_forward_type!r})",
         read=lambda config: config.glu_activation,
-    ),
-    Requirement(
-        "layer_layout",
-        "jina",
-        "this export writes jina-embeddings-v2's layer into {family}; {field}={value!r} (jina-embeddings-v2-base-code's "
-        "layer_norm_1/layer_norm_2 and second-half GLU) is not written to gguf nor checked against llama.cpp here",
     ),
 )
 
@@ -72,8 +70,19 @@ def encoder_gguf_tensors(model) -> dict[str, np.ndarray]:
         name = names.get_name(key, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"gguf's {ARCHITECTURE} table has no name for {key}")
-        arrays[name] = np.ascontiguousarray(tensor.detach().float().cpu().numpy())
+        array = np.ascontiguousarray(tensor.detach().float().cpu().numpy())
+        if key.endswith(".mlp.up_gated_layer.weight"):
+            arrays |= _up_and_gate(name, array, config.intermediate_size)
+        else:
+            arrays[name] = array
     return arrays
+
+
+def _up_and_gate(up_name: str, fused: np.ndarray, inner: int) -> dict[str, np.ndarray]:
+    """base-code's `up_gated_layer` rows `[up | gate]` (its activation on the gate, the second half) as llama.cpp's
+    `ffn_up` and `ffn_gate` (a separate gate takes llama.cpp's `gelu(gate) * up` path, whichever half its fused GEGLU
+    would activate)."""
+    return {up_name: fused[:inner], up_name.replace(".ffn_up.", ".ffn_gate."): fused[inner:]}
 
 
 def _add_wordpiece(writer, tokenizer, vocab_size: int) -> None:

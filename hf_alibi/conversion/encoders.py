@@ -21,6 +21,9 @@ position table, the symmetric bias `-m_h |i - j|` with the paper's slopes, a GLU
   on the second half and the residual LayerNorm `layer_norm_2(a + mlp(a))`: `AlibiBertConfig(layer_layout="jina_code")`
   holds it under the same names, key for key.
 
+q/k LayerNorm weights (`attention.self.layer_norm_q/k`) in a jina-bert-implementation or MosaicBERT checkpoint are
+refused by name: their code has no such modules and ignores them, so applying them would not compute their model.
+
 Their code caps inputs (Jina: `max_position_embeddings`-sized bias in TEI; MosaicBERT grows its table); ours runs at
 any length.
 """
@@ -241,9 +244,9 @@ def convert_encoder(checkpoint: Checkpoint):
     if head == "masked_lm":  # their MLM classes build no pooler; a pooler saved beside is not part of the function
         state = {key: value for key, value in state.items() if not key.startswith("pooler.")}
     labels = state["classifier.weight"].shape[0] if "classifier.weight" in state else None
+    _refuse_unread_qk_norms(state, family)
     # base-code's code always has them (a checkpoint without them is refused as missing weights)
-    qk_norm = family == "jina_code" or any(".attention.self.layer_norm_q." in key for key in state)
-    config = alibi_bert_config(checkpoint.config, family, head, labels, qk_norm)
+    config = alibi_bert_config(checkpoint.config, family, head, labels, qk_norm=family == "jina_code")
     model_class = getattr(modeling_alibi_bert, {v: k for k, v in HEADS.items()}[head])
     model = (
         model_class(config) if head != "base" else model_class(config, add_pooling_layer="pooler.dense.weight" in state)
@@ -256,6 +259,19 @@ def convert_encoder(checkpoint: Checkpoint):
         raise ValueError(f"{NAMES[family]} checkpoint mixes weight dtypes {dtypes}: one model dtype is needed")
     ours = _with_tied_names(model, ours)
     return load_exactly(model.to(next(iter(ours.values())).dtype), ours, what)
+
+
+def _refuse_unread_qk_norms(state: dict, family: str) -> None:
+    """`ValueError` naming q/k LayerNorm weights in a checkpoint whose code has no such modules:
+    jina-bert-implementation (and TEI's `jina.rs`) and MosaicBERT's `bert_layers` never build `layer_norm_q/k` (only
+    base-code's jina-bert-v2-qk-post-norm does), so `from_pretrained` drops those keys and their model computes
+    without them."""
+    keys = sorted(key for key in state if ".attention.self.layer_norm_" in key)  # layer_norm_q, layer_norm_k
+    if keys and family != "jina_code":
+        raise ValueError(
+            f"{NAMES[family]} checkpoint carries q/k LayerNorm weights ({keys[0]} and {len(keys) - 1} more) that their "
+            "code has no module for and ignores; an import applying them would not compute their model"
+        )
 
 
 def _with_tied_names(model, ours: dict) -> dict:

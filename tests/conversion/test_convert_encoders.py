@@ -123,12 +123,14 @@ def test_bert_prefixed_and_bare_jina_weights_import_alike(tmp_path):
         assert torch.equal(tensor, prefixed.state_dict()[key]), key
 
 
-def test_query_and_key_layer_norms_are_imported(tmp_path):
-    config = jina_config()
-    state = tiny_state(config, "base", fused=False, qk_norm=True)
-    model = convert(str(save_source(tmp_path / "qk", config, state, pickled=False)))
-    assert model.config.qk_layer_norm is True
-    assert_matches_reference(model, config, state, *padded_batch())
+@pytest.mark.parametrize("name", ["jina-embeddings-v2", "mosaicbert"])
+def test_query_and_key_norms_their_code_ignores_are_refused_by_name(tmp_path, name):
+    """jina-bert-implementation and MosaicBERT build no layer_norm_q/k (base-code's qk-post-norm code does):
+    `from_pretrained` drops such keys, so an import applying them would not be their model."""
+    folder, _, _ = source(tmp_path, name, qk_norm=True)
+    with pytest.raises(ValueError, match=r"encoder\.layer\.0\.attention\.self\.layer_norm_k\.bias and 7 more"):
+        convert(str(folder), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_folder_keeps_the_tokenizer_files_as_shipped(tmp_path):

@@ -2,7 +2,8 @@
 hidden states, pooler and MLM logits equal the float64 reference of their layer (`encoder_reference`: the input added
 a second time after the attention block, the GLU's activation on the second half) within fp32 rounding, padded, on
 every attention backend, past 8192 tokens; the layout is told from the auto_map or the keys alone; the import is a
-key-for-key copy and exports back bit for bit; what their code or llama.cpp's graph here cannot hold is refused.
+key-for-key copy and exports back bit for bit; what their code cannot hold is refused (its GGUF export:
+test_gguf_export_encoders).
 The padded batch on every backend (base, and masked-LM with reglu) runs in test_convert_encoders, whose SOURCES hold
 base-code's checkpoints."""
 
@@ -90,10 +91,3 @@ def test_a_layout_other_than_the_models_refuses_by_name_and_writes_nothing(tmp_p
     with pytest.raises(ValueError, match=EXPORT_REFUSALS[case]):
         export(model, target, tmp_path / "out")
     assert not (tmp_path / "out").exists()
-
-
-def test_gguf_export_refuses_base_code_by_name(tmp_path, make_encoder):
-    model = make_encoder(layer_layout="jina_code", qk_layer_norm=True)
-    with pytest.raises(ValueError, match="layer_layout='jina_code'"):
-        export(model, "gguf", tmp_path / "model.gguf")
-    assert not (tmp_path / "model.gguf").exists()
