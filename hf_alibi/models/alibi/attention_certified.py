@@ -92,8 +92,14 @@ ROW_GROUP = 16
 AUTO_REACH = 24.0
 AUTO_PREFILL_KEPT = 0.32
 AUTO_DECODE_KEPT = 0.15
-# An encoder's bidirectional rows (`certified_split` with end keys too): MEASURE
-AUTO_BIDIRECTIONAL_KEPT = 0.32
+# An encoder's bidirectional rows (`certified_split` with end keys too), the same prediction (each side is a causal
+# prefill's share). Measured on the masked LM of `recipes/train_mlm.py --config mlm_demo` (4 heads, slopes 1/4 ..
+# 1/256), real text, skip (eps 1e-7) / dense, 2 fresh processes each (`python -m benchmarks.bench_skip --checkpoint
+# /work/ckpt/mlm_demo/final --forward 2048,4096,8192,16384 --contestants bert-sdpa,alibi-dense,alibi-skip`,
+# results/skip/encoder_skip.md): predicted kept 0.70 at 2k: 0.97x (nothing gained); 0.53 at 4k: 0.78x; 0.39 at 8k:
+# 0.54x; 0.24 at 16k: 0.34x; with two busy processes beside each (`--load 2 --processes 3`,
+# results/skip/encoder_skip_under_load.md): 0.87x at 4k, 0.62x at 8k. The threshold sits between 2k and 4k.
+AUTO_BIDIRECTIONAL_KEPT = 0.55
 
 
 def predicted_kept(slopes: torch.Tensor, query_length: int, key_length: int) -> float:

@@ -222,23 +222,21 @@ class SplitPlan:
         ranged = copy.copy(self)  # the masks shared; the calls its own
         object.__setattr__(ranged, "_frozen", False)
         ranged.first_keys = tuple(map(tuple, first_key.tolist()))
-        if end_key is None:
-            ranged._set_calls(self._ranged_calls(ranged.first_keys))
-        else:  # both sides cut, call by call (a dense head's blocks each make their own call on either side)
-            ranged.end_keys = tuple(map(tuple, end_key.tolist()))
-            rows, first, end = self.chunks[0], ranged.first_keys, ranged.end_keys
-            ranged._set_calls([part for call in self.calls for part in _in_key_ranges(call, first, rows, end)])
+        ranged.end_keys = None if end_key is None else tuple(map(tuple, end_key.tolist()))
+        ranged._set_calls(self._ranged_calls(ranged.first_keys, ranged.end_keys))
         ranged._frozen = True
         return ranged
 
-    def _ranged_calls(self, first_keys):
-        """The calls that read, for each head and block, exactly the keys from its first key on.
+    def _ranged_calls(self, first_keys, end_keys=None):
+        """The calls that read, for each head and block, exactly the keys from its first key on (and, given
+        `end_keys`, a bidirectional plan's, up to its end key).
 
         A head's leading blocks that read every key left of them (first key 0) are covered as the dense split covers
         rows: first-level calls of `_PREFIX_BLOCKS` blocks over the keys left of them, then each block over the keys
-        from its first-level call on (`_cover`), per run of heads with as many such blocks. Their sub-block calls
-        repeat at a stride and group (`_group`): a few calls where one per block was made. Every other block has its
-        own call per run of heads that share its first key (`_in_key_ranges`)."""
+        from its first-level call on (`_cover`), per run of heads with as many such blocks; a bidirectional head's
+        trailing blocks that read every key right of them likewise, mirrored. Their sub-block calls repeat at a
+        stride and group (`_group`): a few calls where one per block was made. Every other block has its own call
+        per run of heads that share its first (end) key (`_in_key_ranges`)."""
         rows, query_offset, calls = self.chunks[0], self.query_offset, []
         leading = [next((b for b, first in enumerate(keys) if first > 0), len(keys)) for keys in first_keys]
         for head, end, blocks in filter(lambda run: run[2], head_runs(leading)):
@@ -250,7 +248,24 @@ class SplitPlan:
             [query_offset + b * rows if b < n else first for b, first in enumerate(keys)]  # the leading blocks: done
             for keys, n in zip(first_keys, leading)
         ]
-        return calls + [ranged for call in self.calls for ranged in _in_key_ranges(call, rest, rows)]
+        ends = None if end_keys is None else self._trailing_calls(calls, end_keys)
+        return calls + [ranged for call in self.calls for ranged in _in_key_ranges(call, rest, rows, ends)]
+
+    def _trailing_calls(self, calls, end_keys):
+        """`_ranged_calls`' mirror for a bidirectional plan (no cache): append the right-hand calls of each head's
+        trailing blocks that read every key right of them, as the dense split makes them; return the end keys with
+        those blocks' set to their own end (nothing left for `_in_key_ranges` to add)."""
+        rows, length = self.chunks[0], self.visible
+        count = len(end_keys[0])
+        trailing = [count - 1 - next((b for b in reversed(range(count)) if keys[b] < length), -1) for keys in end_keys]
+        for head, end, blocks in filter(lambda run: run[2], head_runs(trailing)):
+            first = (count - blocks) * rows
+            cover = _cover([], 0, first, length, first, (_PREFIX_BLOCKS * rows, rows), (head, end), key_end=length)
+            calls += [call for call in cover if call.key_start >= call.end]  # the keys right of each chunk and block
+        return [
+            [min((b + 1) * rows, length) if b >= count - n else last for b, last in enumerate(keys)]
+            for keys, n in zip(end_keys, trailing)
+        ]
 
     def _set_calls(self, calls):
         self.calls = tuple(calls)
