@@ -323,9 +323,9 @@ def imported_jais(jais, check_length: int = 64):
 def encoder_model(name: str, shape: Shape, max_length: int, check_length: int = 64):
     """The encoder contestant `name` (see `ENCODERS`), randomly initialised, every dropout 0.
 
-    `alibi-bert-sdpa` is `jina-eager`'s model (same seed) copied key for key into `AlibiBertModel`, after checking
-    that both give the same hidden states on one input (that copy's ALiBi tensor built for the check's length only,
-    so its process never holds theirs).
+    `alibi-bert-sdpa` is `jina-eager`'s model (same seed) copied key for key into `AlibiBertModel` (dense: no
+    certified skipping on random weights), after checking that both give the same hidden states on one input (that
+    copy's ALiBi tensor built for the check's length only, so its process never holds theirs).
     """
     import torch
     from transformers import BertConfig, BertModel
@@ -355,6 +355,7 @@ def encoder_model(name: str, shape: Shape, max_length: int, check_length: int = 
         intermediate_size=4 * shape.n_embd,
         hidden_dropout_prob=0.0,
         max_position_embeddings=8192,  # jina-embeddings-v2's: the size of their prebuilt ALiBi tensor
+        alibi_skip_eps=0.0,  # dense: what skipping gains depends on trained weights (bench_skip measures it)
     )
     torch.manual_seed(0)
     jina = JinaEager(config, None if name == "jina-eager" else check_length).eval()

@@ -71,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--page", default="BENCHMARKS.md")
     parser.add_argument("--out", default=f"results/rerun/{time.strftime('%Y-%m-%d')}")
-    parser.add_argument("--only", default="", help="comma-separated command numbers (see --list); default: all")
+    parser.add_argument("--only", default="", help="command numbers (see --list), run in that order; default: all")
     parser.add_argument("--replace", action="append", default=[], help="OLD=NEW, applied to every command")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per command")
     parser.add_argument("--list", action="store_true")
@@ -95,22 +95,34 @@ def main(argv=None) -> None:
     if unknown:
         raise ValueError(f"--only names command {unknown[0]}; the summary cites {len(commands)} (see --list)")
     out = Path(args.out)
-    rows = ["| # | command | exit | seconds | load average at start |", "|---|---|---|---|---|"]
-    for number, command in enumerate(commands, 1):
-        if args.only and number not in args.only:
-            rows.append(f"| {number} | `{command}` | not run | | |")
-            continue
-        words = redirected(command, out, args.replace)
+    done = earlier_rows(out / "index.md")  # a sitting continued: the rows of commands run before are kept
+    order = args.only or list(range(1, len(commands) + 1))  # in the order asked: the ones that matter most first
+    for number in order:
+        words = redirected(commands[number - 1], out, args.replace)
         for word, following in zip(words, words[1:]):
             if word in OUTPUTS:
                 Path(following).parent.mkdir(parents=True, exist_ok=True)
         out.mkdir(parents=True, exist_ok=True)
         load = os.getloadavg()[0]
         code, seconds = run(words, out / f"command_{number:02d}.log", args.timeout)
-        rows.append(f"| {number} | `{shlex.join(words)}` | {code} | {seconds:.0f} | {load:.1f} |")
-        print(rows[-1], flush=True)
-        write_text_atomically(out / "index.md", "\n".join(rows) + "\n")
-    write_text_atomically(out / "index.md", "\n".join(rows) + "\n")
+        done[number] = f"| {number} | `{shlex.join(words)}` | {code} | {seconds:.0f} | {load:.1f} |"
+        print(done[number], flush=True)
+        write_index(out / "index.md", commands, done)
+
+
+def earlier_rows(index: Path) -> dict[int, str]:
+    """The rows of an earlier `index.md` for commands that ran (number -> row)."""
+    if not index.exists():
+        return {}
+    rows = [line for line in index.read_text().splitlines() if re.match(r"\| \d+ \| `", line)]
+    return {int(row.split("|")[1]): row for row in rows if "| not run |" not in row}
+
+
+def write_index(index: Path, commands: list[str], done: dict[int, str]) -> None:
+    rows = ["| # | command | exit | seconds | load average at start |", "|---|---|---|---|---|"]
+    for number, command in enumerate(commands, 1):
+        rows.append(done.get(number, f"| {number} | `{command}` | not run | | |"))
+    write_text_atomically(index, "\n".join(rows) + "\n")
 
 
 if __name__ == "__main__":
