@@ -96,8 +96,8 @@ AUTO_DECODE_KEPT = 0.15
 # prefill's share). Measured on the masked LM of `recipes/train_mlm.py --config mlm_demo` (4 heads, slopes 1/4 ..
 # 1/256), real text, skip (eps 1e-7) / dense, 2 fresh processes each (`python -m benchmarks.bench_skip --checkpoint
 # /work/ckpt/mlm_demo/final --forward 2048,4096,8192,16384 --contestants bert-sdpa,alibi-dense,alibi-skip`,
-# results/skip/encoder_skip.md): predicted kept 0.70 at 2k: 0.97x (nothing gained); 0.53 at 4k: 0.78x; 0.39 at 8k:
-# 0.54x; 0.24 at 16k: 0.34x; with two busy processes beside each (`--load 2 --processes 3`,
+# results/skip/encoder_skip.md): predicted kept 0.70 at 2k: 1.13x (0.97x in an earlier run); 0.53 at 4k: 0.80x;
+# 0.39 at 8k: 0.55x; 0.24 at 16k: 0.37x; with two busy processes beside each (`--load 2 --processes 3`,
 # results/skip/encoder_skip_under_load.md): 0.87x at 4k, 0.62x at 8k. The threshold sits between 2k and 4k.
 AUTO_BIDIRECTIONAL_KEPT = 0.55
 
