@@ -56,7 +56,7 @@ def certified_key_windows(
     True = real; `row_group` as `certified_key_starts`'s (the left side's)."""
     half = eps / 2
     starts = certified_key_starts(query, key, slopes, scaling, 0, half, row_block, key_block, key_padding, row_group)
-    ends = certified_key_ends(query, key, slopes, scaling, half, row_block, key_block, key_padding, row_group)
+    ends = certified_key_ends(query, key, slopes, scaling, half, row_block, key_block, key_padding, row_group=row_group)
     return starts, ends
 
 

@@ -209,23 +209,12 @@ def certified_flex_ranges(plan: AlibiAttentionPlan, query, key, scaling: float) 
 
 
 def certified_key_ends(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    slopes: torch.Tensor,
-    scaling: float,
-    eps: float,
-    row_block: int,
-    key_block: int,
-    key_padding: torch.Tensor | None = None,
-    row_group: int = 1,
-    lse_lower: torch.Tensor | None = None,
-    query_norms: torch.Tensor | None = None,
-    key_norms: torch.Tensor | None = None,
+    query, key, slopes, scaling: float, eps: float, row_block: int, key_block: int, key_padding=None, **bounds
 ) -> torch.Tensor:
     """Bidirectional rows (module docstring): per (head, block of `row_block` rows) of uncached self-attention, the
     end of the keys a kernel must compute, int64 (H, n_row_blocks): for every real row of the block the softmax mass
     of the keys from it on is <= `eps`. Never before the block's last row + 1. Arguments as `certified_key_starts`'
-    (`lse_lower`, `query_norms`, `key_norms` (B, H, L) in the original order).
+    (`bounds`: its `row_group`, and `lse_lower`, `query_norms`, `key_norms` (B, H, L) in the original order).
 
     The mirror image of `certified_key_starts`: reversed, the keys right of row i are the keys left of its mirror at
     the same distances, so the causal certificate of the reversed queries and keys holds for them. Each group of
@@ -235,26 +224,13 @@ def certified_key_ends(
     length = query.shape[2]
     if key.shape[2] != length:
         raise ValueError(f"bidirectional self-attention needs as many keys as queries, got {key.shape[2]} and {length}")
-
-    def reverse(tensor):
-        return None if tensor is None else tensor.flip(-1)
-
+    group = bounds.pop("row_group", 1)
+    reverse = {name: None if tensor is None else tensor.flip(-1) for name, tensor in bounds.items()}
+    padding = None if key_padding is None else key_padding.flip(-1)
     mirrored = certified_key_starts(
-        query.flip(2),
-        key.flip(2),
-        slopes,
-        scaling,
-        0,
-        eps,
-        row_group,
-        key_block,
-        reverse(key_padding),
-        row_group,
-        reverse(lse_lower),
-        reverse(query_norms),
-        reverse(key_norms),
-    )  # (H, ceil(L / row_group)) first keys of the reversed sequence
-    ends = (length - mirrored.repeat_interleave(row_group, dim=1)[:, :length]).flip(-1)  # (H, L) each row's end
+        query.flip(2), key.flip(2), slopes, scaling, 0, eps, group, key_block, padding, group, **reverse
+    )  # (H, ceil(L / group)) first keys of the reversed sequence
+    ends = (length - mirrored.repeat_interleave(group, dim=1)[:, :length]).flip(-1)  # (H, L) each row's end
     return F.pad(ends, (0, -length % row_block), value=0).unflatten(1, (-1, row_block)).amax(-1)  # (H, R)
 
 
