@@ -269,13 +269,14 @@ def certified_split(
     if dense.chunks != (rows,) or dense.dtype != torch.promote_types(query.dtype, torch.float32):
         facts = (query_offset, q_len, plan.key_padding, (rows,), batch, query.dtype, plan.causal)
         dense = split_plan(slopes, *facts, floor=dense.floor)  # (another layer dtype)
-    dense = dense.with_floors(query, key, scaling)  # this layer call's floored biases, if exact (forward and backward)
     ends = None if plan.causal else block_ends.expand(heads, -1)  # nothing right of any block: its diagonal alone
     with torch.no_grad():  # the certificate of this step's queries and keys: no autograd through it
         q, k, v = query.detach(), key.detach(), value.detach()
+        norms = upper_norms(q), upper_norms(k)  # (B, H, q), (B, H, kv): the floors' and the certificate's, once
+        dense = dense.with_floors(q, k, scaling, norms)  # this layer call's floored biases, if exact (fwd and bwd)
         diagonals = dense.in_key_ranges(blocks.expand(heads, -1), ends)  # nothing left of any block either
         output, lse = attend_diagonals(diagonals, q, k, v, scaling)  # (B, H, q, .)
-        starts, ends = _certified_windows(plan, q, k, lse, scaling, rows, key_block)  # (H, R) each; ends None: causal
+        starts, ends = _certified_windows(plan, norms, lse, scaling, rows, key_block, q, k)  # (H, R); ends None: causal
         if batch == 1:  # one call per head over all its blocks, not one per (head, block): `shared_key_windows`
             starts = shared_key_windows(starts, blocks)
             ends = None if ends is None else q_len - shared_key_windows(q_len - ends, q_len - block_ends)
@@ -283,11 +284,12 @@ def certified_split(
     return output, KeyRanges(rows, starts, ends)  # (B, H, q, D) in the query's dtype
 
 
-def _certified_windows(plan: AlibiAttentionPlan, q, k, lse, scaling: float, rows: int, key_block: int):
+def _certified_windows(plan: AlibiAttentionPlan, norms, lse, scaling: float, rows: int, key_block: int, q, k):
     """Step 2 of `certified_split`: each (head, block)'s certified first key, and for a bidirectional plan its end
-    key (eps / 2 on each side), int64 (H, R) each (None: a causal plan's), from the diagonal blocks' log-sum-exps."""
+    key (eps / 2 on each side), int64 (H, R) each (None: a causal plan's), from the diagonal blocks' log-sum-exps and
+    the `upper_norms` of `q` and `k` (`norms`: (B, H, q), (B, H, kv))."""
     padding, slopes, eps = plan.key_padding, plan.slopes, plan.payload.eps
-    query_norms, key_norms = upper_norms(q), upper_norms(k)  # (B, H, q), (B, H, kv)
+    query_norms, key_norms = norms
     real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None], 0.0)
     lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, rows, q.shape[-1])
     side = eps if plan.causal else eps / 2

@@ -201,10 +201,11 @@ class SplitPlan:
             self.floor,
         )
 
-    def with_floors(self, query, key, scaling: float) -> "SplitPlan":
+    def with_floors(self, query, key, scaling: float, norms=None) -> "SplitPlan":
         """This plan for one layer call of `query` (B, H, q, D) over `key` (B, H, kv, D): its biases floored per head
-        where that is exact (`bias_floors`), itself where no head is (or `floor` is off)."""
-        floors = bias_floors(query, key, scaling, self.query_offset, self.visible) if self.floor else None
+        where that is exact (`bias_floors`, given the caller's `norms` of both, if any), itself where no head is (or
+        `floor` is off)."""
+        floors = bias_floors(query, key, scaling, self.query_offset, self.visible, norms) if self.floor else None
         if floors is None:
             return self
         call = copy.copy(self)  # the calls and masks shared; the floors its own

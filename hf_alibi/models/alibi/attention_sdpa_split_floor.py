@@ -21,14 +21,18 @@ would not do: 2 e^-17 > 2^-24). A head is floored only where then 2B + C <= `EXP
 exact bias (denormals possible, as before).
 
 Backward. The autograd function differentiates each call with the same floored masks, so its gradients are the exact
-gradients of the floored attention, whose softmax weights moved by at most e^-18 of each row's mass: the gradients
-move by the same relative amount. The backward's `exp(s - l)` is taken at the row's final log-sum-exp l, in the
-true frame, which the floor alone does not bound: on a per-key call the row shift m * a enters, and rows far into a
-chunk meet their far keys 87-104 nats down. Those rows' weights over the call's keys are tiny: where a bound
-(|q_a| max |k| * scale, plus the call's largest bias, less l) puts each below e^-18 / K, the row's l is +inf there, so
-the kernel's weights are exactly 0 and none is computed (`backward_lse`), which moves the gradients by no more than
-the floor did. What the rest meet is not bounded by a proof (l is the whole row's, not the call's); the
-float64 simulation of every call (`benchmarks/measure_denormals.py`) counts it on real weights.
+gradients of the floored attention, whose softmax weights moved by at most 2 e^-18 of each row's mass in all. The
+backward's `exp(s - l)` is taken at the row's final log-sum-exp l, in the true frame, which the floor alone does not
+bound: on a per-key call the row shift m * a enters, and rows far into a chunk meet their far keys 87-104 nats down.
+Those rows' weights over the call's keys are tiny: where a bound (|q_a| max |k| * scale, plus the call's largest
+bias, less l) puts each below e^-18 / K, the row's l is +inf there, so the kernel's weights are exactly 0 and none is
+computed (`backward_lse`): at most e^-18 more of a row's mass. With G_i = |dO_i| max |v| (dO the output's gradient),
+the logits' gradients dS_ij = p_ij (dO_i . v_j - dO_i . o_i) then move by at most 8 e^-18 G_i per row in all (6 from
+the weights, 2 from o_i), so dq_i by at most 8 e^-18 G_i max |k| * scale: the size of fp32's rounding of the sum
+dq_i is made of (2^-24 sum_j |dS_ij| |k_j| * scale, with sum_j |dS_ij| up to 2 G_i), not 2^-24 of |dq_i| itself,
+which is far smaller where a row's weights sit on one key. What the rows left at their l meet is not bounded by a proof (l is
+the whole row's, not the call's); the float64 simulation of every call (`benchmarks/measure_denormals.py`) counts it
+on real weights.
 
 Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/models/alibi/test_attention_sdpa_split_floor.py`
 """
@@ -47,13 +51,16 @@ EXP_LIMIT = 80.0
 ROUNDING_NATS = 18.0
 
 
-def bias_floors(query, key, scaling: float, query_offset: int, keys: int) -> torch.Tensor | None:
+def bias_floors(query, key, scaling: float, query_offset: int, keys: int, norms=None) -> torch.Tensor | None:
     """C per head (H,) float64 for the split's calls of `query` (B, H, q, D) over `key` (B, H, kv, D), +inf for a head
     that keeps its exact bias; None when no head is floored. Row r sits at `query_offset + r` (its own key there); `keys`
-    is the most keys a row sees (K). Costs a norm of each query and key, no (q, kv) work."""
+    is the most keys a row sees (K). `norms`: the `upper_norms` of `query` and `key` ((B, H, q), (B, H, kv)) where the
+    caller has them already (None: computed here). Costs a norm of each query and key, no (q, kv) work."""
+    visible = query_offset + query.shape[2]  # the keys the rows see
     with torch.no_grad():
-        query_norms = upper_norms(query.detach()).amax(0)  # (H, q) over the batch
-        key_norms = upper_norms(key.detach()[:, :, : query_offset + query.shape[2]]).amax(0)  # (H, kv)
+        if norms is None:
+            norms = upper_norms(query.detach()), upper_norms(key.detach()[:, :, :visible])
+        query_norms, key_norms = norms[0].amax(0), norms[1][..., :visible].amax(0)  # (H, q), (H, kv) over the batch
         bound = query_norms.amax(-1) * key_norms.amax(-1) * scaling  # (H,) B >= |q_i . k_j| * scale
         own = (query_norms * key_norms[:, query_offset:]).amax(-1) * scaling  # (H,) B_self >= -(diagonal logit)
         floors = bound + own + math.log(max(keys, 1)) + ROUNDING_NATS  # (H,) C
