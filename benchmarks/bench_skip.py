@@ -23,7 +23,8 @@ process builds one contestant, warms up once and times `--repeats` calls (median
 contestants, `--processes` rounds; a cell reports the median over processes and [min, max]. The skipping process
 also reports the kept fraction of causal key work per head: the key ranges its layers certified and used, recorded
 in one more forward.
-Two suites hold `"auto"` to dense where `generate()` is not the caller (`alibi-dense` and `alibi-auto` only):
+Two suites hold `"auto"` to dense where `generate()` is not the caller (`alibi-dense` and `alibi-auto`; a packed row
+also against `gpt2-sdpa`, whose one document mask spans the whole row):
 `--cb-decode`, continuous batching (`generate_batch`, what `hf-alibi serve --continuous-batching` runs) of the long
 context and a 128-token request side by side, seconds per decoding step of the long one from its token timestamps
 (its prefill, in 4096-token chunks, not counted; tokens checked equal to dense); `--packed-train`, a training step on
@@ -63,7 +64,7 @@ NO_TRIM = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": 
 def run_cell(args, suite: str, length: int) -> dict:
     from benchmarks.measure import competing_load
 
-    contestants = ("alibi-dense", "alibi-auto") if suite in AUTO_SUITES else args.contestants
+    contestants = AUTO_SUITES.get(suite, args.contestants)
     results, load_averages = {name: [] for name in contestants}, []
     for round_ in range(args.processes):
         turn = round_ % len(contestants)
@@ -102,25 +103,27 @@ def run_cell(args, suite: str, length: int) -> dict:
 
 
 def auto_markdown(cells: list[dict]) -> list[str]:
-    """The `"auto"`-against-dense suites' table."""
-    lines = ["", "| cell | `alibi-dense` | `alibi-auto` | auto / dense | |", "|---|---|---|---|---|"]
+    """The `"auto"`-against-dense suites' table (GPT-2's column where the suite ran it: `-` elsewhere)."""
+    names = ("gpt2-sdpa", "alibi-dense", "alibi-auto")
+    lines = ["", "| cell | " + " | ".join(f"`{n}`" for n in names) + " | auto / dense | auto / GPT-2 | |"]
+    lines.append("|---" * 7 + "|")
     for cell in cells:
         unit, scale = ("ms per decoding step", 1e3) if cell["suite"] == "cb_decode" else ("s per step", 1.0)
+        ran = [n for n in names if n in cell]
         shown = [
             f"{cell[n]['median_s'] * scale:.3f} [{cell[n]['min_s'] * scale:.3f}, {cell[n]['max_s'] * scale:.3f}]"
-            for n in ("alibi-dense", "alibi-auto")
+            if n in cell
+            else "-"
+            for n in names
         ]
-        ratio = cell["alibi-auto"]["median_s"] / cell["alibi-dense"]["median_s"]
+        auto = cell["alibi-auto"]["median_s"]
+        ratios = [f"{auto / cell[n]['median_s']:.2f}x" if n in cell else "-" for n in ("alibi-dense", "gpt2-sdpa")]
         extra = (
             f"tokens equal dense: {cell['same_tokens']}"
             if "same_tokens" in cell
-            else "peak "
-            + " / ".join(f"{cell[n]['peak_bytes'] / 2**20:.0f}" for n in ("alibi-dense", "alibi-auto"))
-            + " MiB"
+            else "peak " + " / ".join(f"{cell[n]['peak_bytes'] / 2**20:.0f}" for n in ran) + " MiB"
         )
-        lines.append(
-            f"| {cell['suite']} L={cell['length']} ({unit}) | {shown[0]} | {shown[1]} | {ratio:.2f}x | {extra} |"
-        )
+        lines.append(f"| {cell['suite']} L={cell['length']} ({unit}) | {' | '.join(shown + ratios)} | {extra} |")
     return lines
 
 

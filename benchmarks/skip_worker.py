@@ -4,7 +4,8 @@
 
 import statistics
 
-AUTO_SUITES = ("cb_decode", "packed_train")  # `"auto"` against dense only
+# `"auto"` against dense, and for a packed row GPT-2 too (transformers' one document mask over the whole row)
+AUTO_SUITES = {"cb_decode": ("alibi-dense", "alibi-auto"), "packed_train": ("gpt2-sdpa", "alibi-dense", "alibi-auto")}
 REFERENCES = ("gpt2-sdpa", "bert-sdpa")  # transformers' model of the checkpoint's shape: a causal LM's, an encoder's
 
 

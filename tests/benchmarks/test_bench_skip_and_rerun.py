@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_skip import parse_args
+from benchmarks.bench_skip import auto_markdown, parse_args
 from benchmarks.rerun_summary import main as rerun_main
 from benchmarks.rerun_summary import redirected, summary_commands
 
@@ -30,6 +30,20 @@ def test_a_decoder_checkpoint_keeps_gpt2_and_its_decoding_suite(tmp_path):
     args = parse_args(["--checkpoint", checkpoint(tmp_path, "alibi_gpt2")])
     assert args.contestants == ("gpt2-sdpa", "alibi-dense", "alibi-skip", "alibi-auto")
     assert args.decode == "8192,16384,32768"
+
+
+def test_the_auto_table_puts_gpt2_beside_a_packed_row_and_a_dash_where_it_did_not_run():
+    def timed(seconds, peak=None):
+        return {"median_s": seconds, "min_s": seconds, "max_s": seconds, **({"peak_bytes": peak} if peak else {})}
+
+    decode = {"suite": "cb_decode", "length": 16384, "same_tokens": True}
+    decode.update({"alibi-dense": timed(0.04), "alibi-auto": timed(0.02)})
+    packed = {"suite": "packed_train", "length": 8192}
+    packed.update({"gpt2-sdpa": timed(8.0, 2**32), "alibi-dense": timed(2.0, 2**30), "alibi-auto": timed(2.0, 2**30)})
+    _, header, _, decoding, training = auto_markdown([decode, packed])
+    assert "`gpt2-sdpa`" in header and "auto / GPT-2" in header
+    assert decoding.split(" | ")[1:6] == ["-", "40.000 [40.000, 40.000]", "20.000 [20.000, 20.000]", "0.50x", "-"]
+    assert training.split(" | ")[4:7] == ["1.00x", "0.25x", "peak 4096 / 1024 / 1024 MiB |"]
 
 
 def test_the_summary_commands_are_found_and_redirected_under_one_folder(tmp_path):

@@ -1,5 +1,6 @@
 """`sdpa_packed`: packed rows (transformers' `DataCollatorWithFlattening`, TRL's padding-free batches: `position_ids`
-that restart, or `cu_seq_lens_q`) attended one document at a time, where `choose_path` routes them to skip.
+that restart, or `cu_seq_lens_q`) attended one document at a time on the CPU split (`choose_path`), so a row of
+documents costs the sum of their squared lengths, not its own squared length under a document mask.
 
 ALiBi depends on `i - j` alone, and a packed row's document mask lets each token see only its own document's earlier
 tokens, so a document of a packed row attends exactly as that document would alone in a row of its own: same

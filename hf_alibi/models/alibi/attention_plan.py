@@ -27,7 +27,7 @@ The paths (`PATHS`; `choose_path` is the only place that picks one, and a `Route
 | `sdpa_split` | sdpa, CPU, > 1 query row ending at the last key, no dropout, no tracing, probe passed | attention_sdpa_split.py |
 | `sdpa_split_certified` | the same with `alibi_skip_eps` (a number, or `"auto"` where `skipping_pays`); encoders too | attention_certified.py |
 | `sdpa_bank` | sdpa otherwise: decoding rows, dropout, GPUs, traced graphs, `alibi_sdpa_split=False` | attention_sdpa.py |
-| `sdpa_packed` | packed rows on the split where skipping applies, or bidirectional: each document alone | attention_packed.py |
+| `sdpa_packed` | packed rows on the split: each document alone, on its own route (dense or certified) | attention_packed.py |
 | `sdpa_decode_certified` | one decoding row that skips; `segmented`: CPU, batch 1, no dropout, probe passed | attention_certified.py |
 | `sdpa_mask` | sdpa, queries not ending at the last key as plain ints (static cache compiled, export) | attention_eager.py |
 | `flex_attention` | flex_attention; `compiled`: on a GPU outside tracing (the fused kernel) | attention_flex.py |
@@ -314,8 +314,8 @@ def _path(implementation, plan, device, tracing, sdpa_split, skip, kernels_work)
     )
     if not (split and kernels_work()):
         return "sdpa_bank"
-    if plan.documents is not None:  # packed rows: one document mask over the whole row, or each document alone
-        return "sdpa_packed" if skip or not plan.causal else "sdpa_bank"
+    if plan.documents is not None:  # packed rows: each document alone (its keys only, not a mask over the whole row)
+        return "sdpa_packed"
     return "sdpa_split_certified" if skip else "sdpa_split"
 
 

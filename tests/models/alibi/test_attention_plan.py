@@ -40,7 +40,7 @@ def facts(query_length=20, key_length=20, offset=None, documents=None, dropout=0
         ("sdpa", facts(), {}, "sdpa_split"),
         ("sdpa", facts(), dict(sdpa_split=False), "sdpa_bank"),
         ("sdpa", facts(query_length=1), {}, "sdpa_bank"),  # decoding: one row, a per-key bias
-        ("sdpa", facts(documents=torch.zeros(1, 20, dtype=torch.long)), {}, "sdpa_bank"),  # packed rows
+        ("sdpa", facts(documents=torch.zeros(1, 20, dtype=torch.long)), {}, "sdpa_packed"),  # packed rows
         ("sdpa", facts(dropout=0.1), {}, "sdpa_bank"),  # the CPU flash kernel has no dropout
         ("sdpa", facts(), dict(device="cuda"), "sdpa_bank"),
         ("sdpa", facts(), dict(tracing=True), "sdpa_bank"),  # compiled and exported graphs: public ops only
@@ -117,7 +117,7 @@ def test_the_route_holds_every_decision_path_eps_and_host_offset():
     assert choose_path("sdpa", demo(12388, 12388, documents=two), skip_eps="auto", **cpu) == Route(
         "sdpa_packed", AUTO_EPS
     )
-    assert choose_path("sdpa", demo(4196, 4196, documents=small), skip_eps="auto", **cpu) == Route("sdpa_bank")
+    assert choose_path("sdpa", demo(4196, 4196, documents=small), skip_eps="auto", **cpu) == Route("sdpa_packed")
 
 
 def test_every_path_has_one_function_and_one_prepare_in_the_tables():

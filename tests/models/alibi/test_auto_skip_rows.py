@@ -102,7 +102,8 @@ def test_a_packed_rows_long_document_skips_and_every_document_equals_its_own_for
     model.config.alibi_skip_eps = 0.0
     with torch.no_grad(), record_plans(model) as plans:
         dense = model(ids, position_ids=positions).logits[0]
-    assert plans[0].path == "sdpa_bank"  # dense: one document mask over the whole row, as before
+    assert plans[0].path == "sdpa_packed"  # dense too: each document alone, not one mask over the whole row
+    assert {p.path for _, _, _, p in plans[0].payload.parts} <= {"sdpa_split", "sdpa_bank"}
     assert_close_to_dense(skipping, dense)
     reference = model.double()
     with torch.no_grad():

@@ -70,14 +70,14 @@ def test_config_alibi_sdpa_split_selects_the_sdpa_path(split, make_model, random
     assert paths_used_by(model, random_ids(2, 40), attention_mask=mask) == {"sdpa_split" if split else "sdpa_bank"}
 
 
-def test_sdpa_takes_the_bank_for_decoding_packed_rows_and_dropout(make_model, random_ids):
+def test_sdpa_takes_the_bank_for_decoding_and_dropout_and_each_document_alone_for_packed_rows(make_model, random_ids):
     model = make_model("sdpa")
     ids = random_ids(1, 12)
     with torch.no_grad():
         cache = model(ids[:, :11], use_cache=True).cache
     assert paths_used_by(model, ids[:, 11:], cache=cache) == {"sdpa_bank"}  # one row: a per-key bias
     packed = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]])
-    assert paths_used_by(model, ids, position_ids=packed) == {"sdpa_bank"}
+    assert paths_used_by(model, ids, position_ids=packed) == {"sdpa_packed"}  # its keys only: no whole-row mask
     model.config.attn_pdrop = 0.5
     model.train()
     assert paths_used_by(model, ids) == {"sdpa_bank"}  # the CPU flash kernel has no dropout
