@@ -30,9 +30,9 @@ computed (`backward_lse`): at most e^-18 more of a row's mass. With G_i = |dO_i|
 the logits' gradients dS_ij = p_ij (dO_i . v_j - dO_i . o_i) then move by at most 8 e^-18 G_i per row in all (6 from
 the weights, 2 from o_i), so dq_i by at most 8 e^-18 G_i max |k| * scale: the size of fp32's rounding of the sum
 dq_i is made of (2^-24 sum_j |dS_ij| |k_j| * scale, with sum_j |dS_ij| up to 2 G_i), not 2^-24 of |dq_i| itself,
-which is far smaller where a row's weights sit on one key. What the rows left at their l meet is not bounded by a proof (l is
-the whole row's, not the call's); the float64 simulation of every call (`benchmarks/measure_denormals.py`) counts it
-on real weights.
+which is far smaller where a row's weights sit on one key. What the rows left at their l meet is not bounded by a
+proof (l is the whole row's, not the call's); the float64 simulation of every call (`benchmarks/measure_denormals.py`)
+counts it on real weights.
 
 Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/models/alibi/test_attention_sdpa_split_floor.py`
 """
