@@ -7,20 +7,21 @@ OpenAI server on the GGUF export of the same checkpoint.
         --contestants alibi gpt2 --out /tmp/serve_smoke                                     # smoke, ~1 min
     # llama.cpp as a peer: a venv with `pip install 'llama-cpp-python[server]'`, named by --llama-python
 
-Contestants, each a fresh server process on 127.0.0.1: `alibi` / `alibi-cb` (the checkpoint, `hf-alibi serve`
-without / with `--continuous-batching`, its paged cache sized to 32k tokens), `gpt2` / `gpt2-cb` (transformers' GPT-2 with learned positions, the
-checkpoint's width, depth, heads, vocabulary and tokenizer, random weights: serving cost does not depend on them),
-`llama.cpp` (`python -m llama_cpp.server` on `hf-alibi export --to gguf` of the checkpoint, 2 threads). Every request
-is a greedy (`temperature=0`) `/v1/completions` of `--max-tokens` tokens on held-out text (the recipe's standard-
-library documents) cut to `--prompt-tokens`. For each concurrency in `--clients`, that many client threads send
-`--requests` requests each, one after the other; a cell reports generated tokens/s (completion tokens over the
-wall time of the whole cell) and the p50/p95 request latency. `--long` adds 4k- and 16k-token prompts (one client,
-`--long-max-tokens` tokens, `--long-requests` requests) for `alibi` with skipping off and on (`alibi-skip`:
-`--alibi-skip-eps 1e-7`) beside `gpt2`. Each server's resident set is read from /proc after its warm-up request
-and after its last cell, with its peak (VmHWM): growth beyond the cache would show there. Rounds (`--rounds`)
-rotate the contestants' order; cells report the median over rounds. hf_alibi's completions with and without
-continuous batching are checked equal (greedy); llama.cpp's agreement with them is reported, not required (ggml's
-GELU reads an fp16 table). Run alone: two cores, any other load shows in the figures.
+Contestants, each a fresh server process on 127.0.0.1: `alibi` / `alibi-cb` (the checkpoint, `hf-alibi serve` without
+/ with `--continuous-batching`, its paged cache sized to 32k tokens), `gpt2` / `gpt2-cb` (transformers' GPT-2 with
+learned positions, the checkpoint's width, depth, heads, vocabulary and tokenizer, random weights: serving cost does
+not depend on them), `llama.cpp` (`python -m llama_cpp.server` on `hf-alibi export --to gguf` of the checkpoint, 2
+threads). Every request is a greedy (`temperature=0`) `/v1/completions` of `--max-tokens` tokens on held-out text (the
+recipe's standard-library documents) cut to `--prompt-tokens`. For each concurrency in `--clients`, that many client
+threads send `--requests` requests each, one after the other; a cell reports generated tokens/s (completion tokens
+over the wall time of the whole cell) and the p50/p95 request latency. `--long` adds 4k- and 16k-token prompts (one
+client, `--long-max-tokens` tokens, `--long-requests` requests) for `alibi` (the checkpoint's default, `"auto"`),
+`alibi-dense` (`--alibi-skip-eps 0`) and `alibi-skip` (`--alibi-skip-eps 1e-7`) beside `gpt2`. Each server's resident
+set is read from /proc after its warm-up request and after its last cell, with its peak (VmHWM): growth beyond the
+cache would show there. Rounds (`--rounds`) rotate the contestants' order; cells report the median over rounds.
+hf_alibi's completions with and without continuous batching are checked equal (greedy); llama.cpp's agreement with
+them is reported, not required (ggml's GELU reads an fp16 table). Run alone: two cores, any other load shows in the
+figures.
 """
 
 import argparse
@@ -42,9 +43,10 @@ from pathlib import Path
 # cell's requests (16 clients x 160 tokens) many times over. Its eager/SDPA mask buffer is (batch tokens, cache + batch
 # tokens) floats: 1.3 GiB at its default 8192 batch tokens, 138 MiB at 1024 (16 prompts prefill in two batches).
 CB = ["--continuous-batching", "--cb-block-size", "32", "--cb-num-blocks", "1024", "--cb-max-batch-tokens", "1024"]
-OURS = {"alibi": [], "alibi-cb": CB, "alibi-skip": ["--alibi-skip-eps", "1e-7"], "gpt2": [], "gpt2-cb": CB}
+SKIP_EPS = {"alibi-dense": ["--alibi-skip-eps", "0"], "alibi-skip": ["--alibi-skip-eps", "1e-7"]}
+OURS = {"alibi": [], "alibi-cb": CB, **SKIP_EPS, "gpt2": [], "gpt2-cb": CB}
 CONTESTANTS = ("alibi", "alibi-cb", "gpt2", "gpt2-cb", "llama.cpp")
-LONG_CONTESTANTS = ("alibi", "alibi-skip", "gpt2")
+LONG_CONTESTANTS = ("alibi", "alibi-dense", "alibi-skip", "gpt2")
 LONG_PROMPTS = (4096, 16384)
 START_TIMEOUT = 180  # seconds for a server to load and answer /health
 REQUEST_TIMEOUT = 600
@@ -335,7 +337,9 @@ def parse_args(argv=None):
     parser.add_argument("--requests", type=int, default=2, help="requests per client per cell")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--long", action="store_true", help="also 4k and 16k prompts: alibi, alibi-skip, gpt2")
+    parser.add_argument(
+        "--long", action="store_true", help="also 4k and 16k prompts: alibi, alibi-dense, alibi-skip, gpt2"
+    )
     parser.add_argument("--long-requests", type=int, default=2)
     parser.add_argument("--long-max-tokens", type=int, default=16)
     parser.add_argument("--llama-python", help="python of a venv with llama-cpp-python[server] (else no llama.cpp)")
