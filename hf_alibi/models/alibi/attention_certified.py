@@ -87,8 +87,9 @@ ROW_GROUP = 16
 # so the prefill threshold sat between them, at 0.45 (the demo slopes skipped from ~6.2k tokens; was 0.55, from 4k).
 # On a host shared with other test processes instead (no added load, load average 3-4.5, 4 interleaved processes each;
 # `--forward 8192,16384 --contestants alibi-dense,alibi-auto --processes 4`, results/skip/auto_shared_host_8k_16k.md):
-# kept 0.39 at 8k: 1.15x of dense; 0.24 at 16k: 0.61x. A default must lose on no shared machine measured, so the
-# threshold sits between those, at 0.32: the demo slopes skip a prefill (and a training step) from ~11.3k tokens.
+# kept 0.39 at 8k: 1.15x of dense; 0.24 at 16k: 0.61x (8k again, results/skip/shared_host_8k_recheck/: 1.12x and
+# 1.22x beside two test processes, 0.57x and 0.76x beside one). A default must lose on no shared machine measured, so
+# the threshold sits between those, at 0.32: the demo slopes skip a prefill (and a training step) from ~11.3k tokens.
 AUTO_REACH = 24.0
 AUTO_PREFILL_KEPT = 0.32
 AUTO_DECODE_KEPT = 0.15
