@@ -13,11 +13,11 @@ SMOKE_CONFIG ?= hf_alibi/experiments/configs/smoke.yaml
 .PHONY: install demo smoke test test-fast lint format bench
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml .ci/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev]" -c .ci/constraints.txt  # the development pin
 	touch $@
 
 demo: install  # run again after an interruption: it resumes (finished models kept, the rest from checkpoints)
