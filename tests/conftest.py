@@ -9,12 +9,17 @@ import pytest
 import torch
 
 from hf_alibi import AlibiBertConfig, AlibiBertModel, AlibiGPT2Config, AlibiGPT2LMHeadModel  # registers both types
+from hf_alibi.models.alibi.transformers_compat import CONTINUOUS_BATCHING_MINIMUM, transformers_at_least
 
 # Tiny models: one thread is fastest, and on a shared 2-core machine several threads spin against other jobs
 # (measured here: a 10-token generate() took 2.8 s with 2 threads, 0.13 s with 1).
 torch.set_num_threads(1)
 
 PAD = 0  # pad_token_id of the tiny configs; random_ids never draws it
+# Continuous batching runs on the transformers releases the model reads it from; older ones refuse it in one line
+# (tests/models/alibi/test_transformers_range.py), so its tests skip there.
+CONTINUOUS_BATCHING = transformers_at_least(CONTINUOUS_BATCHING_MINIMUM)
+NO_CONTINUOUS_BATCHING = f"continuous batching needs transformers>={CONTINUOUS_BATCHING_MINIMUM}"
 
 
 def tiny_config_kwargs(**overrides) -> dict:

@@ -18,6 +18,7 @@ from benchmarks import report  # noqa: E402
 from benchmarks.contestants import Shape, build_model, imported_bloom, imported_jais  # noqa: E402
 from benchmarks.jais_eager import EMBEDDINGS_SCALE, WIDTH_SCALE, JaisEager  # noqa: E402
 from benchmarks.targets import evaluate_targets  # noqa: E402
+from hf_alibi.models.alibi.transformers_compat import output_cache  # noqa: E402
 
 SHAPE = Shape(n_embd=64, n_layer=2, n_head=16, vocab_size=512)  # bloom-560m's 16 heads, tiny otherwise
 
@@ -174,6 +175,6 @@ def test_slope_interpolation_imports_as_jais_eager_computes_it_past_train_seq_le
         if n_layer == 1:
             out = model(ids[:, :30], use_cache=True)
             for step in range(30, 40):
-                out = model(ids[:, step : step + 1], cache=out.cache, use_cache=True)
+                out = model(ids[:, step : step + 1], cache=output_cache(out), use_cache=True)
                 expected = jais(ids[:, : step + 1]).logits[:, -1]
                 torch.testing.assert_close(out.logits[:, -1], expected, atol=2e-5, rtol=0)

@@ -2,6 +2,8 @@
 
 import torch
 
+from hf_alibi.models.alibi.transformers_compat import output_cache, with_cache
+
 BACKENDS = ("eager", "sdpa", "flex_attention")
 VOCAB = 96
 ATOL = 2e-5  # fp32 rounding of different (equal in exact arithmetic) summation orders; measured ~1e-6
@@ -41,8 +43,8 @@ def assert_same_logits(ours, theirs, backend: str) -> None:
         their_out = theirs(ids[:, :prefix], attention_mask=mask[:, :prefix], use_cache=True)
         for step in range(prefix, ids.shape[1]):
             token, step_mask = ids[:, step : step + 1], mask[:, : step + 1]
-            our_out = ours(token, attention_mask=step_mask, cache=our_out.cache, use_cache=True)
-            their_out = theirs(token, attention_mask=step_mask, cache=their_out.cache, use_cache=True)
+            our_out = ours(token, attention_mask=step_mask, cache=output_cache(our_out), use_cache=True)
+            their_out = theirs(token, attention_mask=step_mask, **with_cache(output_cache(their_out)), use_cache=True)
             error = (our_out.logits - their_out.logits).abs().max().item()
             assert error < ATOL, f"{backend}: cached decoding differs by {error:.2e} at step {step}"
             step_error = (our_out.logits[:, -1] - expected[:, step]).abs().max().item()

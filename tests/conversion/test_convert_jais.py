@@ -12,6 +12,7 @@ from family_checks import left_padded_batch
 from hf_alibi import AlibiGPT2LMHeadModel, convert, get_alibi_slopes
 from hf_alibi.cli import run
 from hf_alibi.conversion import convert_cerebras
+from hf_alibi.models.alibi.transformers_compat import output_cache
 from jais_checkpoints import (
     GENERATIONS,
     N_POSITIONS,
@@ -38,7 +39,9 @@ def assert_matches_their_code(model, checkpoint, backend: str, length: int = 14)
         out = model(ids[:, :8], attention_mask=mask[:, :8], use_cache=True)
         steps = []
         for step in range(8, length):
-            out = model(ids[:, step : step + 1], attention_mask=mask[:, : step + 1], cache=out.cache, use_cache=True)
+            out = model(
+                ids[:, step : step + 1], attention_mask=mask[:, : step + 1], cache=output_cache(out), use_cache=True
+            )
             steps.append(out.logits[:, -1])
     error = (got.double() - expected)[mask.bool()].abs().max().item()
     assert error < ATOL, f"{backend}: full forward differs from their code's by {error:.2e}"

@@ -46,6 +46,7 @@ from .attention_plan import (
 )
 from .attention_sdpa import prepare_sdpa_bank, sdpa_bank_attention
 from .attention_sdpa_split import prepare_sdpa_split, sdpa_split_attention, split_kernels_work
+from .transformers_compat import SwitchableAttention
 
 
 def plan_alibi_attention(
@@ -221,14 +222,13 @@ PREPARE_PATHS = {
 assert tuple(ALIBI_ATTENTION_FUNCTIONS) == PATHS == tuple(PREPARE_PATHS), "every path has one function and one prepare"
 
 
-class AlibiAttentionBackends:
+class AlibiAttentionBackends(SwitchableAttention):
     """What transformers reads off a model class about its attention, the same for every model on this core (mixed
     in before `PreTrainedModel`): SDPA, flex and FlashAttention-2 (the one flash implementation with an
     `alibi_slopes` argument), and every forward reads `config._attn_implementation`, so `set_attn_implementation`
-    may switch backends at any time (transformers would otherwise guess from the modeling file's source)."""
+    may switch backends at any time (`SwitchableAttention`)."""
 
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_flash_attn = True
     _compatible_flash_implementations = ["flash_attention_2"]
-    _can_set_attn_implementation_cached_value = True

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-from transformers.masking_utils import find_packed_sequence_indices
+
+from .transformers_compat import find_packed_sequence_indices
 
 
 def packed_documents(position_ids: torch.Tensor, batch: int) -> torch.Tensor | None:

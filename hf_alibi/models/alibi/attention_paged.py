@@ -25,7 +25,6 @@ segments' plans, the decoding rows' bias, FlashAttention-2's per-sequence `alibi
 from dataclasses import dataclass, replace
 
 import torch
-from transformers.generation.continuous_batching import PagedAttentionCache  # loaded with GenerationMixin anyway
 
 from .alibi import length_scaled_slopes
 from .attention_certified import skipping_pays
@@ -39,6 +38,7 @@ from .attention_plan import (
 )
 from .attention_sdpa import BiasBank
 from .attention_sdpa_split import split_kernels_work
+from .transformers_compat import PagedAttentionCache, check_continuous_batching
 
 # What transformers' continuous batching hands the model beside `position_ids` (continuous_batching/input_outputs.py)
 PAGED_KWARGS = (
@@ -133,6 +133,7 @@ def plan_paged_attention(
     `train_seq_len` (the length-dependent `alibi_scaling`): each request's slopes are scaled by its own key count,
     as if it ran alone; the flattened plan keeps the unscaled `slopes`.
     """
+    check_continuous_batching()
     implementation = implementation.removeprefix(PAGED_PREFIX)
     if implementation not in PAGED_IMPLEMENTATIONS:
         raise ValueError(

@@ -1,8 +1,9 @@
 """Configuration of the ALiBi encoder family: BERT's post-LayerNorm encoder with a GLU MLP and symmetric ALiBi
 (jina-embeddings-v2, jina-reranker-v1, MosaicBERT, DNABERT-2), under Jina's config key names."""
 
-from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
+
+from .transformers_compat import ConfigBase
 
 # Written into every saved config, so a Hub user without hf_alibi loads any head with `trust_remote_code=True`.
 AUTO_MAP = {
@@ -19,7 +20,7 @@ FEED_FORWARD_ACTIVATIONS = {"geglu": "gelu", "reglu": "relu", "glu": None}
 LAYER_LAYOUTS = ("jina", "jina_code")
 
 
-class AlibiBertConfig(PretrainedConfig):
+class AlibiBertConfig(ConfigBase):
     r"""
     Configuration for [`AlibiBertModel`] and its heads: a BERT encoder (post-LayerNorm layers) whose MLP is a GLU and
     whose attention has no position table but the symmetric ALiBi bias `q_i . k_j / sqrt(d) - m_h * |i - j|` over

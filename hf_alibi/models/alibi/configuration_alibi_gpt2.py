@@ -2,9 +2,10 @@
 
 import math
 
-from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 from transformers.utils import logging
+
+from .transformers_compat import ConfigBase
 
 logger = logging.get_logger(__name__)
 
@@ -19,7 +20,7 @@ AUTO_MAP = {
 }
 
 
-class AlibiGPT2Config(PretrainedConfig):
+class AlibiGPT2Config(ConfigBase):
     r"""
     Configuration for [`AlibiGPT2Model`] and its heads: GPT-2 (pre-LayerNorm blocks, `gelu_new` MLP, tied LM head)
     with no position embeddings. Attention logits get the fixed, non-learned bias of ALiBi (Press et al., 2022,
@@ -171,6 +172,12 @@ class AlibiGPT2Config(PretrainedConfig):
         """The plan for this config's modules: the gate's rule only where the MLP has a gate (`gated_mlp`);
         transformers warns about a rule that matches nothing in the model."""
         return {name: style for name, style in self._TP_PLAN.items() if self.gated_mlp or not name.endswith(".c_fc2")}
+
+    @base_model_tp_plan.setter
+    def base_model_tp_plan(self, plan) -> None:
+        # transformers 5.15-5.20's `__post_init__` adds Llama's `embed_tokens` rule to a tied model's plan; this
+        # model's embedding is `wte`, planned above, so the assignment changes nothing.
+        pass
 
     # FSDP2 (`DistributedConfig(fsdp_size=N)`): Llama's default plan in GPT-2's names (one unit per block).
     base_model_fsdp_plan = {"wte": "free_full_weight", "h.*": "free_full_weight", "ln_f": "keep_full_weight"}

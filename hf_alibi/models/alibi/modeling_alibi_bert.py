@@ -12,7 +12,6 @@ attention, MLP, layer, encoder, pooler, pretrained base, model, heads.
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -22,13 +21,30 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.utils import can_return_tuple
-from transformers.utils.generic import merge_with_config_defaults
-from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .alibi import get_alibi_slopes
 from .attention_alibi import AlibiAttentionBackends, alibi_attention, plan_alibi_attention
 from .attention_plan import AlibiAttentionPlan
 from .configuration_alibi_bert import AlibiBertConfig
+from .transformers_compat import OutputRecorder, init, model_inputs, was_loaded
+
+# isort: split
+# transformers before 5.10 copies into its module cache only the files a remote-code entry file imports itself, not
+# what those import in turn: the attention core's other modules are named here, so that a saved folder loads on 4.57-5.9
+# too (tests/models/alibi/test_hub.py checks that this file imports its whole closure directly).
+from .attention_certified import KeyRanges  # noqa: F401
+from .attention_cpu_flash import split_kernels_work  # noqa: F401
+from .attention_eager import FullBias  # noqa: F401
+from .attention_flash import FlashVarlen  # noqa: F401
+from .attention_flex import FlexBlocks  # noqa: F401
+from .attention_packed import packed_documents  # noqa: F401
+from .attention_paged import is_paged_cache  # noqa: F401
+from .attention_sdpa import BiasBank  # noqa: F401
+from .attention_sdpa_split import split_plan  # noqa: F401
+from .attention_sdpa_split_calls import SplitCall  # noqa: F401
+from .attention_sdpa_split_floor import bias_floors  # noqa: F401
+from .attention_skip import upper_norms  # noqa: F401
+from .configuration_alibi_gpt2 import AlibiGPT2Config  # noqa: F401
 
 # Flash-attention style descriptions of one flattened row of documents (transformers' DataCollatorWithFlattening)
 FLATTENED_BATCH_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
@@ -227,7 +243,7 @@ class AlibiBertPreTrainedModel(AlibiAttentionBackends, PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=std)
-            if module.padding_idx is not None:
+            if module.padding_idx is not None and not was_loaded(module.weight):  # a row is a new tensor: unflagged
                 init.zeros_(module.weight[module.padding_idx])
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
@@ -262,8 +278,7 @@ class AlibiBertModel(AlibiBertPreTrainedModel):
             self.alibi_slopes = get_alibi_slopes(self.config.num_attention_heads).to(self.alibi_slopes.device)
         return self
 
-    @merge_with_config_defaults
-    @capture_outputs
+    @model_inputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,

@@ -11,7 +11,6 @@ from torch import nn
 from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 from torch.nn import functional as F
 from transformers import Cache, DynamicCache, GenerationMixin, PreTrainedModel
-from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
@@ -22,9 +21,6 @@ from transformers.modeling_outputs import (
 )
 from transformers.pytorch_utils import Conv1D
 from transformers.utils import can_return_tuple, logging
-from transformers.utils.deprecation import deprecate_kwarg
-from transformers.utils.generic import merge_with_config_defaults
-from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .activations import mlp_activation
 from .alibi import slopes_from_config
@@ -34,6 +30,34 @@ from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan
 from .attention_plan import AlibiAttentionPlan
 from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
 from .tensor_parallel_alibi_gpt2 import ALIBI_HEADS  # noqa: F401  (registers the styles of the config's TP plan)
+from .transformers_compat import (
+    OutputRecorder,
+    cache_key_length,
+    check_continuous_batching,
+    generate_mask_arguments,
+    init,
+    model_inputs,
+    output_cache,
+    takes_past_key_values,
+    update_cache,
+    with_cache,
+)
+
+# isort: split
+# transformers before 5.10 copies into its module cache only the files a remote-code entry file imports itself, not
+# what those import in turn: the attention core's other modules are named here, so that a saved folder loads on 4.57-5.9
+# too (tests/models/alibi/test_hub.py checks that this file imports its whole closure directly).
+from .attention_certified import KeyRanges  # noqa: F401
+from .attention_cpu_flash import split_kernels_work  # noqa: F401
+from .attention_eager import FullBias  # noqa: F401
+from .attention_flash import FlashVarlen  # noqa: F401
+from .attention_flex import FlexBlocks  # noqa: F401
+from .attention_packed import packed_documents  # noqa: F401
+from .attention_sdpa import BiasBank  # noqa: F401
+from .attention_sdpa_split import split_plan  # noqa: F401
+from .attention_sdpa_split_calls import SplitCall  # noqa: F401
+from .attention_sdpa_split_floor import bias_floors  # noqa: F401
+from .attention_skip import upper_norms  # noqa: F401
 
 logger = logging.get_logger(__name__)
 
@@ -88,7 +112,7 @@ class AlibiGPT2Attention(nn.Module):
             output, weights = paged_attention(cache, query, key, value, plan, self.scaling, self.layer_idx, self.heads)
         else:
             if cache is not None:
-                key, value = cache.update(key, value, self.layer_idx)  # (B, H', kv, D)
+                key, value = update_cache(cache, key, value, self.layer_idx, plan.query_offset)  # (B, H', kv, D)
             output, weights = alibi_attention(
                 query, key, value, plan, self.scaling, output_attentions, heads=self.heads, layer=self.layer_idx
             )  # (B, q, H', D)
@@ -201,9 +225,8 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
             self.alibi_slopes = slopes_from_config(self.config).to(self.alibi_slopes.device)
         return self
 
-    @merge_with_config_defaults
-    @capture_outputs
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @model_inputs
+    @takes_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -274,7 +297,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         for block in self.h:
             hidden_states, _ = block(hidden_states, plan, None if checkpointing else cache, output_attentions)
         hidden_states = self.ln_f(hidden_states)
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache if use_cache else None)
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, **with_cache(cache if use_cache else None))
 
     def _plan(
         self,
@@ -295,7 +318,7 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         query_offset = cache.get_seq_length() if cache is not None else 0  # a 0-d tensor for static caches
         if isinstance(query_offset, torch.Tensor):
             query_offset = query_offset.clone()  # the cache advances it in place during this forward
-        key_length = cache.get_mask_sizes(query_length, 0)[0] if cache is not None else query_length
+        key_length = cache_key_length(cache, query_length, query_offset) if cache is not None else query_length
         plan = plan_alibi_attention(
             self.config._attn_implementation or "sdpa",
             self.alibi_slopes,
@@ -377,18 +400,25 @@ class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
         self.loss_type = "ForCausalLM"
         self.post_init()
 
+    def init_continuous_batching(self, *args, **kwargs):
+        """transformers' continuous batching (`generate_batch`, `transformers serve --continuous-batching` start here),
+        refused in one line on a transformers whose paged cache the model does not read."""
+        check_continuous_batching()
+        return super().init_continuous_batching(*args, **kwargs)
+
     def create_masks_for_generate(self, attention_mask=None, cache=None, inputs_embeds=None, **kwargs):
         """ALiBi builds its masks inside the model from the 2-D mask: keep it 2-D. For a static cache, pad it to the
         cache's length, so every decoding step has the same shapes (one compiled graph)."""
+        cache, inputs_embeds = generate_mask_arguments(cache, inputs_embeds, kwargs)
         if attention_mask is None or cache is None or inputs_embeds is None:
             return attention_mask
-        key_length = cache.get_mask_sizes(inputs_embeds.shape[1], 0)[0]
+        key_length = cache_key_length(cache, inputs_embeds.shape[1], cache.get_seq_length())
         if attention_mask.shape[-1] < key_length:  # later positions are hidden by causality, whatever they hold
             attention_mask = F.pad(attention_mask, (0, key_length - attention_mask.shape[-1]), value=1)
         return attention_mask
 
     @can_return_tuple
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @takes_past_key_values
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -434,7 +464,7 @@ class AlibiGPT2LMHeadModel(AlibiGPT2PreTrainedModel, GenerationMixin):
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            cache=outputs.cache,
+            **with_cache(output_cache(outputs)),
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )

@@ -2,19 +2,245 @@
 checkpoint and must load on every transformers a user may have (4.57 and every 5.x for saved checkpoints; 5.0 and
 newer for the installed package).
 
-Each name says which releases it was checked against and what it falls back to; `tests/test_transformers_surface.py`
-lists them. Only relative imports, model code only: nothing here changes process-wide state.
+Each section says which releases it was checked against (their sources, 4.57.6 and every 5.x minor to 5.25.0) and
+what the older ones get instead; `tests/test_transformers_surface.py` lists the names. The era boundaries:
+
+| release | what changed that the model reads |
+|---|---|
+| 5.0 | `transformers.initialization` (4.57: `torch.nn.init`, and loading initialises only what it did not load) |
+| 5.2 | `merge_with_config_defaults` + `utils.output_capturing.capture_outputs` (before: `check_model_inputs`, both in one) |
+| 5.4 | dataclass configs (before: a keyword `__init__`); `Cache.update(k, v, layer)` and `get_mask_sizes(query_length, layer)` (before: both take the new tokens' `cache_position`) |
+| 5.24 | the cache argument and output field are `cache` (before: `past_key_values`, which `generate` passes) |
+
+Only relative imports, model code only: nothing here changes process-wide state.
 """
 
+import functools
+import inspect
+import warnings
+
+import torch
 import transformers
 from packaging.version import Version
+from transformers import Cache, PretrainedConfig
+from transformers.generation.continuous_batching import PagedAttentionCache
+from transformers.masking_utils import find_packed_sequence_indices as _find_packed_sequence_indices
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 TRANSFORMERS_VERSION = Version(Version(transformers.__version__).base_version)
 
 
 def transformers_at_least(minimum: str) -> bool:
     """Whether the installed transformers is `minimum` or newer (pre-releases of `minimum` count as `minimum`)."""
-    return TRANSFORMERS_VERSION >= Version(minimum)
+    return Version(minimum) <= TRANSFORMERS_VERSION
 
 
-__all__ = ["TRANSFORMERS_VERSION", "transformers_at_least"]
+# --- Configuration -------------------------------------------------------------------------------------------------
+# 5.4+: `PreTrainedConfig` makes every subclass a keyword-only dataclass: annotated class attributes are its fields,
+# other keyword arguments reach `__post_init__(**kwargs)`, which ends in `PreTrainedConfig.__post_init__`.
+# 4.57-5.3: a keyword `__init__`, no fields. `ConfigBase` gives a config written the 5.4 way the same behaviour there.
+if transformers_at_least("5.4"):
+    ConfigBase = PretrainedConfig
+else:
+
+    class ConfigBase(PretrainedConfig):
+        """4.57-5.3: sets the subclasses' annotated fields from the keyword arguments (or their defaults), then calls
+        `__post_init__` with the others, as 5.4's dataclass configs do; `PretrainedConfig.__init__` runs last, from
+        this class's `__post_init__`, with the fields it also knows (token ids, `tie_word_embeddings`)."""
+
+        def __init__(self, **kwargs):
+            for name, default in _config_fields(type(self)).items():
+                setattr(self, name, kwargs.pop(name, default))
+            self.__post_init__(**kwargs)
+
+        def __post_init__(self, **kwargs):
+            known = inspect.signature(PretrainedConfig.__init__).parameters
+            shared = {name: getattr(self, name) for name in _config_fields(type(self)) if name in known}
+            PretrainedConfig.__init__(self, **shared, **kwargs)
+
+
+def _config_fields(config_class: type) -> dict:
+    """The annotated class attributes of `config_class` and its bases below `PretrainedConfig`, with their defaults."""
+    fields = {}
+    for klass in reversed(config_class.__mro__):
+        if issubclass(klass, PretrainedConfig) and klass not in (PretrainedConfig, ConfigBase):
+            fields.update({name: getattr(klass, name) for name in vars(klass).get("__annotations__", {})})
+    return fields
+
+
+# --- Weight initialisation -----------------------------------------------------------------------------------------
+# 5.0+: `transformers.initialization` (`normal_`, `zeros_`, `ones_`, `copy_`), which leave tensors that loading
+# flagged `_is_hf_initialized` alone. 4.57: `torch.nn.init` under no_grad; 4.57's loading calls `_init_weights` only
+# on modules it did not load in full.
+try:
+    from transformers import initialization as init
+except ImportError:  # 4.57
+    from types import SimpleNamespace
+
+    def _copy_(tensor: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return tensor.copy_(other)
+
+    init = SimpleNamespace(
+        normal_=torch.nn.init.normal_, zeros_=torch.nn.init.zeros_, ones_=torch.nn.init.ones_, copy_=_copy_
+    )
+
+
+def was_loaded(tensor: torch.Tensor) -> bool:
+    """Whether `from_pretrained` filled `tensor` from the checkpoint: the flag `transformers.initialization` reads (5.0+;
+    `PreTrainedModel._init_weights` reads it the same way before zeroing an embedding's padding row, a view that does
+    not carry it)."""
+    return getattr(tensor, "_is_hf_initialized", False)
+
+
+# --- Forward decorators --------------------------------------------------------------------------------------------
+# 5.2+: `merge_with_config_defaults` (use_cache from the config) then `capture_outputs` (hidden states and attention
+# weights recorded by hooks from `_can_record_outputs`, `return_dict`). 4.57-5.1: `check_model_inputs` did both.
+try:
+    from transformers.utils.generic import merge_with_config_defaults
+    from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+    def model_inputs(forward):
+        """transformers' decorators of a base model's forward: config defaults, recorded outputs, `return_dict`."""
+        return merge_with_config_defaults(capture_outputs(forward))
+
+except ImportError:  # 4.57-5.1
+    from transformers.utils.generic import OutputRecorder
+    from transformers.utils.generic import check_model_inputs as model_inputs
+
+
+# --- Switching attention at runtime --------------------------------------------------------------------------------
+# `set_attn_implementation` asks `PreTrainedModel._can_set_attn_implementation()` (a classmethod in every release),
+# which guesses from the model file's source: an `*Attention(nn.Module)` class must index `ALL_ATTENTION_FUNCTIONS`.
+# 5.14+ read a cached answer first; 4.57-5.13 only guess, and refuse our file.
+class SwitchableAttention:
+    """Mixed in before `PreTrainedModel`: every forward reads `config._attn_implementation` (the model plans its
+    own attention), so `set_attn_implementation` may switch the backend at any time."""
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        return True
+
+
+# --- The cache's name ----------------------------------------------------------------------------------------------
+# 5.24+: forwards take `cache=` and outputs carry `.cache` (`past_key_values` is the deprecated name until 5.40, and
+# warns). Before 5.24 both are `past_key_values`, the name `generate` passes and reads back.
+CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def takes_past_key_values(forward):
+    """Decorate a forward whose cache argument is `cache`: on 5.24+ `past_key_values=` is renamed with transformers'
+    FutureWarning, as its own models do; before 5.24 it is the current name, renamed silently. `cache` wins when
+    both are given, with a warning."""
+    if CACHE_FIELD == "cache":
+        from transformers.utils.deprecation import deprecate_kwarg
+
+        return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")(forward)
+
+    @functools.wraps(forward)
+    def renamed(*args, **kwargs):
+        if "past_key_values" in kwargs:
+            past_key_values = kwargs.pop("past_key_values")
+            if kwargs.get("cache") is not None and past_key_values is not None:
+                warnings.warn("Both `past_key_values` and `cache` are set: using `cache`", UserWarning, stacklevel=2)
+            else:
+                kwargs["cache"] = past_key_values
+        return forward(*args, **kwargs)
+
+    return renamed
+
+
+def with_cache(cache: Cache | None) -> dict:
+    """The keyword that puts `cache` into a transformers model output of the installed release."""
+    return {CACHE_FIELD: cache}
+
+
+def output_cache(outputs) -> Cache | None:
+    """The cache a transformers model output holds (`.cache`, or `.past_key_values` before 5.24)."""
+    return getattr(outputs, CACHE_FIELD)
+
+
+def generate_mask_arguments(cache, inputs_embeds, kwargs: dict) -> tuple:
+    """(cache, inputs_embeds) of a `create_masks_for_generate` call: 5.24+ passes them as `cache=` and
+    `inputs_embeds=`, earlier releases as `past_key_values=` and `input_embeds=` (in `kwargs`)."""
+    return kwargs.get("past_key_values", cache), kwargs.get("input_embeds", inputs_embeds)
+
+
+# --- The cache API -------------------------------------------------------------------------------------------------
+# 5.4+: `Cache.update(key, value, layer_idx)` appends (a static cache at its own count) and
+# `get_mask_sizes(query_length, layer_idx)`. 4.57-5.3: both take the new tokens' `cache_position`: a static cache
+# writes its slots at those positions (without them, from slot 0) and a dynamic cache counts their number.
+POSITIONAL_CACHE = "cache_position" in inspect.signature(Cache.get_mask_sizes).parameters
+
+
+def _cache_positions(query_offset: int | torch.Tensor, query_length: int, device) -> torch.Tensor:
+    return torch.arange(query_length, device=device) + query_offset  # (q,) absolute positions of the new tokens
+
+
+def update_cache(cache: Cache, key: torch.Tensor, value: torch.Tensor, layer_idx: int, query_offset):
+    """`cache.update` with the new keys and values (B, H, q, D) of the tokens at `query_offset`...: every key and
+    value the layer reads, (B, H, kv, D)."""
+    if POSITIONAL_CACHE:
+        positions = _cache_positions(query_offset, key.shape[-2], key.device)
+        return cache.update(key, value, layer_idx, {"cache_position": positions})
+    return cache.update(key, value, layer_idx)
+
+
+def cache_key_length(cache: Cache, query_length: int, query_offset) -> int:
+    """How many keys the layers read once `query_length` new tokens join `cache` (a static cache: its buffer)."""
+    if POSITIONAL_CACHE:
+        device = query_offset.device if isinstance(query_offset, torch.Tensor) else None
+        return cache.get_mask_sizes(_cache_positions(query_offset, query_length, device), 0)[0]
+    return cache.get_mask_sizes(query_length, 0)[0]
+
+
+# --- Packed rows ---------------------------------------------------------------------------------------------------
+# 5.0+: `masking_utils.find_packed_sequence_indices` gives None for unpacked rows outside tracing; 4.57 gives all-zero
+# indices, which would send every row down the packed path: None there too.
+if transformers_at_least("5.0"):
+    find_packed_sequence_indices = _find_packed_sequence_indices
+else:
+
+    def find_packed_sequence_indices(position_ids: torch.Tensor) -> torch.Tensor | None:
+        """4.57: transformers' document index of each token, None for rows that do not restart (outside tracing)."""
+        documents = _find_packed_sequence_indices(position_ids)
+        if torch.compiler.is_compiling() or bool(documents[:, -1].any()):
+            return documents
+        return None
+
+
+# --- Continuous batching -------------------------------------------------------------------------------------------
+# `PagedAttentionCache` (`generation.continuous_batching`) exists in every supported release; the model reads the
+# batch description of 5.24+ (`attention_paged.PAGED_KWARGS`).
+CONTINUOUS_BATCHING_MINIMUM = "5.24"
+
+
+def check_continuous_batching() -> None:
+    """`ImportError` in one line when the installed transformers predates the continuous batching the model reads."""
+    if not transformers_at_least(CONTINUOUS_BATCHING_MINIMUM):
+        raise ImportError(
+            f"continuous batching (generate_batch, a paged cache) needs transformers>={CONTINUOUS_BATCHING_MINIMUM}; "
+            f"this environment has {transformers.__version__}: pip install 'transformers>={CONTINUOUS_BATCHING_MINIMUM},<6'"
+        )
+
+
+__all__ = [
+    "CACHE_FIELD",
+    "ConfigBase",
+    "OutputRecorder",
+    "PagedAttentionCache",
+    "SwitchableAttention",
+    "TRANSFORMERS_VERSION",
+    "cache_key_length",
+    "check_continuous_batching",
+    "find_packed_sequence_indices",
+    "generate_mask_arguments",
+    "init",
+    "model_inputs",
+    "output_cache",
+    "takes_past_key_values",
+    "transformers_at_least",
+    "update_cache",
+    "was_loaded",
+    "with_cache",
+]

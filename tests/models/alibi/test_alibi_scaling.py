@@ -13,6 +13,7 @@ from transformers import StaticCache
 from alibi_reference import cached_row_slopes, interpolated_slopes, reference_logits
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
 from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi.transformers_compat import output_cache
 
 TRAIN = 8  # train_seq_len of the tiny models: the inputs run past it
 SCALING = {"type": "linear", "train_seq_len": TRAIN}
@@ -60,7 +61,7 @@ def cached_run(model, ids, mask, prefill: int, cache=None, step=None) -> torch.T
     step, static = model if step is None else step, cache is not None
     with torch.no_grad():
         out = model(ids[:, :prefill], attention_mask=mask if static else mask[:, :prefill], cache=cache, use_cache=True)
-        logits, cache = [out.logits], out.cache
+        logits, cache = [out.logits], output_cache(out)
         for t in range(prefill, ids.shape[1]):
             step_mask = mask if static else mask[:, : t + 1]
             out = step(ids[:, t : t + 1], attention_mask=step_mask, cache=cache, use_cache=True)

@@ -11,6 +11,7 @@ import torch
 import alibi_reference
 from hf_alibi import get_alibi_slopes
 from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi.transformers_compat import output_cache
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5
@@ -251,7 +252,7 @@ def test_gpu_flash_model_prefill_and_cached_decode_match_eager_in_bf16(make_mode
             out = model(ids[:, :20], attention_mask=mask[:, :20], use_cache=True)
             pieces = [out.logits]
             for t in range(20, 24):
-                out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=out.cache)
+                out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=output_cache(out))
                 pieces.append(out.logits)
         logits[backend] = torch.cat(pieces, dim=1).float()[mask.bool()]  # real tokens only
     scale = logits["eager"].abs().max().item()

@@ -16,6 +16,7 @@ from hf_alibi.models.alibi.attention_certified import (
     certified_split,
 )
 from hf_alibi.models.alibi.attention_skip import certified_key_starts, key_block_norms
+from hf_alibi.models.alibi.transformers_compat import output_cache
 
 EPS = 1e-7
 
@@ -75,7 +76,7 @@ def test_prefill_after_a_cached_prefix_with_skipping_equals_dense():
     for eps in (0.0, EPS):
         model.config.alibi_skip_eps = eps
         with torch.no_grad():
-            cache = model(ids[:, :500], use_cache=True).cache
+            cache = output_cache(model(ids[:, :500], use_cache=True))
             results[eps] = model(ids[:, 500:], cache=cache).logits  # 400 rows at offset 500: the split, cached
     assert_close_to_dense(results[EPS], results[0.0])
 
@@ -239,7 +240,7 @@ def test_a_trained_model_with_skipping_equals_dense_within_fp32_rounding(trained
                 positions = torch.cat([torch.arange(900), torch.arange(600)])[None].expand(2, -1)
                 results[eps] = model(ids, position_ids=positions).logits
             else:
-                cache = model(ids[:, :1000], use_cache=True).cache
+                cache = output_cache(model(ids[:, :1000], use_cache=True))
                 results[eps] = model(ids[:, 1000:], cache=cache).logits
     model.config.alibi_skip_eps = 0.0
     assert_close_to_dense(results[EPS], results[0.0])

@@ -6,10 +6,10 @@ documents run separately."""
 import sys
 from pathlib import Path
 
+import pytest
 import torch
-from test_continuous_batching import greedy_config
-from transformers import ContinuousBatchingConfig
 
+from conftest import CONTINUOUS_BATCHING, NO_CONTINUOUS_BATCHING
 from hf_alibi import get_alibi_slopes
 from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
 from hf_alibi.models.alibi.attention_paged import plan_paged_attention
@@ -23,6 +23,7 @@ LONG = 16_500  # a decoding row "auto" skips
 NEW_TOKENS = 4
 
 
+@pytest.mark.skipif(not CONTINUOUS_BATCHING, reason=NO_CONTINUOUS_BATCHING)
 def test_a_long_requests_decoding_row_skips_in_the_paged_plan_and_short_ones_stay_batched():
     """Against the request's dense attention in float64: within 2 * eps * max|v| plus fp32 rounding."""
     requests = [(1, LONG), (1, 40), (1, 9)]  # (new tokens, keys)
@@ -45,9 +46,13 @@ def test_a_long_requests_decoding_row_skips_in_the_paged_plan_and_short_ones_sta
     assert (got.double() - want).abs().max() <= bound
 
 
+@pytest.mark.skipif(not CONTINUOUS_BATCHING, reason=NO_CONTINUOUS_BATCHING)
 def test_continuous_batching_skips_the_decoding_rows_generate_skips(record_plans):
     """A 16.5k-token request beside a short one: `generate()` and `generate_batch` skip the same decoding rows (all
     of the long request's, none of the short one's) and give the same tokens, which dense decoding gives too."""
+    from test_continuous_batching import greedy_config
+    from transformers import ContinuousBatchingConfig
+
     model = steep_model()
     assert model.config.alibi_skip_eps == "auto"
     generator = torch.Generator().manual_seed(1)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from hf_alibi import AlibiGPT2LMHeadModel
+from hf_alibi.models.alibi.transformers_compat import output_cache
 
 
 def paths_used_by(model, ids, **inputs):
@@ -74,7 +75,7 @@ def test_sdpa_takes_the_bank_for_decoding_and_dropout_and_each_document_alone_fo
     model = make_model("sdpa")
     ids = random_ids(1, 12)
     with torch.no_grad():
-        cache = model(ids[:, :11], use_cache=True).cache
+        cache = output_cache(model(ids[:, :11], use_cache=True))
     assert paths_used_by(model, ids[:, 11:], cache=cache) == {"sdpa_bank"}  # one row: a per-key bias
     packed = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]])
     assert paths_used_by(model, ids, position_ids=packed) == {"sdpa_packed"}  # its keys only: no whole-row mask

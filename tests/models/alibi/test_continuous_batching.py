@@ -5,6 +5,11 @@ import time
 
 import pytest
 import torch
+
+from conftest import CONTINUOUS_BATCHING, NO_CONTINUOUS_BATCHING
+
+if not CONTINUOUS_BATCHING:
+    pytest.skip(NO_CONTINUOUS_BATCHING, allow_module_level=True)
 from transformers import (
     BloomConfig,
     BloomForCausalLM,

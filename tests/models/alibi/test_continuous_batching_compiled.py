@@ -5,6 +5,11 @@ empty answer that looks like a finished one."""
 
 import pytest
 import torch
+
+from conftest import CONTINUOUS_BATCHING, NO_CONTINUOUS_BATCHING
+
+if not CONTINUOUS_BATCHING:
+    pytest.skip(NO_CONTINUOUS_BATCHING, allow_module_level=True)
 from test_continuous_batching import alone, greedy_config, prompts
 from transformers import ContinuousBatchingConfig, GPT2Config, GPT2LMHeadModel
 from transformers.generation import CompileConfig

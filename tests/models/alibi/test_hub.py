@@ -1,6 +1,7 @@
 """The Hub path: what save_pretrained / push_to_hub ship; loading it with trust_remote_code where hf_alibi is absent."""
 
 import ast
+import functools
 import json
 import os
 import socket
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers.utils.hub as transformers_hub
 from huggingface_hub import CommitInfo, HfApi, RepoUrl
 
 import hf_alibi
@@ -72,6 +74,14 @@ def test_the_model_folder_holds_exactly_what_every_checkpoint_carries():
     relative-import closures (the attention core they share is in both)."""
     shipped = CODE_FILES | code_closure(PACKAGE, ENCODER_ENTRY_FILES)
     assert {path.name for path in PACKAGE.glob("*.py")} - {"__init__.py"} == shipped
+
+
+@pytest.mark.parametrize("entry", ENTRY_FILES + ENCODER_ENTRY_FILES)
+def test_each_entry_file_imports_its_whole_closure_directly(entry):
+    """transformers before 5.10 copies into its module cache only the files a remote-code entry file imports itself:
+    a module reached only through another one would be missing there (FileNotFoundError in the module cache)."""
+    indirect = code_closure(PACKAGE, (entry,)) - imports(PACKAGE / entry)[0] - {entry}
+    assert not indirect, f"{entry} reaches {sorted(indirect)} only through other modules: import each directly"
 
 
 def test_importing_the_package_aliases_no_module_in_sys_modules():
@@ -197,6 +207,9 @@ def test_push_to_hub_uploads_exactly_what_a_hub_user_needs_without_network(saved
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    for name, method in (("create_repo", create_repo), ("create_commit", create_commit)):
+        if hasattr(transformers_hub, name):  # transformers before 5.10 calls huggingface_hub's module-level functions
+            monkeypatch.setattr(transformers_hub, name, functools.partial(method, None))
     for name in ("upload_folder", "upload_file", "create_branch", "preupload_lfs_files"):
         monkeypatch.setattr(HfApi, name, unexpected)
 

@@ -25,6 +25,7 @@ from hf_alibi import (
     AlibiGPT2LMHeadModel,
     AlibiGPT2Model,
 )
+from hf_alibi.models.alibi.transformers_compat import output_cache
 
 PAIRS = [
     (AlibiGPT2LMHeadModel, GPT2LMHeadModel),
@@ -85,10 +86,10 @@ def test_cached_decoding_gives_the_full_forward_logits(backend, steps, make_mode
         out = model(ids[:, :10], use_cache=True)
         pieces, start = [out.logits], 10
         for step in steps:
-            out = model(ids[:, start : start + step], cache=out.cache)
+            out = model(ids[:, start : start + step], cache=output_cache(out))
             pieces.append(out.logits)
             start += step
-    assert out.cache.get_seq_length() == ids.shape[1]
+    assert output_cache(out).get_seq_length() == ids.shape[1]
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=0)
 
 
@@ -99,7 +100,7 @@ def test_cached_decoding_of_a_left_padded_batch_gives_the_full_forward_logits(ti
         out = tiny_model(ids[:, :12], attention_mask=mask[:, :12], use_cache=True)
         pieces = [out.logits]
         for t in range(12, 20):
-            out = tiny_model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=out.cache)
+            out = tiny_model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=output_cache(out))
             pieces.append(out.logits)
     real = mask.bool()
     torch.testing.assert_close(torch.cat(pieces, dim=1)[real], full[real], atol=1e-5, rtol=0)
@@ -112,7 +113,7 @@ def test_output_attentions_are_causal_softmax_weights_and_leave_logits_alone(bac
     with torch.no_grad():
         plain = model(ids, use_cache=True)
         out = model(ids, output_attentions=True)
-        step = model(random_ids(2, 3), cache=plain.cache, output_attentions=True)  # 3 queries over 16 keys
+        step = model(random_ids(2, 3), cache=output_cache(plain), output_attentions=True)  # 3 queries over 16 keys
     torch.testing.assert_close(out.logits, plain.logits, atol=1e-5, rtol=0)
     heads = model.config.n_head
     for attentions, q, kv in ((out.attentions, 13, 13), (step.attentions, 3, 16)):
@@ -174,7 +175,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(make_model, random_ids)
     for checkpointing in (False, True):
         model = make_model("eager").train()
         if checkpointing:
-            model.activation_checkpointing_enable()  # transformers 5 name of gradient_checkpointing_enable
+            # transformers 5.23 renamed gradient_checkpointing_enable (the old name warns from then on)
+            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
         model(ids, labels=ids).loss.backward()  # use_cache stays at its default (True): the replay must not reuse it
         gradients.append({name: p.grad for name, p in model.named_parameters()})
     for name, expected in gradients[0].items():

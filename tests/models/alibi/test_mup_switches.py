@@ -8,6 +8,7 @@ import torch
 from alibi_reference import reference_logits
 from hf_alibi import AlibiGPT2LMHeadModel, get_alibi_slopes
 from hf_alibi.models.alibi.modeling_alibi_gpt2 import scaled
+from hf_alibi.models.alibi.transformers_compat import output_cache
 
 ATOL = 2e-5  # fp32 against float64; measured ~2e-6
 # Every switch away from its default, at values that move the logits well beyond ATOL (6 heads: interleaved slopes)
@@ -79,7 +80,9 @@ def test_every_switch_at_once_matches_the_float64_reference_padded_and_cached(ma
         out = model(ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
         steps = []
         for step in range(6, ids.shape[1]):
-            out = model(ids[:, step : step + 1], attention_mask=mask[:, : step + 1], cache=out.cache, use_cache=True)
+            out = model(
+                ids[:, step : step + 1], attention_mask=mask[:, : step + 1], cache=output_cache(out), use_cache=True
+            )
             steps.append(out.logits[:, -1])
     expected = expected_logits(model, ids, mask)
     error = (got.double() - expected)[real].abs().max().item()

@@ -95,7 +95,24 @@ def assert_logits_equal_dense(skipping, dense):
     assert difference <= 1e-6 * scale, f"largest difference {difference:.3g} at scale {scale:.3g}"
 
 
-@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def reset_empties_a_dynamic_cache() -> bool:
+    """transformers before 5.18 zeroes a `DynamicCache`'s keys on `reset()` and keeps their length, so the next
+    request would follow zeros (for any model): there, only a static cache is reused for another request."""
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 1, 2, 1), torch.zeros(1, 1, 2, 1), 0)
+    cache.reset()
+    return cache.get_seq_length() == 0
+
+
+REUSABLE = ["dynamic", "static"] if reset_empties_a_dynamic_cache() else ["static"]
+
+
+def croppable(kind: str) -> bool:
+    """Whether transformers' cache of `kind` has `crop` (a static cache's layers: from 5.24)."""
+    return hasattr(make_cache(kind, 1).layers[0], "crop")
+
+
+@pytest.mark.parametrize("kind", REUSABLE)
 def test_a_reset_cache_refilled_with_another_request_certifies_against_the_new_keys(kind):
     """The issue's attack: a first request of LOW keys, `reset()`, then one whose far keys dominate and whose key at
     the first request's last position is LOW's again (the last key alone cannot tell them apart)."""
@@ -172,19 +189,20 @@ def scripts(draw):
     """(cache kind, batch, operations). Requests are runs of one token each; a refill (another request of the same
     length after `reset()`, or new tokens for cropped ones) ends with the token fed last, so that layer 0's key where
     the summary's keys ended is unchanged while the keys before it differ: what the last key alone cannot tell."""
-    kind, batch = draw(st.sampled_from(["dynamic", "static"])), draw(st.integers(1, 2))
+    kind, batch = draw(st.sampled_from(REUSABLE)), draw(st.integers(1, 2))
     runs = st.lists(TOKENS, min_size=3, max_size=8)
+    crops = croppable(kind)
     reuse = st.one_of(
         st.tuples(st.just("request"), runs, st.booleans()),  # reset (if used), then prefill; left-padded or not
         st.tuples(st.just("same_length_request"), runs, st.booleans()),
-        st.tuples(st.just("crop_and_refill"), st.floats(0.05, 0.95), runs),
+        *([st.tuples(st.just("crop_and_refill"), st.floats(0.05, 0.95), runs)] if crops else []),
     )
     operation = st.one_of(
         reuse,
         st.tuples(st.just("extend"), runs.map(lambda r: r[:2])),  # several rows at the offset: chunked prefill
         st.tuples(st.just("decode"), st.lists(TOKENS, min_size=1, max_size=3)),
         st.tuples(st.just("reset")),
-        st.tuples(st.just("crop"), st.floats(0.05, 0.95)),
+        *([st.tuples(st.just("crop"), st.floats(0.05, 0.95))] if crops else []),
         st.tuples(st.just("reorder"), st.lists(st.integers(0, 1), min_size=2, max_size=2)),
         *([st.tuples(st.just("select"), st.integers(0, 1)), st.tuples(st.just("repeat"))] if kind == "dynamic" else []),
     )

@@ -6,6 +6,7 @@ type `alibi_gpt2` to instantiate a model of type ``": the behaviour of every che
 docs report with its fix (import first). These tests guard both, so the docs change when transformers does."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ import hf_alibi
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
 pytestmark = pytest.mark.slow
-WARNING = "You are using a model of type `alibi_gpt2` to instantiate a model of type ``"
+# transformers' words, which README.md quotes (releases before 5.2 print them without the backticks: "type alibi_gpt2 ... type .")
+WARNING = "You are using a model of type `?alibi_gpt2`? to instantiate a model of type (``|\\.)"
 LOAD = "from transformers import AutoTokenizer; AutoTokenizer.from_pretrained({folder!r}{extra}).decode([5])"
 
 
@@ -66,4 +68,4 @@ def test_tokenizer_loads_silently_with_trust_remote_code_and_no_package(folder, 
 def test_before_the_import_transformers_itself_warns_as_the_docs_say(folder, tmp_path):
     """transformers' fallback for a model type it does not know (README.md, below "Without hf_alibi installed")."""
     stderr = _stderr(LOAD.format(folder=str(folder), extra=""), tmp_path, True)
-    assert WARNING in stderr, stderr
+    assert re.search(WARNING, stderr), stderr
