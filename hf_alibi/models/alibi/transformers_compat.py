@@ -14,7 +14,7 @@ TRANSFORMERS_VERSION = Version(Version(transformers.__version__).base_version)
 
 def transformers_at_least(minimum: str) -> bool:
     """Whether the installed transformers is `minimum` or newer (pre-releases of `minimum` count as `minimum`)."""
-    return TRANSFORMERS_VERSION >= Version(minimum)
+    return Version(minimum) <= TRANSFORMERS_VERSION
 
 
 __all__ = ["TRANSFORMERS_VERSION", "transformers_at_least"]
