@@ -183,6 +183,11 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    from hf_alibi._transformers_compat import require_transformers
+    from hf_alibi.models.alibi.transformers_compat import TENSOR_PARALLEL_TRANSFORMERS
+
+    # FSDP2 and TP load through DistributedConfig: refused before the first launch, not in its log
+    require_transformers(TENSOR_PARALLEL_TRANSFORMERS, "bench_parallel's fsdp and tp modes")
     if args.child:
         result = measure(args.child[0], args.child[1], args)
         if result is not None:

@@ -18,6 +18,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from .._transformers_compat import require_transformers
+from ..models.alibi.transformers_compat import TENSOR_PARALLEL_TRANSFORMERS
 from .baselines import BASELINES
 from .data import STDLIB_CORPUS
 from .parsing import CONFIGS_DIR, ArgumentParser, parse_args, resolve_config, shipped_configs
@@ -234,6 +236,11 @@ class RunArguments:
             size = getattr(self, name)
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"{name} must be a positive integer, got {size!r}")
+        if self.sharded:  # refused here, before any data or model is made, rather than at the first from_pretrained
+            require_transformers(
+                TENSOR_PARALLEL_TRANSFORMERS,
+                f"tp_size={self.tp_size}, fsdp_size={self.fsdp_size} (transformers' tensor parallelism and FSDP2)",
+            )
 
     @property
     def sharded(self) -> bool:

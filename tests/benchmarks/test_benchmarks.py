@@ -341,3 +341,17 @@ def test_processes_mode_measures_each_cell_in_fresh_processes(tmp_path):
         assert result["process_peak_bytes"] > 50 * 2**20 > result["peak_mem_bytes"]
     assert results["settings"]["processes"] == 2 and results["target_set"] == "parity"
     assert "[min, max over processes]" in (tmp_path / "table.md").read_text()
+
+
+def test_bench_parallel_on_a_transformers_older_than_5_24_refuses_before_its_first_launch(monkeypatch, capsys):
+    import transformers
+    from packaging.version import Version
+
+    from benchmarks import bench_parallel
+    from hf_alibi import _transformers_compat
+
+    monkeypatch.setattr(_transformers_compat, "TRANSFORMERS_VERSION", Version("5.23.0"))
+    monkeypatch.setattr(transformers, "__version__", "5.23.0")
+    monkeypatch.setattr(bench_parallel, "build", lambda *args: pytest.fail("a checkpoint was built"))
+    with pytest.raises(ImportError, match=r"fsdp and tp modes needs transformers>=5\.24"):
+        bench_parallel.main(["--launches", "1"])

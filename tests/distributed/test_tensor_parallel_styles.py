@@ -1,8 +1,8 @@
 """The pieces of tensor parallelism that need no second process: `alibi_attention(heads=)` computes exactly those heads
 of the full call on every backend, the `alibi_heads` style hands each rank its global heads (and refuses uneven
-splits), and the transformers / torch surface the styles stand on is still there (each test names the hook)."""
+splits). The transformers / torch surface the styles stand on: the tensor-parallel section of
+tests/test_transformers_surface.py."""
 
-import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -10,12 +10,7 @@ import torch
 
 from hf_alibi import get_alibi_slopes
 from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
-from hf_alibi.models.alibi.tensor_parallel_alibi_gpt2 import (
-    ALIBI_HEADS,
-    CONV1D_COLWISE,
-    CONV1D_QKV_COLWISE,
-    CONV1D_ROWWISE,
-)
+from hf_alibi.models.alibi.tensor_parallel_alibi_gpt2 import ALIBI_HEADS
 
 HEADS, DIM = 12, 8
 # (backend, SDPA path): the split, the bias bank in several chunks, eager's prebuilt bias, FlexAttention's score_mod
@@ -87,41 +82,3 @@ def test_the_heads_style_refuses_a_tp_size_that_does_not_divide_n_head():
 
     with pytest.raises(ValueError, match=r"n_head=12 is not divisible by tp_size=5.*\[1, 2, 3, 4, 6, 12\]"):
         ALL_PARALLEL_STYLES[ALIBI_HEADS].install_forward(SimpleNamespace(num_heads=12), fake_mesh(5, 0))
-
-
-def test_transformers_parallel_style_table_holds_our_styles_and_llamas():
-    # transformers.distributed.tensor_parallel.ALL_PARALLEL_STYLES: the table plans are validated against
-    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
-
-    ours = {CONV1D_COLWISE, CONV1D_QKV_COLWISE, CONV1D_ROWWISE, ALIBI_HEADS}
-    assert ours | {"embedding_rowwise", "colwise_gather_output"} <= set(ALL_PARALLEL_STYLES)
-
-
-def test_tensor_parallel_layer_hooks_keep_their_signatures():
-    # transformers.distributed.tensor_parallel.TensorParallelLayer: the hooks our styles override and call
-    from transformers.distributed.tensor_parallel import TensorParallelLayer
-
-    expected = {
-        "shard_param": ["self", "module", "param", "mesh"],
-        "install_forward": ["self", "module", "mesh"],
-        "transform_inputs_pre_forward": ["self", "module", "args", "kwargs", "mesh"],
-        "transform_output_post_forward": ["self", "module", "output", "mesh"],
-        "context_around_forward": ["self", "module", "mesh"],
-        "should_use_local_tensors": ["self", "module"],
-    }
-    for name, parameters in expected.items():
-        hook = getattr(TensorParallelLayer, name, None)
-        assert hook is not None, f"TensorParallelLayer.{name} is gone"
-        assert list(inspect.signature(hook).parameters) == parameters, f"TensorParallelLayer.{name} changed"
-
-
-def test_strided_shard_loads_each_packed_block_split_per_rank():
-    # torch.distributed.tensor.placement_types._StridedShard (private; transformers' packed_colwise uses it too) and
-    # the slicing transformers' loader reads it with: rank 1 of 2 gets [q_1 | k_1 | v_1] of a packed q|k|v of 3 x 4
-    from torch.distributed.tensor.placement_types import _StridedShard
-    from transformers.distributed.sharding_utils import DtensorShardOperation
-
-    placement = _StridedShard(dim=-1, split_factor=3)
-    assert (placement.dim, placement.split_factor) == (-1, 3) and not placement.is_shard()
-    loader = DtensorShardOperation.__new__(DtensorShardOperation)  # its slicing needs no mesh
-    assert loader._compute_strided_slice([(0, 12)], rank=1, world_size=2, split_factor=3) == [(2, 4), (6, 8), (10, 12)]

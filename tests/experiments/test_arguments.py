@@ -169,3 +169,34 @@ def test_init_from_gpt2_warns_that_it_is_deprecated_naming_the_caller_and_still_
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         assert ExperimentArguments(models=["alibi"], init_from="gpt2").init_from_gpt2 is None  # the new name: silent
+
+
+@pytest.fixture
+def transformers_5_23(monkeypatch):
+    """The installed transformers as hf_alibi's version check sees it, faked to 5.23 (older than TP and FSDP2 need)."""
+    import transformers
+    from packaging.version import Version
+
+    from hf_alibi import _transformers_compat
+
+    monkeypatch.setattr(_transformers_compat, "TRANSFORMERS_VERSION", Version("5.23.0"))
+    monkeypatch.setattr(transformers, "__version__", "5.23.0")
+
+
+@pytest.mark.parametrize("size", ["tp_size", "fsdp_size"])
+def test_sharding_on_a_transformers_older_than_5_24_is_refused_with_the_arguments(transformers_5_23, size):
+    RunArguments()  # one process: nothing to refuse
+    with pytest.raises(ImportError, match=rf"{size}=2.* needs transformers>=5\.24; this environment has 5\.23\.0"):
+        ExperimentArguments(models=["alibi"], **{size: 2})
+
+
+def test_hf_alibi_train_with_tp_size_on_an_old_transformers_prints_one_line_and_writes_nothing(
+    transformers_5_23, tmp_path, capsys
+):
+    from hf_alibi.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--config", "smoke", "--models", "alibi", "--tp_size", "2", "--output_dir", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("hf-alibi: error: tp_size=2, fsdp_size=1") and error.count("\n") == 1, error
+    assert "transformers>=5.24" in error and not out.exists()

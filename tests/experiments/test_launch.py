@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -139,3 +140,17 @@ def test_lock_is_released_when_the_run_raises_and_a_folder_it_created_is_removed
     with output_dir_lock(folder):  # free again for the resuming run
         (folder / "kept.txt").write_text("x")
     assert sorted(p.name for p in folder.iterdir()) == ["kept.txt"]
+
+
+def test_shard_model_on_a_transformers_older_than_5_24_refuses_before_saving_or_loading(monkeypatch, tmp_path):
+    import transformers
+    from packaging.version import Version
+
+    from hf_alibi import _transformers_compat
+
+    monkeypatch.setattr(_transformers_compat, "TRANSFORMERS_VERSION", Version("5.23.0"))
+    monkeypatch.setattr(transformers, "__version__", "5.23.0")
+    experiment = SimpleNamespace(tp_size=2, fsdp_size=1)  # as a caller other than the arguments' check may pass it
+    with pytest.raises(ImportError, match=r"DistributedConfig\) needs transformers>=5\.24; .* has 5\.23\.0"):
+        launch.shard_model(model=None, experiment=experiment, folder=tmp_path / "initial", state=None)
+    assert not (tmp_path / "initial").exists()

@@ -29,7 +29,7 @@ from .attention_key_norms import KeyNormSummaries, RunningKeyNorms
 from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
 from .attention_plan import AlibiAttentionPlan
 from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
-from .tensor_parallel_alibi_gpt2 import ALIBI_HEADS  # noqa: F401  (registers the styles of the config's TP plan)
+from .tensor_parallel_alibi_gpt2 import check_sharding_request  # importing it registers the TP plan's styles
 from .transformers_compat import (
     OutputRecorder,
     cache_key_length,
@@ -171,6 +171,14 @@ class AlibiGPT2PreTrainedModel(AlibiAttentionBackends, PreTrainedModel):
     # What `output_hidden_states` / `output_attentions` record (transformers' `capture_outputs` hooks): each block's
     # input and output, each attention module's weights
     _can_record_outputs = {"hidden_states": AlibiGPT2Block, "attentions": OutputRecorder(AlibiGPT2Attention, index=1)}
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' `from_pretrained`; asking it for tensor parallelism or FSDP2 (`tp_plan`, `tp_size`,
+        `device_mesh`, `distributed_config`) on a transformers older than the plan's styles fails first, in one line
+        naming the release they need (`tensor_parallel_alibi_gpt2.check_sharding_request`)."""
+        check_sharding_request(kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def _init_weights(self, module):
         """GPT-2's initialisation; refills the fixed slopes (built on the meta device by `from_pretrained`)."""

@@ -22,25 +22,49 @@ validated against and applied from), are the `Conv1D` counterparts of Llama's `c
 The embedding and the LM head take Llama's styles (`embedding_rowwise`, `colwise_gather_output`): both shard the tied
 (V, C) matrix on the vocabulary, so the tie survives. Every style runs its module on local tensors; the backward is
 exact because DTensor all-reduces the partial input gradients of the column splits.
+
+Written against the parallel-style API of transformers 5.24 and 5.25 (`transformers_compat.py`, tensor-parallel
+section). On older releases (this file ships with every checkpoint, and loads on 4.57 and every 5.x) it registers
+nothing, the model runs on one device, and `check_sharding_request` refuses `from_pretrained(..., tp_plan=...)` and
+its kin in one line naming the release they need.
 """
 
 import contextlib
 
-import torch
 from torch import nn
 
-if torch.distributed.is_available():
+from .transformers_compat import (
+    ALL_PARALLEL_STYLES,
+    TENSOR_PARALLEL_SUPPORTED,
+    TensorParallelLayer,
+    require_tensor_parallel,
+)
+
+if TENSOR_PARALLEL_SUPPORTED:
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    # private torch, and what transformers' own `packed_colwise` shards with (5.24, 5.25; torch 2.13)
     from torch.distributed.tensor.placement_types import _StridedShard
-    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES, TensorParallelLayer
-else:  # a torch build without torch.distributed: no styles to register, single-device models are unaffected
-    TensorParallelLayer = object
 
 # Style names of the plan (`AlibiGPT2Config.base_model_tp_plan`), registered below.
 CONV1D_COLWISE = "conv1d_colwise"
 CONV1D_QKV_COLWISE = "conv1d_qkv_colwise"
 CONV1D_ROWWISE = "conv1d_rowwise"
 ALIBI_HEADS = "alibi_heads"
+# `from_pretrained`'s arguments that ask transformers to shard a model, on 4.57 to 5.25 alike
+SHARDING_ARGUMENTS = ("tp_plan", "tp_size", "device_mesh", "distributed_config")
+
+
+def check_sharding_request(load_kwargs: dict) -> None:
+    """Refuse in one line `from_pretrained` arguments asking for tensor parallelism or FSDP2 where the plan's styles
+    are not registered (transformers before `TENSOR_PARALLEL_TRANSFORMERS`). Left alone, those releases set up the
+    process group and build the model, then reject the plan's unknown style names ("Unsupported tensor parallel style
+    conv1d_colwise", "Unsupported parallel styles: {...}") without saying that a newer transformers knows them."""
+    asked = [name for name in SHARDING_ARGUMENTS if load_kwargs.get(name) is not None]
+    if load_kwargs.get("tp_size") == 1:  # one rank: nothing is sharded
+        asked.remove("tp_size")
+    if asked:
+        require_tensor_parallel(f"Sharding ALiBi GPT-2 ({', '.join(f'{name}=' for name in asked)})")
 
 
 def _shard(module: nn.Module, name: str, mesh, placement) -> None:
@@ -53,6 +77,10 @@ def _shard(module: nn.Module, name: str, mesh, placement) -> None:
     )
 
 
+# Every hook below takes the keywords 5.25 passes (`config=`, `mesh_manager=`; `config=` to
+# `transform_output_post_forward`) and 5.24 does not: the Conv1D layout and the heads need neither.
+
+
 class Conv1DColwiseParallel(TensorParallelLayer):
     """Column split of a `Conv1D` (weight (in, out)); `packed` blocks (q|k|v: 3) are each split the same way."""
 
@@ -62,7 +90,7 @@ class Conv1DColwiseParallel(TensorParallelLayer):
     def should_use_local_tensors(self, module) -> bool:
         return True
 
-    def shard_param(self, module, param, mesh):
+    def shard_param(self, module, param, mesh, *, config=None, mesh_manager=None):
         dim = -1  # the output features: the last dim of the (in, out) weight, the only one of the bias
         placement = Shard(dim) if self.packed == 1 else _StridedShard(dim=dim, split_factor=self.packed)
         _shard(module, param, mesh, placement)
@@ -80,7 +108,7 @@ class Conv1DRowwiseParallel(TensorParallelLayer):
     def should_use_local_tensors(self, module) -> bool:
         return True
 
-    def shard_param(self, module, param, mesh):
+    def shard_param(self, module, param, mesh, *, config=None, mesh_manager=None):
         _shard(module, param, mesh, Replicate() if param == "bias" else Shard(0))
 
     @contextlib.contextmanager
@@ -93,7 +121,7 @@ class Conv1DRowwiseParallel(TensorParallelLayer):
         finally:
             module._parameters["bias"] = bias
 
-    def transform_output_post_forward(self, module, output, mesh):
+    def transform_output_post_forward(self, module, output, mesh, config=None):
         output = DTensor.from_local(output, mesh, [Partial()], run_check=False)
         output = output.redistribute(placements=[Replicate()]).to_local()  # (B, q, C), all-reduced, differentiable
         bias = module._parameters.get("bias")
@@ -105,7 +133,7 @@ class Conv1DRowwiseParallel(TensorParallelLayer):
 class AlibiHeadsParallel(TensorParallelLayer):
     """Sets `module.heads`, the global heads an attention module holds on this rank; its forward is left as it is."""
 
-    def install_forward(self, module, mesh):
+    def install_forward(self, module, mesh, *, config=None, mesh_manager=None):
         heads, size, rank = module.num_heads, mesh.size(), mesh.get_local_rank()
         if heads % size:
             raise ValueError(
@@ -117,7 +145,7 @@ class AlibiHeadsParallel(TensorParallelLayer):
         return module
 
 
-if torch.distributed.is_available():
+if TENSOR_PARALLEL_SUPPORTED:
     ALL_PARALLEL_STYLES.register(CONV1D_COLWISE, Conv1DColwiseParallel())
     ALL_PARALLEL_STYLES.register(CONV1D_QKV_COLWISE, Conv1DColwiseParallel(packed=3))
     ALL_PARALLEL_STYLES.register(CONV1D_ROWWISE, Conv1DRowwiseParallel())
