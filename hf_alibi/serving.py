@@ -252,7 +252,8 @@ def build_app(options: ServeOptions):
     `ImportError` with one line when transformers is older than `SERVING_MINIMUM` (5.24) or its serving packages are
     missing (naming `hf_alibi[serve]`); `ValueError` naming the source when it holds no checkpoint, or
     `alibi_skip_eps` for a model that is not ALiBi. The app's `state` holds `model_manager` and `generation_state`.
-    On transformers 5.25+ the model runs in a process the manager starts now, stopped with the app.
+    On transformers 5.25+ the model runs in a process the manager starts now (multiprocessing's "spawn", which
+    re-imports the calling script: call this under `if __name__ == "__main__":`), stopped with the app.
     """
     from ._transformers_compat import SERVING_MINIMUM, require_transformers
     from .import_utils import require_extra
