@@ -17,11 +17,11 @@ threads send `--requests` requests each, one after the other; a cell reports gen
 over the wall time of the whole cell) and the p50/p95 request latency. `--long` adds 4k- and 16k-token prompts (one
 client, `--long-max-tokens` tokens, `--long-requests` requests) for `alibi` (the checkpoint's default, `"auto"`),
 `alibi-dense` (`--alibi-skip-eps 0`) and `alibi-skip` (`--alibi-skip-eps 1e-7`) beside `gpt2`. Each server's resident
-set is read from /proc after its warm-up request and after its last cell, with its peak (VmHWM): growth beyond the
-cache would show there. Rounds (`--rounds`) rotate the contestants' order; cells report the median over rounds.
-hf_alibi's completions with and without continuous batching are checked equal (greedy); llama.cpp's agreement with
-them is reported, not required (ggml's GELU reads an fp16 table). Run alone: two cores, any other load shows in the
-figures.
+set (its processes' sum: the model's own process too, on transformers 5.25+) is read from /proc after its warm-up
+request and after its last cell, with its peak (VmHWM): growth beyond the cache would show there. Rounds
+(`--rounds`) rotate the contestants' order; cells report the median over rounds. hf_alibi's completions with and
+without continuous batching are checked equal (greedy); llama.cpp's agreement with them is reported, not required
+(ggml's GELU reads an fp16 table). Run alone: two cores, any other load shows in the figures.
 """
 
 import argparse
@@ -38,6 +38,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from benchmarks.measure import group_memory_kib
 
 # transformers sizes the paged cache from the machine's free memory unless told (9 GiB here): 32k tokens hold every
 # cell's requests (16 clients x 160 tokens) many times over. Its eager/SDPA mask buffer is (batch tokens, cache + batch
@@ -62,12 +64,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def memory_kib(pid: int) -> dict:
-    """The server's resident set now and its peak (VmRSS, VmHWM from /proc), KiB."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return {key: int(fields[key].split()[0]) for key in ("VmRSS", "VmHWM")}
 
 
 class Server:
@@ -223,14 +219,14 @@ def run_contestant(name: str, folders: dict, cells: list[dict], work: Path, args
     try:
         model = served_name(name, folders)
         load(server.base, model, cells[0]["prompts"][:1], 1, 1, 4)  # warm-up: first-call costs stay out
-        before = memory_kib(server.process.pid)
+        before = group_memory_kib(server.process.pid)
         results = {
             cell["name"]: load(
                 server.base, model, cell["prompts"], cell["clients"], cell["requests"], cell["max_tokens"]
             )
             for cell in cells
         }
-        after = memory_kib(server.process.pid)
+        after = group_memory_kib(server.process.pid)
     finally:
         server.stop()
     return {"cells": results, "memory_kib": {"after_warmup": before, "after_run": after}}

@@ -15,6 +15,9 @@ handed back first (`malloc_trim`), the kernel's high-water mark is reset to the 
 samples VmRSS every millisecond instead (misses spikes shorter than that). On CUDA: `max_memory_allocated` minus
 `memory_allocated` before the call, after `reset_peak_memory_stats`.
 
+Another process's memory: `group_memory_kib(pgid)` is the resident set (VmRSS) and peak (VmHWM) of a process group,
+summed over its processes: a server whose model runs in a process of its own (transformers 5.25+'s) counts both.
+
 Load: `competing_load(n)` runs `n` busy processes (one pure-Python spin loop each, no memory traffic) while its
 block runs: what a shared machine does to a measurement (other jobs, a browser, data loaders), on demand.
 
@@ -104,6 +107,26 @@ def _reset_high_water_mark() -> bool:
 def _malloc_trim() -> None:
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL(None).malloc_trim(0)  # glibc: return free heap pages, so reusing them cannot hide growth
+
+
+def group_memory_kib(pgid: int) -> dict:
+    """{"VmRSS": now, "VmHWM": peak} in KiB, summed over the processes of the group `pgid` (Linux's /proc). The summed
+    peaks bound the group's peak from above: each process's may come at a different time."""
+    total = {"VmRSS": 0, "VmHWM": 0}
+    for stat in os.scandir("/proc"):
+        if not stat.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{stat.name}/stat") as file:
+                if int(file.read().rsplit(")", 1)[1].split()[2]) != pgid:  # after "pid (name)": state, ppid, pgrp
+                    continue
+            with open(f"/proc/{stat.name}/status") as file:
+                fields = dict(line.split(":", 1) for line in file if ":" in line)
+        except OSError:  # gone meanwhile
+            continue
+        for key in total:
+            total[key] += int(fields[key].split()[0]) if key in fields else 0  # a zombie has no memory left
+    return total
 
 
 def process_peak_bytes(device: str) -> int:

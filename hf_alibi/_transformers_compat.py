@@ -25,9 +25,162 @@ def require_transformers(minimum: str, feature: str) -> None:
     """`ImportError` with one line saying that `feature` needs transformers >= `minimum`, when it is older."""
     if not transformers_at_least(minimum):
         raise ImportError(
-            f"{feature} needs transformers>={minimum}; this environment has {transformers.__version__}: "
+            f"{feature} needs transformers>={minimum}; this environment has {TRANSFORMERS_VERSION}: "
             f"pip install 'transformers>={minimum},<6'"
         )
 
 
-__all__ = ["MINIMUM_TRANSFORMERS", "TRANSFORMERS_VERSION", "require_transformers", "transformers_at_least"]
+# ---- serving: `hf-alibi serve` on transformers' OpenAI-compatible server (transformers.cli.serving) ----------------
+# Those modules import fastapi, which only the `serve` extra installs: every name below is imported when its function
+# is called, never when this module is. Written against 5.24.0 and 5.25.0.
+
+SERVING_MINIMUM = "5.24"  # the first release whose server (`build_server`, its handlers) `hf-alibi serve` builds
+SERVING_MODEL_PROCESS = "5.25"  # from 5.25 the server runs each model in a process of its own
+
+
+def serving_model_in_own_process() -> bool:
+    """5.24: the server loads and runs its model in its own process (`ModelManager`); 5.25+: in a process it spawns
+    (`EngineClient`), which loads the model with a pickled copy of the server's `ModelLoader`."""
+    return transformers_at_least(SERVING_MODEL_PROCESS)
+
+
+def serving_handler_classes() -> dict:
+    """5.24, 5.25: the handlers of /v1/chat/completions, /v1/completions, /v1/responses and /v1/systemone, each built
+    as `Handler(model_manager=..., generation_state=...)`, each answering `await handle_request(body, request_id)`."""
+    from transformers.cli.serving.chat_completion import ChatCompletionHandler
+    from transformers.cli.serving.completion import CompletionHandler
+    from transformers.cli.serving.response import ResponseHandler
+    from transformers.cli.serving.systemone import SystemOneHandler
+
+    return {
+        "chat": ChatCompletionHandler,
+        "completion": CompletionHandler,
+        "response": ResponseHandler,
+        "systemone": SystemOneHandler,
+    }
+
+
+def serving_generation_state(continuous_batching: bool, cb_config):
+    """5.24, 5.25: `transformers.cli.serving.utils.GenerationState(continuous_batching=, cb_config=)`. 5.24: it runs
+    the generation threads, continuous batching's from `cb_config`; 5.25+: settings the model's process reads."""
+    from transformers.cli.serving.utils import GenerationState
+
+    return GenerationState(continuous_batching=continuous_batching, cb_config=cb_config)
+
+
+def serving_model_manager_class():
+    """`transformers.cli.serving.model_manager.ModelManager`. 5.24: `ModelManager(device=, dtype=,
+    attn_implementation=, continuous_batching=, force_model=)`, loading models in this process (`_load_model`);
+    5.25+: `ModelManager(loader, generation_state, force_model=)`, each model in a process of its own."""
+    from transformers.cli.serving.model_manager import ModelManager
+
+    return ModelManager
+
+
+def serving_model_loader_class():
+    """5.25+: `transformers.cli.serving.model_manager.ModelLoader(device=, dtype=, attn_implementation=,
+    continuous_batching=)`, whose `load_model_and_processor(model_id, on_progress=None)` the model's process calls
+    (5.24 has none: `serving_model_manager_class` loads)."""
+    require_transformers(SERVING_MODEL_PROCESS, "transformers' ModelLoader")
+    from transformers.cli.serving.model_manager import ModelLoader
+
+    return ModelLoader
+
+
+def serving_model_id_parts(model_id: str) -> tuple[str, str | None]:
+    """(repo or folder, revision) of the name a served model goes by: 5.24: `utils.split_revision('repo@revision')`;
+    5.25+: `utils.parse_model_id('repo[@revision][:file.gguf]')`'s first two (split_revision is gone). An existing
+    folder is itself, an `@` in its path included."""
+    if serving_model_in_own_process():
+        from transformers.cli.serving.utils import parse_model_id
+
+        repo, revision, _ = parse_model_id(model_id)
+        return repo, revision
+    from transformers.cli.serving.utils import split_revision
+
+    return split_revision(model_id)
+
+
+def serving_processor(manager, model: str):
+    """The processor (a tokenizer, for a text model) of `model`, as `manager` serves it: 5.24:
+    `manager.load_model_and_processor(manager.process_model_name(model))` (the pinned model, loaded at start, from its
+    cache); 5.25+: `manager.get_engine(model).processor`, which the server's process holds beside the model's."""
+    if serving_model_in_own_process():
+        return manager.get_engine(model).processor
+    return manager.load_model_and_processor(manager.process_model_name(model))[1]
+
+
+def serving_transcription_handler(manager, generation_state):
+    """The /v1/audio/transcriptions handler: 5.24: `TranscriptionHandler(model_manager, generation_state)`; 5.25+:
+    `TranscriptionHandler(model_manager)`."""
+    from transformers.cli.serving.transcription import TranscriptionHandler
+
+    if serving_model_in_own_process():
+        return TranscriptionHandler(manager)
+    return TranscriptionHandler(manager, generation_state)
+
+
+def serving_build_server(manager, generation_state, **handlers):
+    """`transformers.cli.serving.server.build_server(manager, chat_handler, completion_handler=, response_handler=,
+    transcription_handler=, systemone_handler=)`, its lifespan ending in `manager.shutdown()`: 5.24 also takes
+    `generation_state=` (its /health asks whether continuous batching's worker lives); 5.25+ does not (it asks
+    `manager.is_dead`)."""
+    from transformers.cli.serving.server import build_server
+
+    chat_handler = handlers.pop("chat_handler")
+    if not serving_model_in_own_process():
+        handlers["generation_state"] = generation_state
+    return build_server(manager, chat_handler, **handlers)
+
+
+def serving_model_processes(manager) -> list:
+    """The processes running `manager`'s models: 5.24: none, the models are in the server's process; 5.25+: each
+    running `EngineClient.managed_process` of `manager.engines` (a `multiprocessing` process; `manager.shutdown()`
+    terminates it, and forgets it before it has exited)."""
+    if not serving_model_in_own_process():
+        return []
+    return [engine.managed_process for engine in manager.engines.values() if engine.managed_process is not None]
+
+
+def serving_loading_error(error: RuntimeError) -> Exception:
+    """The error that failed loading in the model's process, as that process reported it: 5.25+ sends
+    `RuntimeError(f"{type(error).__name__}: {error}")` (`EngineClient.run_engine`), which this turns back into the
+    builtin exception it names (`ImportError`, `OSError`, `ValueError`, ...), the error 5.24 raised in the server's
+    own process; an error of another type (a library's own) is returned as it is."""
+    import builtins
+
+    name, separator, message = str(error).partition(": ")
+    kind = getattr(builtins, name, None) if separator and name.isidentifier() else None
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        return kind(message)
+    return error
+
+
+def serving_stop_generation(generation_state) -> None:
+    """Stop what generates, once the server's lifespan has ended: 5.24: `generation_state.shutdown()` (continuous
+    batching's thread, which `manager.shutdown()` leaves running); 5.25+: nothing, `manager.shutdown()` stopped the
+    model's process, its generation with it."""
+    if not serving_model_in_own_process():
+        generation_state.shutdown()
+
+
+__all__ = [
+    "MINIMUM_TRANSFORMERS",
+    "SERVING_MINIMUM",
+    "SERVING_MODEL_PROCESS",
+    "TRANSFORMERS_VERSION",
+    "require_transformers",
+    "serving_build_server",
+    "serving_generation_state",
+    "serving_handler_classes",
+    "serving_loading_error",
+    "serving_model_id_parts",
+    "serving_model_in_own_process",
+    "serving_model_loader_class",
+    "serving_model_manager_class",
+    "serving_model_processes",
+    "serving_processor",
+    "serving_stop_generation",
+    "serving_transcription_handler",
+    "transformers_at_least",
+]

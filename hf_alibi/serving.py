@@ -5,10 +5,12 @@ both run on the same server in a benchmark).
     hf-alibi serve ./alibi-tiny --port 8000          # then openai.OpenAI(base_url="http://127.0.0.1:8000/v1", ...)
     hf-alibi serve ./alibi-tiny --continuous-batching --cb-block-size 32
 
-Why not `transformers serve ./alibi-tiny` itself: its `ModelManager._load_model` (transformers 5.24) finds the model
-class with `getattr(transformers, config.architectures[0])`, and `AlibiGPT2LMHeadModel`, registered with the Auto
-classes by `import hf_alibi`, is not an attribute of `transformers`. `AutoLoadingModelManager` is that one method,
-loading through `AutoModelForCausalLM` instead; everything else is transformers' code.
+Why not `transformers serve ./alibi-tiny` itself: transformers' server (`ModelManager._load_model` in 5.24,
+`ModelLoader._load_model` in 5.25) finds the model class with `getattr(transformers, config.architectures[0])`, and
+`AlibiGPT2LMHeadModel`, registered with the Auto classes by `import hf_alibi`, is not an attribute of `transformers`.
+`serving_loader` loads through `AutoModelForCausalLM` instead; everything else is transformers' code. transformers
+5.24 and 5.25 both work (`_transformers_compat`'s serving section holds what differs: 5.25 runs the model in a
+process of its own); older releases are refused with one line.
 
 Requests are checked (`check_request`) before transformers' handlers see them: the fields those handlers convert with
 `int()`/`float()` would otherwise fail inside them as a 500, and a huge `max_tokens` would hold the one generation
@@ -22,11 +24,15 @@ model whose tokenizer has no chat template (a base model) are a 400 saying so, n
 import argparse
 import json
 import math
+import time
 from dataclasses import dataclass, field, fields
 
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 GRACEFUL_SHUTDOWN_S = 5  # seconds open connections get after SIGTERM before uvicorn closes them
+# seconds the shutting-down app waits for the model's process (transformers 5.25+), which transformers terminates and
+# kills after 5 s
+MODEL_PROCESS_EXIT_S = 10
 # Request fields transformers' handlers turn into numbers with int() / float(): the token budgets and sampling knobs.
 INTEGER_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 NUMBER_FIELDS = ("temperature", "top_p", "frequency_penalty")
@@ -240,61 +246,25 @@ def chat_refusal(tokenizer, model: str) -> str | None:
     )
 
 
-def _model_manager_class():
-    """`AutoLoadingModelManager`, defined on first use: transformers' serving modules import fastapi."""
-    from transformers import AutoModelForCausalLM
-    from transformers.cli.serving.model_manager import ModelManager
-    from transformers.cli.serving.utils import split_revision
-
-    class AutoLoadingModelManager(ModelManager):
-        """transformers' `ModelManager`, loading every model with `AutoModelForCausalLM.from_pretrained`.
-
-        transformers 5.24's `_load_model` ends in `getattr(transformers, config.architectures[0])`, which fails for
-        a class registered with the Auto classes (`AlibiGPT2LMHeadModel`) rather than defined in transformers. The
-        same keyword arguments go to the Auto class instead, plus `model_kwargs` (e.g. `alibi_skip_eps`). Drop this
-        class when a transformers release loads through the Auto classes.
-        """
-
-        def __init__(self, *, model_kwargs: dict, **kwargs):
-            self.model_kwargs = dict(model_kwargs)  # before super().__init__, which loads force_model
-            super().__init__(**kwargs)
-
-        def _load_model(self, model_id_and_revision, tqdm_class=None, progress_callback=None, gguf_file=None):
-            model_id, revision = split_revision(model_id_and_revision)
-            return AutoModelForCausalLM.from_pretrained(
-                model_id,
-                revision=revision,
-                attn_implementation=self.attn_implementation,
-                dtype=self.dtype,
-                device_map=self.device,
-                trust_remote_code=self.trust_remote_code,
-                tqdm_class=tqdm_class,
-                **self.model_kwargs,
-            )
-
-    return AutoLoadingModelManager
-
-
 def build_app(options: ServeOptions):
     """The FastAPI app of `transformers serve` for `options.model`, loaded now (the server is pinned to it).
 
-    `ValueError` naming the source when it holds no checkpoint, or `alibi_skip_eps` for a model that is not ALiBi;
-    `ImportError` naming `hf_alibi[serve]` when transformers' serving packages are missing. The app's `state` holds
-    `model_manager` and `generation_state`.
+    `ImportError` with one line when transformers is older than `SERVING_MINIMUM` (5.24) or its serving packages are
+    missing (naming `hf_alibi[serve]`); `ValueError` naming the source when it holds no checkpoint, or
+    `alibi_skip_eps` for a model that is not ALiBi. The app's `state` holds `model_manager` and `generation_state`.
+    On transformers 5.25+ the model runs in a process the manager starts now (multiprocessing's "spawn", which
+    re-imports the calling script: call this under `if __name__ == "__main__":`), stopped with the app.
     """
+    from ._transformers_compat import SERVING_MINIMUM, require_transformers
     from .import_utils import require_extra
 
+    require_transformers(SERVING_MINIMUM, "hf-alibi serve")  # before any import of transformers' serving modules
     require_extra("serve", "hf-alibi serve")
     from transformers import ContinuousBatchingConfig
-    from transformers.cli.serving.chat_completion import ChatCompletionHandler
-    from transformers.cli.serving.completion import CompletionHandler
-    from transformers.cli.serving.response import ResponseHandler
-    from transformers.cli.serving.server import build_server
-    from transformers.cli.serving.systemone import SystemOneHandler
-    from transformers.cli.serving.transcription import TranscriptionHandler
-    from transformers.cli.serving.utils import GenerationState
 
+    from ._transformers_compat import serving_build_server, serving_generation_state, serving_processor
     from .conversion.common import load_config
+    from .serving_loader import pinned_model_manager
 
     config = load_config(options.model)  # a missing folder or unknown id fails here, naming it
     model_kwargs = {}
@@ -305,53 +275,79 @@ def build_app(options: ServeOptions):
                 f"{options.model} is model_type {config.model_type!r}"
             )
         model_kwargs["alibi_skip_eps"] = options.alibi_skip_eps
-    manager = _model_manager_class()(
-        model_kwargs=model_kwargs,
+    cb = options.continuous_batching
+    state = serving_generation_state(
+        cb, ContinuousBatchingConfig(**options.continuous_batching_settings()) if cb else None
+    )
+    settings = dict(
         device=options.device,
         dtype=options.dtype,
         attn_implementation=options.attn_implementation,
         continuous_batching=options.continuous_batching,
-        force_model=options.model,
     )
-    _, tokenizer = manager.load_model_and_processor(manager.process_model_name(options.model))  # the preloaded one
-    refusal = chat_refusal(tokenizer, options.model)
-    cb_settings = options.continuous_batching_settings()
-    state = GenerationState(
-        continuous_batching=options.continuous_batching,
-        cb_config=ContinuousBatchingConfig(**cb_settings) if options.continuous_batching else None,
-    )
-    handlers = dict(model_manager=manager, generation_state=state)
-    app = build_server(
-        manager,
-        CheckedHandler(ChatCompletionHandler(**handlers), options.max_tokens_limit, ("messages",), refusal),
-        completion_handler=CheckedHandler(CompletionHandler(**handlers), options.max_tokens_limit),
-        response_handler=CheckedHandler(ResponseHandler(**handlers), options.max_tokens_limit, ("input",), refusal),
-        transcription_handler=TranscriptionHandler(manager, state),
-        systemone_handler=SystemOneHandler(**handlers),
-        generation_state=state,
-    )
-    _stop_on_shutdown(app, state)
+    manager = pinned_model_manager(options.model, settings, model_kwargs, state)
+    refusal = chat_refusal(serving_processor(manager, options.model), options.model)
+    app = serving_build_server(manager, state, **_checked_handlers(manager, state, options.max_tokens_limit, refusal))
+    _stop_on_shutdown(app, manager, state)
     app.state.model_manager = manager
     app.state.generation_state = state
     return app
 
 
-def _stop_on_shutdown(app, state) -> None:
-    """Stop `state`'s generation workers (continuous batching's thread) when the app shuts down, after
-    `build_server`'s own lifespan has freed the model: whichever ASGI server runs the app, they do not outlive it."""
+def _checked_handlers(manager, state, max_tokens_limit: int, refusal: str | None) -> dict:
+    """`build_server`'s handlers: transformers' own, those that generate text behind `CheckedHandler` (chat and
+    responses refused with `refusal` when it is given)."""
+    from ._transformers_compat import serving_handler_classes, serving_transcription_handler
+
+    handler = {
+        name: cls(model_manager=manager, generation_state=state) for name, cls in serving_handler_classes().items()
+    }
+    return {
+        "chat_handler": CheckedHandler(handler["chat"], max_tokens_limit, ("messages",), refusal),
+        "completion_handler": CheckedHandler(handler["completion"], max_tokens_limit),
+        "response_handler": CheckedHandler(handler["response"], max_tokens_limit, ("input",), refusal),
+        "transcription_handler": serving_transcription_handler(manager, state),
+        "systemone_handler": handler["systemone"],
+    }
+
+
+def _stop_on_shutdown(app, manager, state) -> None:
+    """When the app shuts down, after `build_server`'s own lifespan has freed the model (`manager.shutdown()`), stop
+    what still generates (5.24: `state`'s continuous batching thread) and wait up to `MODEL_PROCESS_EXIT_S` for the
+    model's process to exit (5.25+), whose memory is then free: whichever ASGI server runs the app, nothing it
+    started outlives it."""
+    import asyncio
     from contextlib import asynccontextmanager
+
+    from ._transformers_compat import serving_model_processes, serving_stop_generation
 
     served = app.router.lifespan_context
 
     @asynccontextmanager
     async def lifespan(app):
+        processes = []
         try:
             async with served(app) as lifespan_state:
-                yield lifespan_state
+                try:
+                    yield lifespan_state
+                finally:
+                    processes = serving_model_processes(manager)  # before the lifespan's shutdown forgets them
         finally:
-            state.shutdown()
+            serving_stop_generation(state)
+            await asyncio.to_thread(_wait_for_exit, processes, MODEL_PROCESS_EXIT_S)
 
     app.router.lifespan_context = lifespan
+
+
+def _wait_for_exit(processes: list, timeout: float) -> None:
+    """Return once every one of `processes` (`multiprocessing` processes) has exited, or after `timeout` seconds."""
+    from multiprocessing.connection import wait
+
+    sentinels = [process.sentinel for process in processes]
+    end = time.monotonic() + timeout
+    while sentinels and time.monotonic() < end:
+        ready = wait(sentinels, end - time.monotonic())
+        sentinels = [sentinel for sentinel in sentinels if sentinel not in ready]
 
 
 def serve(options: ServeOptions) -> None:

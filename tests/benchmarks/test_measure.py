@@ -2,6 +2,7 @@
 interleaved in order, growth of the resident set seen."""
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.measure import competing_load, peak_memory, process_peak_bytes, time_call, time_calls, timed  # noqa: E402
+from benchmarks.measure import (  # noqa: E402
+    competing_load,
+    group_memory_kib,
+    peak_memory,
+    process_peak_bytes,
+    time_call,
+    time_calls,
+    timed,
+)
 
 
 def test_warm_up_is_untimed_and_rounds_interleave_in_order():
@@ -55,3 +64,23 @@ def test_competing_load_runs_busy_processes_only_inside_its_block():
     assert busy_children() == [], "the busy processes outlive the block"
     with pytest.raises(ValueError, match="-1"), competing_load(-1):
         pass
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
+def test_group_memory_sums_every_process_of_the_group():
+    """A group of two processes (as a server whose model runs in a process of its own), each holding 64 MB."""
+    hold = "import sys, time; held = bytearray(64 << 20); print('ready', flush=True); time.sleep(60)"
+    spawn_child = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {hold!r}]); exec({hold!r})"
+    leader = subprocess.Popen(
+        [sys.executable, "-c", spawn_child], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert leader.stdout.readline() == "ready\n" and leader.stdout.readline() == "ready\n"
+        group = group_memory_kib(leader.pid)
+        with open(f"/proc/{leader.pid}/status") as status:
+            alone = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+        assert group["VmRSS"] >= alone + (64 << 10), (group, alone)  # the child's 64 MB beside the leader's own
+        assert group["VmHWM"] >= group["VmRSS"]
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait()

@@ -16,6 +16,7 @@ import hf_alibi
 
 START_DEADLINE_S = 120  # loading torch, transformers and the model on 2 busy cores
 STOP_DEADLINE_S = 20  # SIGTERM to exit: uvicorn's graceful shutdown gives open connections 5 s
+GROUP_EXIT_S = 5  # the server's exit to its group's: multiprocessing's resource tracker exits once the server has
 
 
 def free_port() -> int:
@@ -41,13 +42,53 @@ def request(port: int, method: str, path: str, body: bytes | dict | None = None,
         connection.close()
 
 
+def group_members(pgid: int) -> dict[int, str]:
+    """{pid: state letter ("R", "S", "Z", ...)} of each process of the group `pgid`, from Linux's /proc."""
+    members = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (name)": state, ppid, pgrp, ...
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == pgid:
+            members[int(stat.parent.name)] = fields[0]
+    return members
+
+
 def group_alive(pgid: int) -> bool:
-    """Whether any process of the group `pgid` (the server's session) is still running."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
+    """Whether any process of the group `pgid` (the server's session) is still running. A zombie does not count: it
+    has exited and holds nothing, only init has not reaped it yet (transformers 5.25+'s server leaves one,
+    multiprocessing's resource tracker, which exits once the server has). Without /proc, any member counts."""
+    if not Path("/proc/self/stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return any(state != "Z" for state in group_members(pgid).values())
+
+
+def group_gone(pgid: int, deadline_s: float = GROUP_EXIT_S) -> bool:
+    """Whether every process of the group `pgid` has exited within `deadline_s` (polled)."""
+    end = time.monotonic() + deadline_s
+    while group_alive(pgid):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
     return True
+
+
+def group_peak_resident_kb(pgid: int) -> dict[int, int]:
+    """{pid: peak resident set (VmHWM, KiB)} of each running process of the group `pgid`: the server's process and
+    those it started (transformers 5.25+ runs the model in a process of its own). Linux's /proc only."""
+    peaks = {}
+    for pid in group_members(pgid):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            peaks[pid] = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        except (OSError, StopIteration):  # gone meanwhile, or a zombie, which has no memory left
+            continue
+    return peaks
 
 
 class ServerProcess:
@@ -123,7 +164,7 @@ def started(model: Path, log: Path, *flags: str):
         yield server
     finally:
         status, _ = server.stop()
-        leftover = group_alive(server.pgid)
+        leftover = not group_gone(server.pgid)
         if leftover:
             os.killpg(server.pgid, signal.SIGKILL)
         assert not leftover, f"processes of the server's group survived it:\n{server.output()}"

@@ -1,9 +1,20 @@
-"""`hf-alibi serve`: --help lists every option; a bad value is one line `hf-alibi: error: ...` naming it, exit status
-2, before any server starts (were one started, `main` would not return); the options reach the model the app loads;
-and transformers' own ModelManager still fails on an ALiBi checkpoint (the reason `AutoLoadingModelManager` exists)."""
+"""`hf-alibi serve`: --help lists every option; a bad value, or a transformers older than 5.24, is one line
+`hf-alibi: error: ...` naming it, exit status 2, before any server starts (were one started, `main` would not
+return); the options reach the model the app serves; and transformers' own loading still fails on an ALiBi checkpoint
+(the reason `hf_alibi/serving_loader.py` exists)."""
+
+import asyncio
+import sys
 
 import pytest
+from packaging.version import Version
 
+from hf_alibi import _transformers_compat
+from hf_alibi._transformers_compat import (
+    serving_model_in_own_process,
+    serving_model_loader_class,
+    serving_model_manager_class,
+)
 from hf_alibi.cli import main
 from tiny_checkpoint import checkpoint, save_tiny_checkpoint  # noqa: F401  (a fixture)
 
@@ -73,21 +84,63 @@ def test_skip_eps_for_a_model_that_is_not_alibi_is_refused_naming_its_type(gpt2_
     assert "model_type 'gpt2'" in _error_line(capfd)
 
 
+def describe_model(model, processor) -> dict:
+    """What the served model was loaded with. At the top of the module: on transformers 5.25+ it runs in the model's
+    process, which unpickles it by name."""
+    return {
+        "class": type(model).__name__,
+        "alibi_skip_eps": model.config.alibi_skip_eps,
+        "attention": model.config._attn_implementation,
+        "chat_template": processor.chat_template is not None,
+    }
+
+
+def ask_served_model(app, model: str, function):
+    """`function(model, processor)` on the model the app serves: 5.24 holds it in this process, 5.25+ in its own."""
+    manager = app.state.model_manager
+    if serving_model_in_own_process():
+        return asyncio.run(manager.get_engine(model).submit(function))
+    return function(*manager.load_model_and_processor(manager.process_model_name(model)))  # the preloaded one
+
+
 def test_skip_eps_and_attention_implementation_reach_the_served_model(checkpoint):
     from hf_alibi.serving import ServeOptions, build_app
 
     app = build_app(ServeOptions(str(checkpoint), alibi_skip_eps=1e-7, attn_implementation="eager", device="cpu"))
-    model, tokenizer = app.state.model_manager.load_model_and_processor(str(checkpoint))  # the preloaded one
-    assert type(model).__name__ == "AlibiGPT2LMHeadModel" and tokenizer.chat_template is not None
-    assert model.config.alibi_skip_eps == 1e-7 and model.config._attn_implementation == "eager"
+    try:
+        served = ask_served_model(app, str(checkpoint), describe_model)
+    finally:
+        app.state.model_manager.shutdown()  # 5.25+: the model's process
+    assert served == {
+        "class": "AlibiGPT2LMHeadModel",
+        "alibi_skip_eps": 1e-7,
+        "attention": "eager",
+        "chat_template": True,
+    }
 
 
-def test_transformers_own_model_manager_still_cannot_load_an_alibi_checkpoint(checkpoint):
-    """Why `AutoLoadingModelManager` exists; when this fails, transformers loads through the Auto classes: drop it."""
-    from transformers.cli.serving.model_manager import ModelManager
-
+def test_transformers_own_loading_still_cannot_load_an_alibi_checkpoint(checkpoint):
+    """Why `hf_alibi/serving_loader.py` exists; when this fails, transformers loads through the Auto classes: drop
+    it. 5.24: `ModelManager` loads the pinned model as it starts; 5.25+: `ModelLoader`, in the model's process."""
     with pytest.raises(AttributeError, match="AlibiGPT2LMHeadModel"):
-        ModelManager(device="cpu", force_model=str(checkpoint))
+        if serving_model_in_own_process():
+            serving_model_loader_class()(device="cpu").load_model_and_processor(str(checkpoint))
+        else:
+            serving_model_manager_class()(device="cpu", force_model=str(checkpoint))
+
+
+def test_serve_on_transformers_older_than_5_24_is_one_error_line_before_anything_loads(tmp_path, monkeypatch, capfd):
+    """The version is checked first: before the source is read (a missing folder is not the error) and before any of
+    transformers' serving modules is imported (each made unimportable here)."""
+    monkeypatch.setattr(_transformers_compat, "TRANSFORMERS_VERSION", Version("5.23.0"))
+    for name in [name for name in sys.modules if name.startswith("transformers.cli.serving")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "transformers.cli.serving", None)
+    assert main(["serve", str(tmp_path / "absent")]) == 2
+    assert _error_line(capfd) == (
+        "hf-alibi: error: hf-alibi serve needs transformers>=5.24; this environment has 5.23.0: "
+        "pip install 'transformers>=5.24,<6'"
+    )
 
 
 def test_continuous_batching_cache_takes_the_flags_or_stated_defaults_never_free_memory():
