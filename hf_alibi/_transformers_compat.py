@@ -30,6 +30,42 @@ def require_transformers(minimum: str, feature: str) -> None:
         )
 
 
+# ---- conversion: each source family's own slopes, read from transformers' model files ------------------------------
+# Not public API (functions inside `models/<family>/modeling_<family>.py`), the same in 4.57 and every 5.x to 5.25:
+# `modeling_bloom.build_alibi_tensor(attention_mask, num_heads, dtype)` and `modeling_falcon.build_alibi_tensor` (the
+# same signature; Falcon's rounds the slopes to bf16), `modeling_mpt.build_mpt_alibi_tensor(num_heads, sequence_length)`.
+# Imported on call: each loads its model file.
+
+
+def bloom_alibi_tensor(attention_mask, num_heads: int, dtype):
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    return build_alibi_tensor(attention_mask, num_heads, dtype)
+
+
+def falcon_alibi_tensor(attention_mask, num_heads: int, dtype):
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+
+    return build_alibi_tensor(attention_mask, num_heads, dtype)
+
+
+def mpt_alibi_tensor(num_heads: int, sequence_length: int):
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    return build_mpt_alibi_tensor(num_heads, sequence_length)
+
+
+# ---- sharding: transformers' engine ----------------------------------------------------------------------------------
+# `transformers.distributed.DistributedConfig` exists from 4.57, with `tp_size` / `fsdp_size` from 5.16 and exported at
+# the top level only from 5.x; hf_alibi shards from 5.24 (`TENSOR_PARALLEL_TRANSFORMERS`), checked before this import.
+
+
+def distributed_config(**kwargs):
+    from transformers.distributed import DistributedConfig
+
+    return DistributedConfig(**kwargs)
+
+
 # ---- serving: `hf-alibi serve` on transformers' OpenAI-compatible server (transformers.cli.serving) ----------------
 # Those modules import fastapi, which only the `serve` extra installs: every name below is imported when its function
 # is called, never when this module is. Written against 5.24.0 and 5.25.0.
@@ -169,6 +205,10 @@ __all__ = [
     "SERVING_MINIMUM",
     "SERVING_MODEL_PROCESS",
     "TRANSFORMERS_VERSION",
+    "bloom_alibi_tensor",
+    "distributed_config",
+    "falcon_alibi_tensor",
+    "mpt_alibi_tensor",
     "require_transformers",
     "serving_build_server",
     "serving_generation_state",

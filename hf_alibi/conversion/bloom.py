@@ -8,8 +8,8 @@ interleaved per head (`[h, 3, d]`, ours is `[3, h, d]`). Its slopes are the pape
 
 import torch
 from transformers import BloomConfig, BloomForCausalLM
-from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
+from .._transformers_compat import bloom_alibi_tensor
 from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import (
@@ -54,7 +54,7 @@ def bloom_weights(n_head: int) -> WeightMap:
 
 def bloom_slopes(n_head: int) -> torch.Tensor:
     """BLOOM's own slopes, fp32 `(H,)`: its bias at key position 1 of an unpadded row is `m_h * 1`."""
-    return build_alibi_tensor(torch.ones(1, 2), n_head, torch.float32)[:, 0, 1]  # (H,)
+    return bloom_alibi_tensor(torch.ones(1, 2), n_head, torch.float32)[:, 0, 1]  # (H,)
 
 
 def convert_bloom(model: BloomForCausalLM) -> AlibiGPT2LMHeadModel:

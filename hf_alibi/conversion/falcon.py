@@ -14,8 +14,8 @@ import math
 
 import torch
 from transformers import FalconForCausalLM
-from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 
+from .._transformers_compat import falcon_alibi_tensor
 from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .bloom import bloom_weights
@@ -38,7 +38,7 @@ def falcon_weights(n_head: int) -> WeightMap:
 
 def falcon_slopes(n_head: int, head_dim: int) -> torch.Tensor:
     """Falcon's effective slopes, fp32 `(H,)`: its (bf16-rounded) `m_h` divided by `sqrt(head_dim)`."""
-    unit = build_alibi_tensor(torch.ones(1, 2), n_head, torch.float32)[:, 0, 1]  # (H,): m_h * 1, rounded to bf16
+    unit = falcon_alibi_tensor(torch.ones(1, 2), n_head, torch.float32)[:, 0, 1]  # (H,): m_h * 1, rounded to bf16
     return (unit.double() / math.sqrt(head_dim)).float()  # (H,)
 
 

@@ -10,8 +10,8 @@ import math
 
 import torch
 from transformers import MptConfig, MptForCausalLM
-from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 
+from .._transformers_compat import mpt_alibi_tensor
 from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .common import (
@@ -71,7 +71,7 @@ def mpt_weights(query_factor: float = 1.0) -> WeightMap:
 
 def mpt_slopes(n_head: int) -> torch.Tensor:
     """MPT's own slopes, fp32 `(H,)`: its bias for 2 positions is `m_h * (j - 1)`, so `-m_h` at key 0."""
-    return -build_mpt_alibi_tensor(n_head, 2)[:, 0, 0]  # (H,)
+    return -mpt_alibi_tensor(n_head, 2)[:, 0, 0]  # (H,)
 
 
 def _attn_config(config: MptConfig) -> dict:

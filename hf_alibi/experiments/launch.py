@@ -182,13 +182,11 @@ def _remove_if_empty(folders: list[Path]) -> None:
 def shard_model(model, experiment, folder: Path, state):
     """`model` as transformers' engine shards it (`from_pretrained(..., distributed_config=...)`: tensor parallel over
     `tp_size` ranks, FSDP2 over `fsdp_size`), through `folder`, which the main process writes once."""
-    from .._transformers_compat import require_transformers
+    from .._transformers_compat import distributed_config, require_transformers
     from ..models.alibi.transformers_compat import TENSOR_PARALLEL_TRANSFORMERS
 
     # before DistributedConfig is imported: 4.57-5.15 have one without tp_size / fsdp_size
     require_transformers(TENSOR_PARALLEL_TRANSFORMERS, "Sharding a model on transformers' engine (DistributedConfig)")
-    from transformers.distributed import DistributedConfig
-
     from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 
     if experiment.tp_size * experiment.fsdp_size != state.num_processes:
@@ -199,7 +197,7 @@ def shard_model(model, experiment, folder: Path, state):
     if state.is_main_process and not (folder / "config.json").is_file():
         model.save_pretrained(folder)
     state.wait_for_everyone()
-    config = DistributedConfig(tp_size=experiment.tp_size, fsdp_size=experiment.fsdp_size)
+    config = distributed_config(tp_size=experiment.tp_size, fsdp_size=experiment.fsdp_size)
     return AlibiGPT2LMHeadModel.from_pretrained(folder, distributed_config=config)
 
 

@@ -13,20 +13,25 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPooling,
     MaskedLMOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.utils import can_return_tuple
 
 from .alibi import get_alibi_slopes
 from .attention_alibi import AlibiAttentionBackends, alibi_attention, plan_alibi_attention
 from .attention_plan import AlibiAttentionPlan
 from .configuration_alibi_bert import AlibiBertConfig
-from .transformers_compat import OutputRecorder, init, model_inputs, was_loaded
+from .transformers_compat import (
+    GradientCheckpointingLayer,
+    OutputRecorder,
+    can_return_tuple,
+    init,
+    model_inputs,
+    was_loaded,
+)
 
 # isort: split
 # transformers before 5.10 copies into its module cache only the files a remote-code entry file imports itself, not

@@ -11,7 +11,6 @@ from torch import nn
 from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 from torch.nn import functional as F
 from transformers import Cache, DynamicCache, GenerationMixin, PreTrainedModel
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
@@ -19,8 +18,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutputWithPast,
     TokenClassifierOutput,
 )
-from transformers.pytorch_utils import Conv1D
-from transformers.utils import can_return_tuple, logging
+from transformers.utils import logging
 
 from .activations import mlp_activation
 from .alibi import slopes_from_config
@@ -31,8 +29,11 @@ from .attention_plan import AlibiAttentionPlan
 from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
 from .tensor_parallel_alibi_gpt2 import check_sharding_request  # importing it registers the TP plan's styles
 from .transformers_compat import (
+    Conv1D,
+    GradientCheckpointingLayer,
     OutputRecorder,
     cache_key_length,
+    can_return_tuple,
     check_continuous_batching,
     generate_mask_arguments,
     init,

@@ -25,7 +25,10 @@ from packaging.version import Version
 from transformers import Cache, PretrainedConfig
 from transformers.generation.continuous_batching import PagedAttentionCache
 from transformers.masking_utils import find_packed_sequence_indices as _find_packed_sequence_indices
+from transformers.modeling_layers import GradientCheckpointingLayer  # building blocks (below)
 from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.pytorch_utils import Conv1D
+from transformers.utils import can_return_tuple
 
 TRANSFORMERS_VERSION = Version(Version(transformers.__version__).base_version)
 
@@ -34,6 +37,11 @@ def transformers_at_least(minimum: str) -> bool:
     """Whether the installed transformers is `minimum` or newer (pre-releases of `minimum` count as `minimum`)."""
     return Version(minimum) <= TRANSFORMERS_VERSION
 
+
+# --- Building blocks -----------------------------------------------------------------------------------------------
+# Beyond transformers' top-level API, but the same in 4.57 and every 5.x to 5.25: GPT-2's `Conv1D` ((in, out) weights),
+# the layer base that `gradient_checkpointing_enable` checkpoints, and the decorator behind `return_dict=False`.
+# (`GradientCheckpointingLayer`, `Conv1D`, `can_return_tuple`: imported at the top)
 
 # --- Configuration -------------------------------------------------------------------------------------------------
 # 5.4+: `PreTrainedConfig` makes every subclass a keyword-only dataclass: annotated class attributes are its fields,
@@ -226,6 +234,9 @@ def check_continuous_batching() -> None:
 
 __all__ = [
     "CACHE_FIELD",
+    "Conv1D",
+    "GradientCheckpointingLayer",
+    "can_return_tuple",
     "ConfigBase",
     "OutputRecorder",
     "PagedAttentionCache",
