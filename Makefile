@@ -6,11 +6,21 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
+# The transformers range (pyproject: >=5.0,<6). `make compat` runs tests/models on the lowest release, tests/models,
+# tests/serving and tests/distributed on the newest, and loads a saved checkpoint's code without hf_alibi on 4.57, the
+# lowest and the newest; each release in its own venv under .venv-compat/ (kept: a second run installs nothing).
+# `compat-previous` runs serving and tensor parallelism on the release before the newest (their oldest supported).
+COMPAT_LOWEST ?= 5.0.0
+COMPAT_NEWEST ?= 5.25.0
+COMPAT_PREVIOUS ?= 5.24.0
+COMPAT_CHECKPOINT_ONLY ?= 4.57.6
+COMPAT := .venv-compat
 # The recipe's configs live in the package (hf_alibi/experiments/configs/; `--config NAME` finds them by name too).
 CONFIG ?= hf_alibi/experiments/configs/cpu_demo.yaml
 SMOKE_CONFIG ?= hf_alibi/experiments/configs/smoke.yaml
 
-.PHONY: install demo smoke test test-fast lint format bench
+.PHONY: install demo smoke test test-fast lint format bench compat compat-lowest compat-newest compat-previous \
+	compat-remote-code
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml .ci/constraints.txt
@@ -43,3 +53,38 @@ format: install  # fix what lint reports that ruff can fix safely, then format
 
 bench: install
 	$(PY) -m benchmarks.bench_alibi
+
+compat: compat-lowest compat-newest compat-remote-code  # the transformers range; .ci/run runs what the main suite does not
+
+compat-lowest: $(COMPAT)/$(COMPAT_LOWEST)/.installed
+	HF_HUB_OFFLINE=1 $(COMPAT)/$(COMPAT_LOWEST)/bin/python -m pytest -q tests/models tests/test_transformers_surface.py tests/surface
+
+compat-newest: $(COMPAT)/$(COMPAT_NEWEST)/.installed
+	HF_HUB_OFFLINE=1 $(COMPAT)/$(COMPAT_NEWEST)/bin/python -m pytest -q tests/models tests/serving tests/distributed
+
+compat-previous: $(COMPAT)/$(COMPAT_PREVIOUS)/.installed
+	HF_HUB_OFFLINE=1 $(COMPAT)/$(COMPAT_PREVIOUS)/bin/python -m pytest -q tests/serving tests/distributed tests/surface
+
+# Each release's interpreter loads checkpoints the development venv saves (tests/models/alibi/test_remote_code_versions.py)
+compat-remote-code: install $(COMPAT)/$(COMPAT_CHECKPOINT_ONLY)/.checkpoint-only $(COMPAT)/$(COMPAT_LOWEST)/.installed \
+		$(COMPAT)/$(COMPAT_NEWEST)/.installed
+	HF_HUB_OFFLINE=1 HF_ALIBI_REMOTE_CODE_PYTHONS="$(foreach v,$(COMPAT_CHECKPOINT_ONLY) $(COMPAT_LOWEST) \
+		$(COMPAT_NEWEST),$(abspath $(COMPAT))/$(v)/bin/python)" $(PY) -m pytest -q tests/models/alibi/test_remote_code_versions.py
+
+# A release with hf_alibi installed (editable) and what its tests import; the serve extra needs transformers 5.24+
+COMPAT_EXTRAS = experiments,embeddings,gguf,test
+$(COMPAT)/$(COMPAT_NEWEST)/.installed $(COMPAT)/$(COMPAT_PREVIOUS)/.installed: COMPAT_EXTRAS = experiments,embeddings,gguf,serve,test
+$(COMPAT)/%/.installed: pyproject.toml
+	rm -rf $(COMPAT)/$*
+	$(PYTHON) -m venv $(COMPAT)/$*
+	$(COMPAT)/$*/bin/python -m pip install --quiet "$(TORCH)"
+	$(COMPAT)/$*/bin/python -m pip install --quiet -e ".[$(COMPAT_EXTRAS)]" "transformers==$*"
+	touch $@
+
+# A release without hf_alibi (which needs 5.0): only what a saved checkpoint's code needs
+$(COMPAT)/%/.checkpoint-only:
+	rm -rf $(COMPAT)/$*
+	$(PYTHON) -m venv $(COMPAT)/$*
+	$(COMPAT)/$*/bin/python -m pip install --quiet "$(TORCH)"
+	$(COMPAT)/$*/bin/python -m pip install --quiet "transformers==$*" safetensors
+	touch $@

@@ -87,9 +87,12 @@ def plan_alibi_attention(
     `causal=False` plans an encoder's bidirectional ALiBi, `-m * |i - j|` over every key (no cache).
     """
     tracing = torch.compiler.is_compiling()  # the one place that asks: compiled graphs never branch on data
+    scaled_from = None
     if train_seq_len is not None:  # K: a 0-d tensor for a static cache (a tensor op: no host sync when compiled)
         filled = key_length if query_offset is None else query_offset + query_length
-        slopes = length_scaled_slopes(slopes.float(), filled, train_seq_len)  # (H,)
+        unscaled, slopes = slopes.float(), length_scaled_slopes(slopes.float(), filled, train_seq_len)  # (H,)
+        if isinstance(filled, int) and filled > train_seq_len:
+            scaled_from = (unscaled, filled / train_seq_len)  # length_scaled_slopes' divisor, as a number
     facts = plan_facts(
         slopes,
         batch,
@@ -117,6 +120,7 @@ def plan_alibi_attention(
     facts = with_host_offset(facts) if route.host_offset else facts
     plan_part = partial(_plan_document, implementation, slopes, dtype, sdpa_split, query_chunk, skip_eps, causal)
     preparation = Preparation(dtype, query_chunk, route.eps, key_norms, plan_part, route.segmented, route.compiled)
+    facts = replace(facts, scaled_from=scaled_from)
     return replace(facts, path=route.path, payload=PREPARE_PATHS[route.path](facts, preparation))
 
 

@@ -85,11 +85,22 @@ def flex_over_blocks(query, key, value, plan, scaling, block_mask, compiled: boo
     if query.device.type == "cpu":  # torch 2.13's CPU flex template lowers only inputs laid out as (B, H, L, D)
         query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
 
+    if plan.scaled_from is not None and torch.compiler.is_compiling():  # not a tensor the compiled graph computed
+        unscaled, divisor = plan.scaled_from[0].to(query.device), plan.scaled_from[1]
+
+        def slope(h):
+            return unscaled[h] / divisor  # fp32, as the plan's divided slopes
+
+    else:
+
+        def slope(h):
+            return slopes[h]
+
     def alibi_score(score, b, h, q_idx, kv_idx):
-        return score - slopes[h] * (q_idx + query_offset - kv_idx)
+        return score - slope(h) * (q_idx + query_offset - kv_idx)
 
     def bidirectional_score(score, b, h, q_idx, kv_idx):
-        return score - slopes[h] * (q_idx - kv_idx).abs()  # an encoder's -m * |i - j| (no cache: offset 0)
+        return score - slope(h) * (q_idx - kv_idx).abs()  # an encoder's -m * |i - j| (no cache: offset 0)
 
     score_mod = alibi_score if plan.causal else bidirectional_score
     output = attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)

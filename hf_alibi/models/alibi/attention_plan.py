@@ -99,6 +99,11 @@ class AlibiAttentionPlan:
     # compiled graph (`.bool()` of it included)
     attention_mask: torch.Tensor | None = None
     payload: object | None = None  # the path's data; `payload.for_heads(heads, plan)` slices it
+    # `slopes` as (the model's slopes, a Python float divisor) when the length-dependent `alibi_scaling` divided them
+    # by a number known at planning time: FlexAttention's score_mod reads those two inside a compiled model (inductor's
+    # CPU flex template cannot lower a score_mod reading a tensor computed inside the graph, as the divided slopes
+    # are there; outside one, flex's own compilation would make the number symbolic, which it refuses)
+    scaled_from: tuple[torch.Tensor, float] | None = None
 
     def for_heads(self, heads: slice) -> "AlibiAttentionPlan":
         """The plan for the global heads `heads` only (a tensor-parallel rank's): slopes, ranges and the payload for
@@ -107,7 +112,8 @@ class AlibiAttentionPlan:
             raise ValueError(f"heads={heads!r} must be a non-empty slice of the plan's {self.slopes.shape[0]} heads")
         if self.heads is not None:
             raise ValueError(f"this plan holds heads {self.heads!r} already; slice the forward's plan for {heads!r}")
-        subset = replace(self, slopes=self.slopes[heads], heads=heads, payload=None)
+        scaled_from = None if self.scaled_from is None else (self.scaled_from[0][heads], self.scaled_from[1])
+        subset = replace(self, slopes=self.slopes[heads], heads=heads, payload=None, scaled_from=scaled_from)
         return subset if self.payload is None else replace(subset, payload=self.payload.for_heads(heads, subset))
 
 

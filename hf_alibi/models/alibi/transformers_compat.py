@@ -33,6 +33,14 @@ from transformers.utils import can_return_tuple
 TRANSFORMERS_VERSION = Version(Version(transformers.__version__).base_version)
 
 
+def installed_version() -> str:
+    """transformers' `__version__`, read now: importing `transformers.modeling_layers` replaces the package's module
+    object in `sys.modules` (5.25), so a reference taken at import time may be a stale one."""
+    import transformers as installed
+
+    return installed.__version__
+
+
 def transformers_at_least(minimum: str) -> bool:
     """Whether the installed transformers is `minimum` or newer (pre-releases of `minimum` count as `minimum`)."""
     return Version(minimum) <= TRANSFORMERS_VERSION
@@ -228,7 +236,7 @@ def check_continuous_batching() -> None:
     if not transformers_at_least(CONTINUOUS_BATCHING_MINIMUM):
         raise ImportError(
             f"continuous batching (generate_batch, a paged cache) needs transformers>={CONTINUOUS_BATCHING_MINIMUM}; "
-            f"this environment has {transformers.__version__}: pip install 'transformers>={CONTINUOUS_BATCHING_MINIMUM},<6'"
+            f"this environment has {installed_version()}: pip install 'transformers>={CONTINUOUS_BATCHING_MINIMUM},<6'"
         )
 
 
@@ -287,7 +295,7 @@ def require_tensor_parallel(feature: str) -> None:
     if not TENSOR_PARALLEL_SUPPORTED:
         raise ImportError(
             f"{feature} needs transformers>={TENSOR_PARALLEL_TRANSFORMERS} and a torch with torch.distributed; this "
-            f"environment has transformers {transformers.__version__}: "
+            f"environment has transformers {installed_version()}: "
             f"pip install 'transformers>={TENSOR_PARALLEL_TRANSFORMERS},<6'"
         )
 
