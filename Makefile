@@ -15,12 +15,15 @@ COMPAT_NEWEST ?= 5.25.0
 COMPAT_PREVIOUS ?= 5.24.0
 COMPAT_CHECKPOINT_ONLY ?= 4.57.6
 COMPAT := .venv-compat
+# Every release a saved checkpoint's code is checked on by `make compat-every-release` (one venv, slow: not in CI)
+COMPAT_EVERY ?= 4.57.6 5.0.0 5.1.0 5.2.0 5.3.0 5.4.0 5.5.4 5.6.2 5.7.0 5.8.1 5.9.0 5.10.4 5.11.0 5.12.1 5.13.1 \
+	5.14.1 5.15.1 5.16.1 5.17.0 5.18.0 5.19.0 5.20.2 5.21.1 5.22.2 5.23.0 5.24.0 5.25.0
 # The recipe's configs live in the package (hf_alibi/experiments/configs/; `--config NAME` finds them by name too).
 CONFIG ?= hf_alibi/experiments/configs/cpu_demo.yaml
 SMOKE_CONFIG ?= hf_alibi/experiments/configs/smoke.yaml
 
 .PHONY: install demo smoke test test-fast lint format bench compat compat-lowest compat-newest compat-previous \
-	compat-remote-code
+	compat-remote-code compat-every-release
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml .ci/constraints.txt
@@ -81,10 +84,20 @@ $(COMPAT)/%/.installed: pyproject.toml
 	$(COMPAT)/$*/bin/python -m pip install --quiet -e ".[$(COMPAT_EXTRAS)]" "transformers==$*"
 	touch $@
 
-# A release without hf_alibi (which needs 5.0): only what a saved checkpoint's code needs
+# A release without hf_alibi (which needs 5.0): only what a saved checkpoint's code needs ("every": any release)
 $(COMPAT)/%/.checkpoint-only:
 	rm -rf $(COMPAT)/$*
 	$(PYTHON) -m venv $(COMPAT)/$*
 	$(COMPAT)/$*/bin/python -m pip install --quiet "$(TORCH)"
-	$(COMPAT)/$*/bin/python -m pip install --quiet "transformers==$*" safetensors
+	$(COMPAT)/$*/bin/python -m pip install --quiet $(if $(filter every,$*),transformers,"transformers==$*") safetensors
 	touch $@
+
+# A saved checkpoint's code on every release of COMPAT_EVERY: one venv, whose transformers (and the hub client and
+# tokenizers it pins) is reinstalled for each; a release's test ids name it (test_remote_code_versions.py)
+compat-every-release: install $(COMPAT)/every/.checkpoint-only
+	for version in $(COMPAT_EVERY); do \
+		$(COMPAT)/every/bin/python -m pip uninstall --quiet --yes transformers huggingface_hub tokenizers kernels; \
+		$(COMPAT)/every/bin/python -m pip install --quiet "transformers==$$version" || exit 1; \
+		HF_HUB_OFFLINE=1 HF_ALIBI_REMOTE_CODE_PYTHONS="$(abspath $(COMPAT))/every/bin/python" $(PY) -m pytest -q \
+			tests/models/alibi/test_remote_code_versions.py -k "transformers-$$version" || exit 1; \
+	done

@@ -34,8 +34,8 @@ TRANSFORMERS_VERSION = Version(Version(transformers.__version__).base_version)
 
 
 def installed_version() -> str:
-    """transformers' `__version__`, read now: importing `transformers.modeling_layers` replaces the package's module
-    object in `sys.modules` (5.25), so a reference taken at import time may be a stale one."""
+    """transformers' `__version__`, read now: importing `transformers.modeling_layers` makes a new module object of
+    the package (5.25), so a reference taken at import time may be a stale one."""
     import transformers as installed
 
     return installed.__version__
