@@ -55,6 +55,20 @@ def mpt_alibi_tensor(num_heads: int, sequence_length: int):
     return build_mpt_alibi_tensor(num_heads, sequence_length)
 
 
+# ---- configs: the special token ids ---------------------------------------------------------------------------------
+# 4.57's `PretrainedConfig.__init__` set `bos_token_id` / `eos_token_id` / `pad_token_id` (None by default) on every
+# config; 5.0 moved them into each model's config class, and 5.0's `MptConfig` declares none (5.1+ does, None by
+# default): on 5.0 an MPT config lacks them unless its config.json or caller gave them. Read here, as every other
+# release reads them: None when absent.
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def special_token_ids(config) -> dict:
+    """`{"bos_token_id": ..., "eos_token_id": ..., "pad_token_id": ...}` of a transformers config, None where it has
+    none (5.0's `MptConfig` may lack the attributes; 4.57 and 5.1+ give None)."""
+    return {name: getattr(config, name, None) for name in SPECIAL_TOKEN_IDS}
+
+
 # ---- sharding: transformers' engine ----------------------------------------------------------------------------------
 # `transformers.distributed.DistributedConfig` exists from 4.57, with `tp_size` / `fsdp_size` from 5.16 and exported at
 # the top level only from 5.x; hf_alibi shards from 5.24 (`TENSOR_PARALLEL_TRANSFORMERS`), checked before this import.
@@ -222,5 +236,6 @@ __all__ = [
     "serving_processor",
     "serving_stop_generation",
     "serving_transcription_handler",
+    "special_token_ids",
     "transformers_at_least",
 ]

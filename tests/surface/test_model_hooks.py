@@ -203,6 +203,20 @@ def test_model_files_alibi_tensor_builders_still_give_each_familys_slopes(family
     assert difference <= atol, f"{family}'s alibi tensor builder no longer gives its slopes (largest diff {difference})"
 
 
+def test_special_token_ids_are_none_where_a_config_has_none_and_its_own_where_it_has_them():
+    """`hf_alibi.conversion` copies each source config's special token ids: 5.0's `MptConfig` has no such attributes
+    unless given (4.57 and 5.1+ default them to None), GPT-2's config has its own defaults on every release."""
+    from transformers import GPT2Config, MptConfig
+
+    from hf_alibi._transformers_compat import special_token_ids
+
+    assert special_token_ids(MptConfig()) == {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    given = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    assert special_token_ids(MptConfig(**given)) == given
+    assert special_token_ids(MptConfig.from_dict(MptConfig(**given).to_dict())) == given
+    assert special_token_ids(GPT2Config()) == {"bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": None}
+
+
 @pytest.mark.skipif(not CONTINUOUS_BATCHING, reason=NO_CONTINUOUS_BATCHING)
 def test_paged_attention_cache_update_takes_the_batch_kwargs_and_returns_each_requests_keys_in_order(make_model):
     """Continuous batching (`attention_paged.py`): the model is called with a `PagedAttentionCache` from
