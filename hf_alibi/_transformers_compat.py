@@ -69,6 +69,25 @@ def special_token_ids(config) -> dict:
     return {name: getattr(config, name, None) for name in SPECIAL_TOKEN_IDS}
 
 
+# ---- GPT-NeoX's rotary share: the rotary baseline (experiments.baselines) ----------------------------------------------
+# `GPTNeoXConfig` holds the share of each head that rotary rotates as `rope_parameters["partial_rotary_factor"]`.
+# 5.0-5.4 overwrite it on every construction (`from_pretrained` and `from_dict` too) with the legacy keyword
+# `rotary_pct`, 0.25 when absent, and save no `rotary_pct`: a config made or saved with a share of 1.0 comes back at
+# 0.25. 5.5+ keep the share given (checked on 5.5.4 through 5.25.0; `rotary_pct` only fills in a missing one). With
+# `rotary_pct` given and kept as an attribute (so config.json holds it), every release reads the same share.
+
+
+def gpt_neox_config(**kwargs):
+    """`GPTNeoXConfig(**kwargs)` whose `rope_parameters["partial_rotary_factor"]` holds on every release, also once
+    saved and loaded again (or rebuilt from its `to_dict()`)."""
+    from transformers import GPTNeoXConfig
+
+    share = kwargs["rope_parameters"]["partial_rotary_factor"]
+    config = GPTNeoXConfig(rotary_pct=share, **kwargs)
+    config.rotary_pct = share  # 5.0-5.4 pop the keyword: the attribute is what reaches config.json
+    return config
+
+
 # ---- sharding: transformers' engine ----------------------------------------------------------------------------------
 # `transformers.distributed.DistributedConfig` exists from 4.57, with `tp_size` / `fsdp_size` from 5.16 and exported at
 # the top level only from 5.x; hf_alibi shards from 5.24 (`TENSOR_PARALLEL_TRANSFORMERS`), checked before this import.
@@ -222,6 +241,7 @@ __all__ = [
     "bloom_alibi_tensor",
     "distributed_config",
     "falcon_alibi_tensor",
+    "gpt_neox_config",
     "mpt_alibi_tensor",
     "require_transformers",
     "serving_build_server",

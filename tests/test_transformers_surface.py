@@ -69,6 +69,7 @@ PACKAGE_SURFACE = {
     "falcon_alibi_tensor": "models.falcon.modeling_falcon.build_alibi_tensor, 4.57-5.25",
     "mpt_alibi_tensor": "models.mpt.modeling_mpt.build_mpt_alibi_tensor, 4.57-5.25",
     "special_token_ids": "4.57, 5.1-5.25: on every config; 5.0: absent from MptConfig unless given (read as None)",
+    "gpt_neox_config": "5.5-5.25: rope_parameters' partial_rotary_factor; 5.0-5.4: overwritten by rotary_pct (0.25)",
     "distributed_config": "transformers.distributed.DistributedConfig, tp_size / fsdp_size from 5.16; used from 5.24",
     "SERVING_MINIMUM": "5.24: the oldest release hf-alibi serve builds on (tested: 5.24, 5.25)",
     "SERVING_MODEL_PROCESS": "5.25: the server runs its model in a process of its own",

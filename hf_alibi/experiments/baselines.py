@@ -27,8 +27,9 @@ layer uses them unscaled), plus the unscaled table.
 import math
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedModel
+from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXForCausalLM, PreTrainedModel
 
+from .._transformers_compat import gpt_neox_config
 from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 
@@ -180,7 +181,7 @@ def _gpt2_shaped_neox(
     `1 / sqrt(2 * n_layer)`. Different, and not configurable: rotary (base 10000) rotates q and k instead of adding
     a position table, and the fused qkv projection is laid out per head (the same function, other weight order).
     """
-    config = GPTNeoXConfig(
+    config = gpt_neox_config(  # the rotary share, kept on transformers 5.0-5.4 too
         vocab_size=vocab_size,
         hidden_size=n_embd,
         num_hidden_layers=n_layer,

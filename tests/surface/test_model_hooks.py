@@ -217,6 +217,20 @@ def test_special_token_ids_are_none_where_a_config_has_none_and_its_own_where_it
     assert special_token_ids(GPT2Config()) == {"bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": None}
 
 
+def test_gpt_neox_config_keeps_its_rotary_share_when_rebuilt_and_when_loaded(tmp_path):
+    """The rotary baseline's config: 5.0-5.4 rebuild a GPT-NeoX config at the legacy `rotary_pct` (0.25 by default)
+    whatever its `rope_parameters` say; `gpt_neox_config` keeps the share given through both ways of rebuilding."""
+    from transformers import GPTNeoXConfig
+
+    from hf_alibi._transformers_compat import gpt_neox_config
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    config = gpt_neox_config(hidden_size=64, num_attention_heads=4, rope_parameters=rope)
+    config.save_pretrained(tmp_path)
+    for rebuilt in (config, GPTNeoXConfig.from_dict(config.to_dict()), GPTNeoXConfig.from_pretrained(tmp_path)):
+        assert rebuilt.rope_parameters["partial_rotary_factor"] == 0.5, rebuilt.rope_parameters
+
+
 @pytest.mark.skipif(not CONTINUOUS_BATCHING, reason=NO_CONTINUOUS_BATCHING)
 def test_paged_attention_cache_update_takes_the_batch_kwargs_and_returns_each_requests_keys_in_order(make_model):
     """Continuous batching (`attention_paged.py`): the model is called with a `PagedAttentionCache` from
