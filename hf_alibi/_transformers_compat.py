@@ -55,7 +55,7 @@ def mpt_alibi_tensor(num_heads: int, sequence_length: int):
     return build_mpt_alibi_tensor(num_heads, sequence_length)
 
 
-# ---- configs: the special token ids ---------------------------------------------------------------------------------
+# ---- configs: the special token ids ----------------------------------------------------------------------------------
 # 4.57's `PretrainedConfig.__init__` set `bos_token_id` / `eos_token_id` / `pad_token_id` (None by default) on every
 # config; 5.0 moved them into each model's config class, and 5.0's `MptConfig` declares none (5.1+ does, None by
 # default): on 5.0 an MPT config lacks them unless its config.json or caller gave them. Read here, as every other
@@ -69,7 +69,7 @@ def special_token_ids(config) -> dict:
     return {name: getattr(config, name, None) for name in SPECIAL_TOKEN_IDS}
 
 
-# ---- GPT-NeoX's rotary share: the rotary baseline (experiments.baselines) ----------------------------------------------
+# ---- GPT-NeoX's rotary share: the rotary baseline (experiments.baselines) --------------------------------------------
 # `GPTNeoXConfig` holds the share of each head that rotary rotates as `rope_parameters["partial_rotary_factor"]`.
 # 5.0-5.4 overwrite it on every construction (`from_pretrained` and `from_dict` too) with the legacy keyword
 # `rotary_pct`, 0.25 when absent, and save no `rotary_pct`: a config made or saved with a share of 1.0 comes back at
@@ -86,6 +86,28 @@ def gpt_neox_config(**kwargs):
     config = GPTNeoXConfig(rotary_pct=share, **kwargs)
     config.rotary_pct = share  # 5.0-5.4 pop the keyword: the attribute is what reaches config.json
     return config
+
+
+# ---- tokenizers: loading one -----------------------------------------------------------------------------------------
+# `AutoTokenizer.from_pretrained` where no tokenizer can be built (a folder with a config and no vocabulary): 5.6+
+# raise that error (a ValueError); 5.0-5.5 without protobuf raise an ImportError naming protobuf in its place (their
+# `except import_protobuf_decode_error():` imports protobuf to name what it catches), the error itself kept as the
+# ImportError's `__context__`.
+TOKENIZER_ERRORS_UNMASKED = "5.6"
+
+
+def auto_tokenizer(source, **kwargs):
+    """`AutoTokenizer.from_pretrained(source, **kwargs)`, raising the error that failed it on every release (5.0-5.5
+    without protobuf: the one the ImportError about protobuf hides)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, **kwargs)
+    except ImportError as error:
+        hidden = error.__context__
+        if transformers_at_least(TOKENIZER_ERRORS_UNMASKED) or "protobuf" not in str(error) or hidden is None:
+            raise
+        raise hidden from None
 
 
 # ---- sharding: transformers' engine ----------------------------------------------------------------------------------
@@ -235,9 +257,11 @@ def serving_stop_generation(generation_state) -> None:
 
 __all__ = [
     "MINIMUM_TRANSFORMERS",
+    "TOKENIZER_ERRORS_UNMASKED",
     "SERVING_MINIMUM",
     "SERVING_MODEL_PROCESS",
     "TRANSFORMERS_VERSION",
+    "auto_tokenizer",
     "bloom_alibi_tensor",
     "distributed_config",
     "falcon_alibi_tensor",

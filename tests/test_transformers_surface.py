@@ -70,6 +70,8 @@ PACKAGE_SURFACE = {
     "mpt_alibi_tensor": "models.mpt.modeling_mpt.build_mpt_alibi_tensor, 4.57-5.25",
     "special_token_ids": "4.57, 5.1-5.25: on every config; 5.0: absent from MptConfig unless given (read as None)",
     "gpt_neox_config": "5.5-5.25: rope_parameters' partial_rotary_factor; 5.0-5.4: overwritten by rotary_pct (0.25)",
+    "TOKENIZER_ERRORS_UNMASKED": "5.6: the first release whose tokenizer errors reach the caller without protobuf",
+    "auto_tokenizer": "5.6-5.25: AutoTokenizer's own error; 5.0-5.5 without protobuf: the ImportError's context",
     "distributed_config": "transformers.distributed.DistributedConfig, tp_size / fsdp_size from 5.16; used from 5.24",
     "SERVING_MINIMUM": "5.24: the oldest release hf-alibi serve builds on (tested: 5.24, 5.25)",
     "SERVING_MODEL_PROCESS": "5.25: the server runs its model in a process of its own",

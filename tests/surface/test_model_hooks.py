@@ -231,6 +231,16 @@ def test_gpt_neox_config_keeps_its_rotary_share_when_rebuilt_and_when_loaded(tmp
         assert rebuilt.rope_parameters["partial_rotary_factor"] == 0.5, rebuilt.rope_parameters
 
 
+def test_auto_tokenizer_raises_the_error_that_failed_it_not_one_about_protobuf(tmp_path):
+    """`conversion.load_tokenizer` reads a ValueError as "no tokenizer here": 5.0-5.5 without protobuf raise an
+    ImportError naming protobuf in its place."""
+    from hf_alibi._transformers_compat import auto_tokenizer
+
+    AlibiGPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16).save_pretrained(tmp_path)  # no vocabulary
+    with pytest.raises(ValueError, match="tokenizer"):
+        auto_tokenizer(tmp_path)
+
+
 @pytest.mark.skipif(not CONTINUOUS_BATCHING, reason=NO_CONTINUOUS_BATCHING)
 def test_paged_attention_cache_update_takes_the_batch_kwargs_and_returns_each_requests_keys_in_order(make_model):
     """Continuous batching (`attention_paged.py`): the model is called with a `PagedAttentionCache` from
