@@ -88,7 +88,7 @@ def gpt_neox_config(**kwargs):
     return config
 
 
-# ---- tokenizers: loading one -----------------------------------------------------------------------------------------
+# ---- tokenizers: loading one, and what a folder of our model types says to AutoTokenizer -----------------------------
 # `AutoTokenizer.from_pretrained` where no tokenizer can be built (a folder with a config and no vocabulary): 5.6+
 # raise that error (a ValueError); 5.0-5.5 without protobuf raise an ImportError naming protobuf in its place (their
 # `except import_protobuf_decode_error():` imports protobuf to name what it catches), the error itself kept as the
@@ -108,6 +108,30 @@ def auto_tokenizer(source, **kwargs):
         if transformers_at_least(TOKENIZER_ERRORS_UNMASKED) or "protobuf" not in str(error) or hidden is None:
             raise
         raise hidden from None
+
+
+# 5.0-5.2: for a folder whose config.json names a model type with no tokenizer in transformers' table (alibi_gpt2,
+# alibi_bert), AutoTokenizer ignores the `tokenizer_class` that tokenizer_config.json names and builds the generic
+# `TokenizersBackend`, whose `model_input_names` are input_ids and attention_mask: a BERT tokenizer (a reranker's)
+# then gives no token_type_ids, and a pair's second text is read as the first's. 5.3+ build the class named (checked
+# on 5.3.0 through 5.25.0). A tokenizer_config.json that lists the inputs itself gives the same on every release.
+
+
+def named_tokenizer_inputs(tokenizer_config: dict) -> list[str] | None:
+    """The `model_input_names` of the tokenizer class `tokenizer_config` (a tokenizer_config.json) names, for it to
+    list itself; None where it lists them already or names no class this transformers has."""
+    name = tokenizer_config.get("tokenizer_class")
+    if "model_input_names" in tokenizer_config or not isinstance(name, str):
+        return None
+    for candidate in (name, name.removesuffix("Fast")):
+        try:
+            tokenizer_class = getattr(transformers, candidate)
+        except (AttributeError, ImportError):  # not a class of this release; a backend that is not installed
+            continue
+        names = getattr(tokenizer_class, "model_input_names", None)
+        if isinstance(names, list | tuple):
+            return list(names)
+    return None
 
 
 # ---- sharding: transformers' engine ----------------------------------------------------------------------------------
@@ -267,6 +291,7 @@ __all__ = [
     "falcon_alibi_tensor",
     "gpt_neox_config",
     "mpt_alibi_tensor",
+    "named_tokenizer_inputs",
     "require_transformers",
     "serving_build_server",
     "serving_generation_state",

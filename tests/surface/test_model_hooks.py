@@ -241,6 +241,20 @@ def test_auto_tokenizer_raises_the_error_that_failed_it_not_one_about_protobuf(t
         auto_tokenizer(tmp_path)
 
 
+def test_named_tokenizer_inputs_are_the_named_class_inputs_unless_listed():
+    """An imported encoder's tokenizer_config.json lists its inputs: 5.0-5.2 would give an `alibi_bert` folder's
+    tokenizer the generic class's (no token_type_ids)."""
+    from hf_alibi._transformers_compat import named_tokenizer_inputs
+
+    bert = ["input_ids", "token_type_ids", "attention_mask"]
+    assert named_tokenizer_inputs({"tokenizer_class": "BertTokenizer"}) == bert
+    assert named_tokenizer_inputs({"tokenizer_class": "BertTokenizerFast"}) == bert
+    assert named_tokenizer_inputs({"tokenizer_class": "GPT2Tokenizer"}) == ["input_ids", "attention_mask"]
+    assert named_tokenizer_inputs({"tokenizer_class": "BertTokenizer", "model_input_names": ["input_ids"]}) is None
+    assert named_tokenizer_inputs({"tokenizer_class": "NoSuchTokenizer"}) is None
+    assert named_tokenizer_inputs({}) is None
+
+
 @pytest.mark.skipif(not CONTINUOUS_BATCHING, reason=NO_CONTINUOUS_BATCHING)
 def test_paged_attention_cache_update_takes_the_batch_kwargs_and_returns_each_requests_keys_in_order(make_model):
     """Continuous batching (`attention_paged.py`): the model is called with a `PagedAttentionCache` from
