@@ -69,21 +69,22 @@ def special_token_ids(config) -> dict:
     return {name: getattr(config, name, None) for name in SPECIAL_TOKEN_IDS}
 
 
-# ---- GPT-NeoX's rotary share: the rotary baseline (experiments.baselines) --------------------------------------------
+# ---- GPT-NeoX's rotary share: the rotary baseline and its evaluation arms (experiments) ------------------------------
 # `GPTNeoXConfig` holds the share of each head that rotary rotates as `rope_parameters["partial_rotary_factor"]`.
 # 5.0-5.4 overwrite it on every construction (`from_pretrained` and `from_dict` too) with the legacy keyword
-# `rotary_pct`, 0.25 when absent, and save no `rotary_pct`: a config made or saved with a share of 1.0 comes back at
-# 0.25. 5.5+ keep the share given (checked on 5.5.4 through 5.25.0; `rotary_pct` only fills in a missing one). With
-# `rotary_pct` given and kept as an attribute (so config.json holds it), every release reads the same share.
+# `rotary_pct`, 0.25 when absent, and keep no `rotary_pct`: a config made, rebuilt from its `to_dict()` or saved and
+# loaded with a share of 1.0 comes back at 0.25. 5.5+ keep the share given (checked on 5.5.4 through 5.25.0;
+# `rotary_pct` only fills in a missing one). With `rotary_pct` given and kept as an attribute (so config.json holds
+# it), every release reads the same share.
 
 
-def gpt_neox_config(**kwargs):
-    """`GPTNeoXConfig(**kwargs)` whose `rope_parameters["partial_rotary_factor"]` holds on every release, also once
-    saved and loaded again (or rebuilt from its `to_dict()`)."""
-    from transformers import GPTNeoXConfig
-
-    share = kwargs["rope_parameters"]["partial_rotary_factor"]
-    config = GPTNeoXConfig(rotary_pct=share, **kwargs)
+def config_from_dict(config_class, values: dict):
+    """`config_class.from_dict(values)`; a GPT-NeoX config keeps the rotary share its `rope_parameters` give on every
+    release, also once saved and loaded again or rebuilt from its own `to_dict()`."""
+    share = (values.get("rope_parameters") or {}).get("partial_rotary_factor")
+    if config_class.model_type != "gpt_neox" or share is None:
+        return config_class.from_dict(values)
+    config = config_class.from_dict({**values, "rotary_pct": share})
     config.rotary_pct = share  # 5.0-5.4 pop the keyword: the attribute is what reaches config.json
     return config
 
@@ -288,8 +289,8 @@ __all__ = [
     "auto_tokenizer",
     "bloom_alibi_tensor",
     "distributed_config",
+    "config_from_dict",
     "falcon_alibi_tensor",
-    "gpt_neox_config",
     "mpt_alibi_tensor",
     "named_tokenizer_inputs",
     "require_transformers",

@@ -69,7 +69,7 @@ PACKAGE_SURFACE = {
     "falcon_alibi_tensor": "models.falcon.modeling_falcon.build_alibi_tensor, 4.57-5.25",
     "mpt_alibi_tensor": "models.mpt.modeling_mpt.build_mpt_alibi_tensor, 4.57-5.25",
     "special_token_ids": "4.57, 5.1-5.25: on every config; 5.0: absent from MptConfig unless given (read as None)",
-    "gpt_neox_config": "5.5-5.25: rope_parameters' partial_rotary_factor; 5.0-5.4: overwritten by rotary_pct (0.25)",
+    "config_from_dict": "GPT-NeoX's rotary share: 5.5-5.25 rope_parameters'; 5.0-5.4 rotary_pct's (0.25 unless given)",
     "TOKENIZER_ERRORS_UNMASKED": "5.6: the first release whose tokenizer errors reach the caller without protobuf",
     "auto_tokenizer": "5.6-5.25: AutoTokenizer's own error; 5.0-5.5 without protobuf: the ImportError's context",
     "named_tokenizer_inputs": "5.3-5.25: AutoTokenizer builds the class named; 5.0-5.2: TokenizersBackend's inputs",

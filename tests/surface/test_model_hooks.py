@@ -217,18 +217,20 @@ def test_special_token_ids_are_none_where_a_config_has_none_and_its_own_where_it
     assert special_token_ids(GPT2Config()) == {"bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": None}
 
 
-def test_gpt_neox_config_keeps_its_rotary_share_when_rebuilt_and_when_loaded(tmp_path):
-    """The rotary baseline's config: 5.0-5.4 rebuild a GPT-NeoX config at the legacy `rotary_pct` (0.25 by default)
-    whatever its `rope_parameters` say; `gpt_neox_config` keeps the share given through both ways of rebuilding."""
-    from transformers import GPTNeoXConfig
+def test_config_from_dict_keeps_a_gpt_neox_rotary_share_when_rebuilt_and_when_loaded(tmp_path):
+    """The rotary baseline and its arms: 5.0-5.4 rebuild a GPT-NeoX config at the legacy `rotary_pct` (0.25 by
+    default) whatever its `rope_parameters` say; `config_from_dict` keeps the share through every way of rebuilding."""
+    from transformers import GPT2Config, GPTNeoXConfig
 
-    from hf_alibi._transformers_compat import gpt_neox_config
+    from hf_alibi._transformers_compat import config_from_dict
 
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
-    config = gpt_neox_config(hidden_size=64, num_attention_heads=4, rope_parameters=rope)
+    config = config_from_dict(GPTNeoXConfig, dict(hidden_size=64, num_attention_heads=4, rope_parameters=rope))
     config.save_pretrained(tmp_path)
-    for rebuilt in (config, GPTNeoXConfig.from_dict(config.to_dict()), GPTNeoXConfig.from_pretrained(tmp_path)):
+    loaded = GPTNeoXConfig.from_pretrained(tmp_path)
+    for rebuilt in (config, loaded, config_from_dict(GPTNeoXConfig, {**loaded.to_dict(), "vocab_size": 99})):
         assert rebuilt.rope_parameters["partial_rotary_factor"] == 0.5, rebuilt.rope_parameters
+    assert config_from_dict(GPT2Config, {"n_embd": 64}).n_embd == 64  # any other config: from_dict
 
 
 def test_auto_tokenizer_raises_the_error_that_failed_it_not_one_about_protobuf(tmp_path):
