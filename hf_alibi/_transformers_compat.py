@@ -55,6 +55,86 @@ def mpt_alibi_tensor(num_heads: int, sequence_length: int):
     return build_mpt_alibi_tensor(num_heads, sequence_length)
 
 
+# ---- configs: the special token ids ----------------------------------------------------------------------------------
+# 4.57's `PretrainedConfig.__init__` set `bos_token_id` / `eos_token_id` / `pad_token_id` (None by default) on every
+# config; 5.0 moved them into each model's config class, and 5.0's `MptConfig` declares none (5.1+ does, None by
+# default): on 5.0 an MPT config lacks them unless its config.json or caller gave them. Read here, as every other
+# release reads them: None when absent.
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def special_token_ids(config) -> dict:
+    """`{"bos_token_id": ..., "eos_token_id": ..., "pad_token_id": ...}` of a transformers config, None where it has
+    none (5.0's `MptConfig` may lack the attributes; 4.57 and 5.1+ give None)."""
+    return {name: getattr(config, name, None) for name in SPECIAL_TOKEN_IDS}
+
+
+# ---- GPT-NeoX's rotary share: the rotary baseline and its evaluation arms (experiments) ------------------------------
+# `GPTNeoXConfig` holds the share of each head that rotary rotates as `rope_parameters["partial_rotary_factor"]`.
+# 5.0-5.4 overwrite it on every construction (`from_pretrained` and `from_dict` too) with the legacy keyword
+# `rotary_pct`, 0.25 when absent, and keep no `rotary_pct`: a config made, rebuilt from its `to_dict()` or saved and
+# loaded with a share of 1.0 comes back at 0.25. 5.5+ keep the share given (checked on 5.5.4 through 5.25.0;
+# `rotary_pct` only fills in a missing one). With `rotary_pct` given and kept as an attribute (so config.json holds
+# it), every release reads the same share.
+
+
+def config_from_dict(config_class, values: dict):
+    """`config_class.from_dict(values)`; a GPT-NeoX config keeps the rotary share its `rope_parameters` give on every
+    release, also once saved and loaded again or rebuilt from its own `to_dict()`."""
+    share = (values.get("rope_parameters") or {}).get("partial_rotary_factor")
+    if config_class.model_type != "gpt_neox" or share is None:
+        return config_class.from_dict(values)
+    config = config_class.from_dict({**values, "rotary_pct": share})
+    config.rotary_pct = share  # 5.0-5.4 pop the keyword: the attribute is what reaches config.json
+    return config
+
+
+# ---- tokenizers: loading one, and what a folder of our model types says to AutoTokenizer -----------------------------
+# `AutoTokenizer.from_pretrained` where no tokenizer can be built (a folder with a config and no vocabulary): 5.6+
+# raise that error (a ValueError); 5.0-5.5 without protobuf raise an ImportError naming protobuf in its place (their
+# `except import_protobuf_decode_error():` imports protobuf to name what it catches), the error itself kept as the
+# ImportError's `__context__`.
+TOKENIZER_ERRORS_UNMASKED = "5.6"
+
+
+def auto_tokenizer(source, **kwargs):
+    """`AutoTokenizer.from_pretrained(source, **kwargs)`, raising the error that failed it on every release (5.0-5.5
+    without protobuf: the one the ImportError about protobuf hides)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, **kwargs)
+    except ImportError as error:
+        hidden = error.__context__
+        if transformers_at_least(TOKENIZER_ERRORS_UNMASKED) or "protobuf" not in str(error) or hidden is None:
+            raise
+        raise hidden from None
+
+
+# 5.0-5.2: for a folder whose config.json names a model type with no tokenizer in transformers' table (alibi_gpt2,
+# alibi_bert), AutoTokenizer ignores the `tokenizer_class` that tokenizer_config.json names and builds the generic
+# `TokenizersBackend`, whose `model_input_names` are input_ids and attention_mask: a BERT tokenizer (a reranker's)
+# then gives no token_type_ids, and a pair's second text is read as the first's. 5.3+ build the class named (checked
+# on 5.3.0 through 5.25.0). A tokenizer_config.json that lists the inputs itself gives the same on every release.
+
+
+def named_tokenizer_inputs(tokenizer_config: dict) -> list[str] | None:
+    """The `model_input_names` of the tokenizer class `tokenizer_config` (a tokenizer_config.json) names, for it to
+    list itself; None where it lists them already or names no class this transformers has."""
+    name = tokenizer_config.get("tokenizer_class")
+    if "model_input_names" in tokenizer_config or not isinstance(name, str):
+        return None
+    for candidate in (name, name.removesuffix("Fast")):
+        try:
+            tokenizer_class = getattr(transformers, candidate)
+        except (AttributeError, ImportError):  # not a class of this release; a backend that is not installed
+            continue
+        names = getattr(tokenizer_class, "model_input_names", None)
+        if isinstance(names, list | tuple):
+            return list(names)
+    return None
+
+
 # ---- sharding: transformers' engine ----------------------------------------------------------------------------------
 # `transformers.distributed.DistributedConfig` exists from 4.57, with `tp_size` / `fsdp_size` from 5.16 and exported at
 # the top level only from 5.x; hf_alibi shards from 5.24 (`TENSOR_PARALLEL_TRANSFORMERS`), checked before this import.
@@ -202,13 +282,17 @@ def serving_stop_generation(generation_state) -> None:
 
 __all__ = [
     "MINIMUM_TRANSFORMERS",
+    "TOKENIZER_ERRORS_UNMASKED",
     "SERVING_MINIMUM",
     "SERVING_MODEL_PROCESS",
     "TRANSFORMERS_VERSION",
+    "auto_tokenizer",
     "bloom_alibi_tensor",
     "distributed_config",
+    "config_from_dict",
     "falcon_alibi_tensor",
     "mpt_alibi_tensor",
+    "named_tokenizer_inputs",
     "require_transformers",
     "serving_build_server",
     "serving_generation_state",
@@ -222,5 +306,6 @@ __all__ = [
     "serving_processor",
     "serving_stop_generation",
     "serving_transcription_handler",
+    "special_token_ids",
     "transformers_at_least",
 ]

@@ -355,9 +355,9 @@ def serve(options: ServeOptions) -> None:
     to finish, so a stalled streaming client cannot hold the exit. uvicorn re-raises the signal once it has shut
     down: SIGTERM ends the process by that signal; Ctrl-C's KeyboardInterrupt is how a server is stopped, not an
     error, and returns."""
+    app = build_app(options)  # first: it refuses a transformers older than 5.24, which has no serve extra to install
     import uvicorn
 
-    app = build_app(options)
     config = uvicorn.Config(
         app, host=options.host, port=options.port, log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
     )

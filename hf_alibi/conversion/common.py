@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from .._transformers_compat import auto_tokenizer, special_token_ids
 from ..atomic_files import check_destination, write_folder_atomically  # noqa: F401  (importable here: dispatch, cli)
 
 # The tanh GELU's names (BLOOM's, GPT-2's, llama.cpp's function): the model's own table, the one that runs it fused
@@ -18,15 +19,8 @@ from ..models.alibi.alibi import slopes_from_config
 
 def shared_fields(config) -> dict:
     """The config fields every family names as GPT-2 does: norm epsilon, init range, special tokens, tied head."""
-    names = (
-        "layer_norm_epsilon",
-        "initializer_range",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "tie_word_embeddings",
-    )
-    return {name: getattr(config, name) for name in names}
+    names = ("layer_norm_epsilon", "initializer_range", "tie_word_embeddings")
+    return {**{name: getattr(config, name) for name in names}, **special_token_ids(config)}
 
 
 IMPORT_REFUSAL = (
@@ -262,10 +256,8 @@ def checkpoint_name(source: str | os.PathLike) -> str:
 
 def load_tokenizer(source):
     """The tokenizer saved at `source` (folder or Hub id), or None when there is no real vocabulary there."""
-    from transformers import AutoTokenizer
-
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = auto_tokenizer(source)
     except (OSError, ValueError):
         return None
     # transformers 5 builds an empty tokenizer from a bare config: only a real vocabulary is worth shipping

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
+from .._transformers_compat import named_tokenizer_inputs
 from .common import check_destination, write_folder_atomically
 from .encoders import HEADS, convert_encoder, encoder_family, export_encoder
 from .remote_code import (
@@ -90,7 +91,7 @@ def source_sentence_settings(folder: Path | None) -> dict:
 def import_encoder(source, destination: str | os.PathLike | None = None, *, tokenizer=None):
     """The `AlibiBert*` model of the ALiBi encoder checkpoint `source` (a loaded remote-code model, a folder or a
     Hub id); with `destination`, saved there atomically with `tokenizer` (default: the source's tokenizer files, as
-    shipped) and, for an embedding model, the sentence-transformers files (the source's Normalize and max_seq_length
+    shipped, tokenizer_config.json listing its inputs: `list_tokenizer_inputs`) and, for an embedding model, the sentence-transformers files (the source's Normalize and max_seq_length
     kept), and the path returned."""
     checkpoint = checkpoint_of_model(source) if isinstance(source, PreTrainedModel) else read_encoder_checkpoint(source)
     model = convert_encoder(checkpoint)
@@ -104,10 +105,26 @@ def import_encoder(source, destination: str | os.PathLike | None = None, *, toke
             tokenizer.save_pretrained(folder)
         else:
             copy_tokenizer_files(checkpoint.folder, folder)
+        list_tokenizer_inputs(folder)
         if HEADS[type(model).__name__] == "base":
             write_sentence_transformers_files(folder, model.config, **sentence)
 
     return write_folder_atomically(destination, write)
+
+
+def list_tokenizer_inputs(folder: Path) -> None:
+    """Write into `folder`'s tokenizer_config.json the inputs of the tokenizer class it names, unless it lists them:
+    transformers 5.0-5.2 load any tokenizer of an `alibi_bert` folder as their generic one, which gives no
+    token_type_ids, and a reranker scores a pair by them (`_transformers_compat.named_tokenizer_inputs`)."""
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    tokenizer_config = json.loads(path.read_text())
+    names = named_tokenizer_inputs(tokenizer_config)
+    if names is not None:
+        path.write_text(
+            json.dumps({**tokenizer_config, "model_input_names": names}, indent=2, ensure_ascii=False) + "\n"
+        )
 
 
 def read_encoder_checkpoint(source: str | os.PathLike) -> Checkpoint:

@@ -29,6 +29,7 @@ import math
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedModel
 
+from .._transformers_compat import config_from_dict
 from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 
@@ -180,7 +181,7 @@ def _gpt2_shaped_neox(
     `1 / sqrt(2 * n_layer)`. Different, and not configurable: rotary (base 10000) rotates q and k instead of adding
     a position table, and the fused qkv projection is laid out per head (the same function, other weight order).
     """
-    config = GPTNeoXConfig(
+    values = dict(
         vocab_size=vocab_size,
         hidden_size=n_embd,
         num_hidden_layers=n_layer,
@@ -199,7 +200,7 @@ def _gpt2_shaped_neox(
         initializer_range=INITIALIZER_RANGE,
         **ids,
     )
-    model = GPTNeoXForCausalLM(config)
+    model = GPTNeoXForCausalLM(config_from_dict(GPTNeoXConfig, values))  # the rotary share kept on 5.0-5.4 too
     std = INITIALIZER_RANGE / math.sqrt(2 * n_layer)  # GPT-2: two residual branches per block
     with torch.no_grad():
         for layer in model.gpt_neox.layers:

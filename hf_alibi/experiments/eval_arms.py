@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from .._transformers_compat import config_from_dict
 from .baselines import restore_position_encoding
 
 EXTENSIONS = {"slope_interp": "alibi", "linear": "rotary", "dynamic": "rotary", "yarn": "rotary"}
@@ -67,7 +68,7 @@ def config_changes(model: PreTrainedModel, extension: str | None, train_length: 
 def with_config(model: PreTrainedModel, **changes) -> PreTrainedModel:
     """A fresh `type(model)` built from its config with `changes` (validated by the config class), holding `model`'s
     weights, in eval mode. `model` itself is untouched."""
-    config = type(model.config).from_dict({**model.config.to_dict(), **changes})
+    config = config_from_dict(type(model.config), {**model.config.to_dict(), **changes})  # rotary's share kept
     variant = type(model)(config)
     variant.load_state_dict(model.state_dict())  # strict: every weight, none left at its initial value
     restore_position_encoding(variant)

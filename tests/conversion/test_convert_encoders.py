@@ -1,7 +1,9 @@
 """jina-embeddings-v2 (base-code's layout too), jina-reranker-v1, MosaicBERT and DNABERT-2 -> ALiBi BERT is exact: hidden states, pooler, MLM and
 classifier logits equal the float64 reference of their code (`encoder_reference`) within fp32 rounding, on a padded
-batch, on every attention backend, past 8192 tokens; both weight layouts; tokenizer files as shipped; what cannot be
-held exactly is refused by name, with nothing written."""
+batch, on every attention backend, past 8192 tokens; both weight layouts; tokenizer files as shipped (their config
+listing the tokenizer's inputs); what cannot be held exactly is refused by name, with nothing written."""
+
+import json
 
 import pytest
 import torch
@@ -133,12 +135,29 @@ def test_query_and_key_norms_their_code_ignores_are_refused_by_name(tmp_path, na
     assert not (tmp_path / "out").exists()
 
 
-def test_folder_keeps_the_tokenizer_files_as_shipped(tmp_path):
+def test_folder_keeps_the_tokenizer_files_as_shipped_its_config_listing_the_tokenizers_inputs(tmp_path):
     folder, _, _ = source(tmp_path, "jina-embeddings-v2")
     wordpiece_tokenizer(folder)
     destination = convert(str(folder), tmp_path / "out")
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("vocab.txt", "tokenizer.json"):
         assert (destination / name).read_bytes() == (folder / name).read_bytes(), name
+    theirs = json.loads((folder / "tokenizer_config.json").read_text())
+    assert "model_input_names" not in theirs and theirs["tokenizer_class"] == "BertTokenizer"
+    inputs = ["input_ids", "token_type_ids", "attention_mask"]  # BertTokenizer's
+    assert json.loads((destination / "tokenizer_config.json").read_text()) == {**theirs, "model_input_names": inputs}
+
+
+def test_folder_tokenizer_gives_a_pair_the_same_inputs_as_the_source_tokenizer(tmp_path):
+    """transformers 5.0-5.2 build the generic tokenizer for an `alibi_bert` folder, with no token_type_ids unless
+    tokenizer_config.json lists them: a reranker would score a pair's second text as if it were the first's."""
+    from transformers import AutoTokenizer
+
+    folder, _, _ = source(tmp_path, "jina-reranker-v1")
+    theirs = wordpiece_tokenizer(folder)
+    ours = AutoTokenizer.from_pretrained(convert(str(folder), tmp_path / "out"))
+    pairs = (["hello world", "lazy dog"], ["the quick brown fox", "a long text of many words"])
+    expected, got = theirs(*pairs, padding=True), ours(*pairs, padding=True)
+    assert dict(got) == dict(expected) and 1 in sum(got["token_type_ids"], [])
 
 
 def test_cli_convert_says_the_import_is_exact(tmp_path, capsys):

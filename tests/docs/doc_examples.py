@@ -6,6 +6,7 @@ process and one namespace (like a notebook), each bash block runs under `bash -e
 are killed when the page ends. An HTML comment on the line directly above a fence changes that:
 
     <!-- example: skip, needs a GPU -->            (or: needs the network, needs many processes, is the test suite)
+    <!-- example: skip, needs transformers>=5.24 -->  (skipped only where the installed transformers is older)
     <!-- example: replace "OLD" "NEW" -->          (may repeat, `;`-separated: the tiny-size switch)
 
 Any other marker, a marker that is not directly above a runnable block, or a replacement whose OLD text is not in
@@ -25,11 +26,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from hf_alibi._transformers_compat import transformers_at_least
 from serving.server_process import free_port  # tests/serving: the serving tests' own
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 RUNNABLE = ("python", "bash")
 SKIP_REASONS = ("needs a GPU", "needs the network", "needs many processes", "is the test suite")
+# A feature newer than the oldest supported transformers (continuous batching, hf-alibi serve: 5.24): the block runs
+# on that release or newer and is skipped, with this reason, on an older one.
+NEEDS_TRANSFORMERS = re.compile(r"needs transformers>=(?P<minimum>\d+\.\d+)")
 BLOCK_TIMEOUT_S = 300
 TAIL_CHARS = 3000
 
@@ -52,7 +57,7 @@ class Example:
     line: int  # 1-based line of the opening fence
     language: str  # "python" or "bash"
     code: str  # the block's text with the marker's replacements applied
-    skip: str | None = None  # one of SKIP_REASONS, or None: it runs
+    skip: str | None = None  # one of SKIP_REASONS, or a transformers release newer than the installed; None: it runs
 
     @property
     def where(self) -> str:
@@ -75,13 +80,21 @@ def _directives(body: str, where: str) -> tuple[str | None, list[tuple[str, str]
                 f'"skip, <reason>" or replace "OLD" "NEW" (";"-separated)'
             )
         if match["reason"] is not None:
-            if match["reason"] not in SKIP_REASONS:
-                raise ExampleError(f"{where}: skip reason {match['reason']!r} is not one of {SKIP_REASONS}")
-            skip = match["reason"]
+            skip = _skip_reason(match["reason"], where)
         else:
             replacements.append((_unescape(match["old"]), _unescape(match["new"])))
         position = match.end()
     return skip, replacements
+
+
+def _skip_reason(reason: str, where: str) -> str | None:
+    """A marker's skip reason: one of `SKIP_REASONS`; or "needs transformers>=X.Y", a skip only on an older one."""
+    version = NEEDS_TRANSFORMERS.fullmatch(reason)
+    if version is not None:
+        return None if transformers_at_least(version["minimum"]) else reason
+    if reason not in SKIP_REASONS:
+        raise ExampleError(f"{where}: skip reason {reason!r} is not one of {SKIP_REASONS} or 'needs transformers>=X.Y'")
+    return reason
 
 
 def parse_examples(text: str, page: str) -> list[Example]:

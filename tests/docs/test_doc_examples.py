@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from doc_examples import ExampleError, PageRun, page_examples, pages, parse_examples, run_page
+from hf_alibi._transformers_compat import MINIMUM_TRANSFORMERS
 
 # Pages whose examples take more than ~10 s on 2 cores (the whole suite's examples: ~3 minutes).
 SLOW_PAGES = {
@@ -95,6 +96,7 @@ def test_parser_finds_python_and_bash_blocks_with_their_lines_and_replacements_a
     "marker, message",
     [
         ("<!-- example: skip, too slow -->", "skip reason 'too slow' is not one of"),
+        ("<!-- example: skip, needs transformers 5.24 -->", "skip reason 'needs transformers 5.24' is not one of"),
         ('<!-- example: replace "absent" "x" -->', "replace 'absent': that text is not in the block"),
         ('<!-- example: replace "a" -->', "cannot read the marker"),
         ("<!-- example: run twice -->", "cannot read the marker"),
@@ -105,6 +107,12 @@ def test_parser_refuses_a_marker_it_cannot_honour(marker, message):
     with pytest.raises(ExampleError, match=message) as error:
         parse_examples(f"text\n{marker}\n```python\na = 1\n```\n", "page.md")
     assert str(error.value).startswith("page.md:"), error.value
+
+
+def test_a_block_that_needs_a_newer_transformers_is_skipped_only_on_an_older_one():
+    page = "<!-- example: skip, needs transformers>={} -->\n```python\na = 1\n```\n"
+    assert parse_examples(page.format(MINIMUM_TRANSFORMERS), "page.md")[0].skip is None  # every supported release
+    assert parse_examples(page.format("99.0"), "page.md")[0].skip == "needs transformers>=99.0"
 
 
 @pytest.mark.parametrize(

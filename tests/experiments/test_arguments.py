@@ -19,6 +19,7 @@ from hf_alibi.experiments.arguments import (
     shipped_configs,
 )
 from hf_alibi.experiments.budget_sweep import SweepArguments
+from hf_alibi.models.alibi.transformers_compat import TENSOR_PARALLEL_TRANSFORMERS, transformers_at_least
 
 # The order results.md's "experiment:" line and results.json's metadata have always listed the fields in.
 RECORDED_ORDER = [
@@ -152,9 +153,19 @@ def test_each_part_refuses_a_bad_value_of_its_own_naming_it(part, values, messag
 
 
 def test_checks_across_parts_are_made_by_the_whole():
-    DataArguments(), EvaluationArguments(eval_stride=999), RunArguments(fsdp_size=2)  # each fine alone
+    DataArguments(), EvaluationArguments(eval_stride=999), ModelArguments(init_from="gpt2")  # each fine alone
     with pytest.raises(ValueError, match=r"eval_stride must be in \[1, train_length=64\], got 999"):
         ExperimentArguments(train_length=64, eval_stride=999)
+    with pytest.raises(ValueError, match="init_from fine-tunes one ALiBi model"):
+        ExperimentArguments(init_from="gpt2")
+
+
+@pytest.mark.skipif(
+    not transformers_at_least(TENSOR_PARALLEL_TRANSFORMERS),
+    reason=f"sharding needs transformers>={TENSOR_PARALLEL_TRANSFORMERS}; older ones refuse it in RunArguments first",
+)
+def test_sharding_a_baseline_is_refused_by_the_whole():
+    RunArguments(fsdp_size=2)  # fine alone
     with pytest.raises(ValueError, match="fsdp_size=2 shard ALiBi models only"):
         ExperimentArguments(fsdp_size=2)
 

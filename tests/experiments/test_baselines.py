@@ -133,6 +133,20 @@ def test_rotary_is_gpt_neox_with_full_rotary_shaped_like_gpt2():
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight, "embeddings not tied"
 
 
+def test_rotary_checkpoint_loads_back_with_full_rotary_and_identical_logits(tmp_path):
+    """transformers 5.0-5.4 rebuild a saved GPT-NeoX config at a rotary share of 0.25 unless config.json holds
+    `rotary_pct`: the checkpoint must come back as it was trained, on every release."""
+    model = tiny("rotary")
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.rope_parameters["partial_rotary_factor"] == 1.0
+    assert loaded.gpt_neox.layers[0].attention.rotary_ndims == TINY["n_embd"] // TINY["n_head"]
+    x = tokens(MAX)
+    with torch.no_grad():
+        diff = (loaded(x).logits - model(x).logits).abs().max()
+    assert diff == 0, f"largest logit difference {diff}"
+
+
 def test_parameter_counts_differ_only_by_position_tables():
     def count(model, trainable_only=False):
         return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

@@ -76,6 +76,19 @@ def test_rope_arms_equal_plain_rotary_at_the_training_length(rope_type):
         assert (logits(at_4x, TRAIN) - reference).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("rope_type", ["linear", "dynamic", "yarn"])
+def test_rope_arm_of_a_reloaded_checkpoint_equals_the_trained_models(tmp_path, rope_type):
+    """The retrieval recipe evaluates the arms of checkpoints it reloads: the variant is rebuilt from the loaded
+    config, whose rotary share transformers 5.0-5.4 would reset to 0.25 (a `from_dict` without `rotary_pct`)."""
+    from transformers import AutoModelForCausalLM
+
+    rotary = trained_like("rotary")
+    rotary.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    expected = logits(arm_model(rotary, f"rotary+{rope_type}", TRAIN, 4 * TRAIN), 4 * TRAIN)
+    assert torch.equal(logits(arm_model(reloaded, f"rotary+{rope_type}", TRAIN, 4 * TRAIN), 4 * TRAIN), expected)
+
+
 def test_slope_interpolation_equals_alibi_within_the_training_length_and_widens_past_it():
     alibi = trained_like("alibi")
     variant = arm_model(alibi, "alibi+slope_interp", TRAIN, 4 * TRAIN)

@@ -131,11 +131,13 @@ def test_transformers_own_loading_still_cannot_load_an_alibi_checkpoint(checkpoi
 
 def test_serve_on_transformers_older_than_5_24_is_one_error_line_before_anything_loads(tmp_path, monkeypatch, capfd):
     """The version is checked first: before the source is read (a missing folder is not the error) and before any of
-    transformers' serving modules is imported (each made unimportable here)."""
+    transformers' serving modules or the serve extra's packages is imported (each made unimportable here: an older
+    transformers has no serve extra to install)."""
     monkeypatch.setattr(_transformers_compat, "TRANSFORMERS_VERSION", Version("5.23.0"))
     for name in [name for name in sys.modules if name.startswith("transformers.cli.serving")]:
         monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.setitem(sys.modules, "transformers.cli.serving", None)
+    for name in ("transformers.cli.serving", "uvicorn", "fastapi"):
+        monkeypatch.setitem(sys.modules, name, None)
     assert main(["serve", str(tmp_path / "absent")]) == 2
     assert _error_line(capfd) == (
         "hf-alibi: error: hf-alibi serve needs transformers>=5.24; this environment has 5.23.0: "

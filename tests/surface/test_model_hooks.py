@@ -203,6 +203,60 @@ def test_model_files_alibi_tensor_builders_still_give_each_familys_slopes(family
     assert difference <= atol, f"{family}'s alibi tensor builder no longer gives its slopes (largest diff {difference})"
 
 
+def test_special_token_ids_are_none_where_a_config_has_none_and_its_own_where_it_has_them():
+    """`hf_alibi.conversion` copies each source config's special token ids: 5.0's `MptConfig` has no such attributes
+    unless given (4.57 and 5.1+ default them to None), GPT-2's config has its own defaults on every release."""
+    from transformers import GPT2Config, MptConfig
+
+    from hf_alibi._transformers_compat import special_token_ids
+
+    assert special_token_ids(MptConfig()) == {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    given = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    assert special_token_ids(MptConfig(**given)) == given
+    assert special_token_ids(MptConfig.from_dict(MptConfig(**given).to_dict())) == given
+    assert special_token_ids(GPT2Config()) == {"bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": None}
+
+
+def test_config_from_dict_keeps_a_gpt_neox_rotary_share_when_rebuilt_and_when_loaded(tmp_path):
+    """The rotary baseline and its arms: 5.0-5.4 rebuild a GPT-NeoX config at the legacy `rotary_pct` (0.25 by
+    default) whatever its `rope_parameters` say; `config_from_dict` keeps the share through every way of rebuilding."""
+    from transformers import GPT2Config, GPTNeoXConfig
+
+    from hf_alibi._transformers_compat import config_from_dict
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    config = config_from_dict(GPTNeoXConfig, dict(hidden_size=64, num_attention_heads=4, rope_parameters=rope))
+    config.save_pretrained(tmp_path)
+    loaded = GPTNeoXConfig.from_pretrained(tmp_path)
+    for rebuilt in (config, loaded, config_from_dict(GPTNeoXConfig, {**loaded.to_dict(), "vocab_size": 99})):
+        assert rebuilt.rope_parameters["partial_rotary_factor"] == 0.5, rebuilt.rope_parameters
+    assert config_from_dict(GPT2Config, {"n_embd": 64}).n_embd == 64  # any other config: from_dict
+
+
+def test_auto_tokenizer_raises_the_error_that_failed_it_not_one_about_protobuf(tmp_path):
+    """`conversion.load_tokenizer` reads a ValueError as "no tokenizer here": 5.0-5.5 without protobuf raise an
+    ImportError naming protobuf in its place."""
+    from hf_alibi._transformers_compat import auto_tokenizer
+
+    AlibiGPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16).save_pretrained(tmp_path)  # no vocabulary
+    with pytest.raises(ValueError, match="tokenizer"):
+        auto_tokenizer(tmp_path)
+
+
+def test_named_tokenizer_inputs_are_the_named_class_inputs_unless_listed():
+    """An imported encoder's tokenizer_config.json lists its inputs: 5.0-5.2 would give an `alibi_bert` folder's
+    tokenizer the generic class's (no token_type_ids)."""
+    from hf_alibi._transformers_compat import named_tokenizer_inputs
+
+    bert = ["input_ids", "token_type_ids", "attention_mask"]
+    assert named_tokenizer_inputs({"tokenizer_class": "BertTokenizer"}) == bert
+    assert named_tokenizer_inputs({"tokenizer_class": "BertTokenizerFast"}) == bert
+    assert named_tokenizer_inputs({"tokenizer_class": "GPT2Tokenizer"}) == ["input_ids", "attention_mask"]
+    assert named_tokenizer_inputs({"tokenizer_class": "BertTokenizer", "model_input_names": ["input_ids"]}) is None
+    assert named_tokenizer_inputs({"tokenizer_class": "NoSuchTokenizer"}) is None
+    assert named_tokenizer_inputs({}) is None
+
+
 @pytest.mark.skipif(not CONTINUOUS_BATCHING, reason=NO_CONTINUOUS_BATCHING)
 def test_paged_attention_cache_update_takes_the_batch_kwargs_and_returns_each_requests_keys_in_order(make_model):
     """Continuous batching (`attention_paged.py`): the model is called with a `PagedAttentionCache` from
