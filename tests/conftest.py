@@ -20,6 +20,23 @@ PAD = 0  # pad_token_id of the tiny configs; random_ids never draws it
 # (tests/models/alibi/test_transformers_range.py), so its tests skip there.
 CONTINUOUS_BATCHING = transformers_at_least(CONTINUOUS_BATCHING_MINIMUM)
 NO_CONTINUOUS_BATCHING = f"continuous batching needs transformers>={CONTINUOUS_BATCHING_MINIMUM}"
+# Whole folders of a feature newer than the oldest supported release (hf-alibi serve; tensor parallelism and FSDP2):
+# not collected on an older one, where their modules would not even import; the report's header says so.
+NEWER_FEATURE_FOLDERS = {"serving": "5.24", "distributed": "5.24"}
+
+
+def pytest_ignore_collect(collection_path, config):
+    minimum = NEWER_FEATURE_FOLDERS.get(collection_path.name) if collection_path.parent.name == "tests" else None
+    return True if minimum is not None and not transformers_at_least(minimum) else None
+
+
+def pytest_report_header(config):
+    skipped = sorted(
+        f"tests/{name}" for name, minimum in NEWER_FEATURE_FOLDERS.items() if not transformers_at_least(minimum)
+    )
+    if skipped:
+        return f"not collected on this transformers (their features need 5.24+): {', '.join(skipped)}"
+    return None
 
 
 def tiny_config_kwargs(**overrides) -> dict:

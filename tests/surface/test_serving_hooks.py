@@ -174,7 +174,11 @@ def test_serving_model_processes_are_the_engines_until_shutdown_terminates_and_f
     assert serving_compat.serving_model_processes(manager) == [process]
     manager.shutdown()
     assert serving_compat.serving_model_processes(manager) == [], "shutdown no longer forgets the process"
-    process.join(10)
+    # shutdown's own thread joins (reaps) the process: a second join here can race it and return before the exit code
+    # is set, so wait for the exit code itself
+    deadline = time.monotonic() + 10
+    while process.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert process.exitcode is not None, "shutdown no longer terminates the model's process"
 
 
