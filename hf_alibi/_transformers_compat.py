@@ -136,8 +136,8 @@ def named_tokenizer_inputs(tokenizer_config: dict) -> list[str] | None:
 
 
 # ---- sharding: transformers' engine ----------------------------------------------------------------------------------
-# `transformers.distributed.DistributedConfig` exists from 4.57, with `tp_size` / `fsdp_size` from 5.16 and exported at
-# the top level only from 5.x; hf_alibi shards from 5.24 (`TENSOR_PARALLEL_TRANSFORMERS`), checked before this import.
+# `transformers.distributed.DistributedConfig` exists from 4.57, with `tp_size` / `fsdp_size` from 5.13 and exported at the top level
+# from 5.16; hf_alibi shards from 5.24 (`TENSOR_PARALLEL_TRANSFORMERS`), checked before this import.
 
 
 def distributed_config(**kwargs):

@@ -185,7 +185,7 @@ def shard_model(model, experiment, folder: Path, state):
     from .._transformers_compat import distributed_config, require_transformers
     from ..models.alibi.transformers_compat import TENSOR_PARALLEL_TRANSFORMERS
 
-    # before DistributedConfig is imported: 4.57-5.15 have one without tp_size / fsdp_size
+    # before DistributedConfig is imported: 4.57-5.12 have one without tp_size / fsdp_size, and the styles need 5.24
     require_transformers(TENSOR_PARALLEL_TRANSFORMERS, "Sharding a model on transformers' engine (DistributedConfig)")
     from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 
