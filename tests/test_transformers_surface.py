@@ -73,7 +73,7 @@ PACKAGE_SURFACE = {
     "TOKENIZER_ERRORS_UNMASKED": "5.6: the first release whose tokenizer errors reach the caller without protobuf",
     "auto_tokenizer": "5.6-5.25: AutoTokenizer's own error; 5.0-5.5 without protobuf: the ImportError's context",
     "named_tokenizer_inputs": "5.3-5.25: AutoTokenizer builds the class named; 5.0-5.2: TokenizersBackend's inputs",
-    "distributed_config": "transformers.distributed.DistributedConfig, tp_size / fsdp_size from 5.16; used from 5.24",
+    "distributed_config": "transformers.distributed.DistributedConfig, tp_size / fsdp_size from 5.13; used from 5.24",
     "SERVING_MINIMUM": "5.24: the oldest release hf-alibi serve builds on (tested: 5.24, 5.25)",
     "SERVING_MODEL_PROCESS": "5.25: the server runs its model in a process of its own",
     "serving_model_in_own_process": "5.25+",
