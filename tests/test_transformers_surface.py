@@ -44,6 +44,7 @@ MODEL_SURFACE = {
     "model_inputs": "5.2+: merge_with_config_defaults + capture_outputs; 4.57-5.1: check_model_inputs",
     "OutputRecorder": "5.2+: utils.output_capturing; 4.57-5.1: utils.generic",
     "SwitchableAttention": "PreTrainedModel._can_set_attn_implementation, a classmethod in 4.57-5.25",
+    "TiedHeadLoading": "PreTrainedModel.mark_tied_weights_as_initialized, overridden on 5.3 only (it left a tied head untied)",
     "CACHE_FIELD": "5.24+: `cache`; 4.57-5.23: `past_key_values`",
     "takes_past_key_values": "5.24+: deprecate_kwarg (warns); 4.57-5.23: renamed silently",
     "with_cache": "the output field of CACHE_FIELD",

@@ -27,6 +27,7 @@ from .configuration_alibi_bert import AlibiBertConfig
 from .transformers_compat import (
     GradientCheckpointingLayer,
     OutputRecorder,
+    TiedHeadLoading,
     can_return_tuple,
     init,
     model_inputs,
@@ -227,7 +228,7 @@ class AlibiBertPooler(nn.Module):
         return self.activation(self.dense(hidden_states[:, 0]))  # (B, C)
 
 
-class AlibiBertPreTrainedModel(AlibiAttentionBackends, PreTrainedModel):
+class AlibiBertPreTrainedModel(TiedHeadLoading, AlibiAttentionBackends, PreTrainedModel):
     config_class = AlibiBertConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True

@@ -32,6 +32,7 @@ from .transformers_compat import (
     Conv1D,
     GradientCheckpointingLayer,
     OutputRecorder,
+    TiedHeadLoading,
     cache_key_length,
     can_return_tuple,
     check_continuous_batching,
@@ -160,7 +161,7 @@ class AlibiGPT2Block(GradientCheckpointingLayer):
         return hidden_states, weights
 
 
-class AlibiGPT2PreTrainedModel(AlibiAttentionBackends, PreTrainedModel):
+class AlibiGPT2PreTrainedModel(TiedHeadLoading, AlibiAttentionBackends, PreTrainedModel):
     config_class = AlibiGPT2Config
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True

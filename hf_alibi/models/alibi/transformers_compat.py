@@ -109,6 +109,23 @@ def was_loaded(tensor: torch.Tensor) -> bool:
     return getattr(tensor, "_is_hf_initialized", False)
 
 
+# --- Tied heads of a model registered for the Auto classes -----------------------------------------------------------
+# 5.3 only: `mark_tied_weights_as_initialized` flags each tied target as loaded, then, for a model whose class has an
+# `_auto_class` (ours: `register_for_auto_class`, installed or as remote code), drops every flagged key from the missing
+# keys, tied targets included; `tie_weights` then reads the head as present in the checkpoint and leaves it untied, as
+# allocated. 5.4 keeps known tied targets missing (the same filter plus `key in self.all_tied_weights_keys`).
+class TiedHeadLoading:
+    """Mixed in before `PreTrainedModel`: on transformers 5.3, a tied head missing from the checkpoint stays missing,
+    so `from_pretrained` ties it to the embeddings as 5.2 and 5.4+ do."""
+
+    if TRANSFORMERS_VERSION.release[:2] == (5, 3):
+
+        def mark_tied_weights_as_initialized(self, loading_info):
+            tied_missing = set(loading_info.missing_keys) & self.all_tied_weights_keys.keys()
+            super().mark_tied_weights_as_initialized(loading_info)
+            loading_info.missing_keys = set(loading_info.missing_keys) | tied_missing
+
+
 # --- Forward decorators --------------------------------------------------------------------------------------------
 # 5.2+: `merge_with_config_defaults` (use_cache from the config) then `capture_outputs` (hidden states and attention
 # weights recorded by hooks from `_can_record_outputs`, `return_dict`). 4.57-5.1: `check_model_inputs` did both.
