@@ -266,6 +266,7 @@ __all__ = [
     "OutputRecorder",
     "PagedAttentionCache",
     "SwitchableAttention",
+    "TiedHeadLoading",
     "TRANSFORMERS_VERSION",
     "cache_key_length",
     "check_continuous_batching",
