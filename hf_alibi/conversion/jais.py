@@ -36,7 +36,7 @@ from ..models.alibi.configuration_alibi_gpt2 import (
     train_seq_len,
 )
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, Requirement, load_exactly, require
+from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, LAYER_NORM, Requirement, load_exactly, require
 from .remote_code import Checkpoint
 from .weight_map import Entry, WeightMap, map_weights
 
@@ -263,6 +263,7 @@ def convert_cerebras(checkpoint: Checkpoint) -> AlibiGPT2LMHeadModel:
 
 # What their architecture holds: anything else would change the function.
 _NEEDS = (
+    LAYER_NORM,
     Requirement("bias", True),
     Requirement("embedding_layernorm", False),
     Requirement("clip_qkv", None),
