@@ -145,12 +145,18 @@ def load_config(source: str | os.PathLike, **config_kwargs):
     return _read_config(source, lambda where: AutoConfig.from_pretrained(where, **config_kwargs))
 
 
-def source_model_type(source: str | os.PathLike) -> str | None:
-    """The `model_type` in the config.json at `source` (folder or Hub id), read as a dict: families whose code ships
-    with the checkpoint (Jais, BTLM) have no config class here. `ValueError`s as `load_config`'s."""
+def source_config(source: str | os.PathLike) -> dict:
+    """The config.json at `source` (folder or Hub id), read as a dict: families whose code ships with the checkpoint
+    (Jais, BTLM, Baichuan) have no config class here. Only that file is read (or downloaded). `ValueError`s as
+    `load_config`'s."""
     from transformers import PretrainedConfig
 
-    return _read_config(source, lambda where: PretrainedConfig.get_config_dict(where)[0]).get("model_type")
+    return _read_config(source, lambda where: PretrainedConfig.get_config_dict(where)[0])
+
+
+def source_model_type(source: str | os.PathLike) -> str | None:
+    """The `model_type` in the config.json at `source` (folder or Hub id); `ValueError`s as `load_config`'s."""
+    return source_config(source).get("model_type")
 
 
 def _read_config(source: str | os.PathLike, read: Callable):
