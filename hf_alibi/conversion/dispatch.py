@@ -34,6 +34,7 @@ from transformers import (
 
 from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from .baichuan import BAICHUAN
 from .bloom import check_bloom_exportable, convert_bloom, export_bloom
 from .common import check_destination, load_config, load_tokenizer, source_config, write_folder_atomically
 from .encoder_files import ENCODER_LAYOUTS, ENCODER_MODEL_TYPES, export_encoder_folder, import_encoder
@@ -48,6 +49,7 @@ from .remote_code import (
     checkpoint_of_model,
     copy_tokenizer_files,
     read_checkpoint,
+    source_folder,
 )
 
 # model_type -> (transformers class that loads the checkpoint, import into ALiBi GPT-2)
@@ -58,7 +60,7 @@ FAMILIES = {
     "falcon": (FalconForCausalLM, convert_falcon),
 }
 # The families whose modeling code ships with their checkpoints, read from their files (no code run): one record each
-REMOTE_CODE = (JAIS,)
+REMOTE_CODE = (JAIS, BAICHUAN)
 # model_type (and export layout) -> its family's record
 REMOTE_CODE_FAMILIES: dict[str, RemoteCodeFamily] = {name: family for family in REMOTE_CODE for name in family.names}
 EXACT_FAMILIES = ("bloom", "mpt", "falcon", *REMOTE_CODE_FAMILIES)  # imported without any change of function
@@ -143,19 +145,19 @@ def convert(
 
 
 def _convert_remote_code(source, config: dict, family: RemoteCodeFamily, destination, tokenizer):
-    """`convert` for a remote-code family: its config checked before any weight is read, its files imported, its
-    generation config kept and, with `destination`, its tokenizer read by the family (or its files copied)."""
+    """`convert` for a remote-code family: its config checked before any weight is read, its tokenizer read by the
+    family (or, without a reader, its files copied) before its weights too, its generation config kept."""
     if family.check_config is not None:
         family.check_config(config)  # e.g. Baichuan-7B (rotary) before 14 GB of its weights are downloaded
-    checkpoint = checkpoint_of_model(source) if isinstance(source, PreTrainedModel) else read_checkpoint(source)
+    folder = None if isinstance(source, PreTrainedModel) else source_folder(source)
+    if destination is not None and tokenizer is None and folder is not None and family.read_tokenizer is not None:
+        tokenizer = family.read_tokenizer(folder)  # a missing extra fails here, not after the weights
+    checkpoint = checkpoint_of_model(source) if folder is None else read_checkpoint(folder)
     converted = family.convert(checkpoint)
-    folder = checkpoint.folder
     if folder is not None and (folder / "generation_config.json").is_file():
         converted.generation_config = GenerationConfig.from_pretrained(folder)
     if destination is None:
         return converted
-    if tokenizer is None and folder is not None and family.read_tokenizer is not None:
-        tokenizer = family.read_tokenizer(folder)
     return save_folder(converted, tokenizer, destination, tokenizer_files=folder)
 
 
