@@ -5,7 +5,10 @@ of their code, from a folder or a Hub id; Baichuan-7B (rotary) and what their co
 name, before any weight is read."""
 
 import json
+import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -213,3 +216,45 @@ def test_a_hub_id_is_read_from_the_local_hub_cache_offline(tmp_path, monkeypatch
     with torch.no_grad():
         got = model(ids).logits
     assert_close_to_theirs(got, their_logits(checkpoint, ids), slice(None), "from the Hub cache")
+
+
+_LOADER = r"""
+import sys
+sys.modules["hf_alibi"] = None  # everything comes from the folder's own code, RMSNorm included
+import torch
+from transformers import AutoModelForCausalLM
+
+torch.set_num_threads(1)
+folder, inputs, output = sys.argv[1:]
+model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+with torch.no_grad():
+    torch.save({"logits": model(torch.load(inputs)).logits, "module": type(model).__module__}, output)
+"""
+
+
+@pytest.mark.slow
+def test_converted_folder_runs_without_hf_alibi_through_its_own_code(tmp_path):
+    """trust_remote_code users get the RMSNorm too: save_pretrained copies normalization.py with the model's code."""
+    checkpoint = tiny_checkpoint("baichuan2_13b")
+    save_source(checkpoint, tmp_path / "source")
+    convert(str(tmp_path / "source"), tmp_path / "alibi")
+    assert (tmp_path / "alibi" / "normalization.py").is_file()
+    ids = torch.randint(3, VOCAB, (1, LENGTH))
+    torch.save(ids, tmp_path / "ids.pt")
+    (tmp_path / "cwd").mkdir()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    env.pop("PYTHONPATH", None)
+    command = [
+        sys.executable,
+        "-P",
+        "-c",
+        _LOADER,
+        str(tmp_path / "alibi"),
+        str(tmp_path / "ids.pt"),
+        str(tmp_path / "out.pt"),
+    ]
+    run = subprocess.run(command, cwd=tmp_path / "cwd", env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = torch.load(tmp_path / "out.pt")
+    assert result["module"].startswith("transformers_modules")
+    assert_close_to_theirs(result["logits"], their_logits(checkpoint, ids), slice(None), "loaded by its own code")
