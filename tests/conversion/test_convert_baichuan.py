@@ -28,7 +28,7 @@ from baichuan_checkpoints import (
 from hf_alibi import convert, get_alibi_slopes
 from hf_alibi.cli import main
 from hf_alibi.conversion import convert_baichuan
-from hf_alibi.conversion.baichuan import folded_norm_head, is_normalised
+from hf_alibi.conversion.baichuan import folded_norm_head, has_norm_head, is_normalised
 from hf_alibi.models.alibi.transformers_compat import output_cache
 
 EOS = 2  # their config's eos_token_id
@@ -134,6 +134,8 @@ def test_baichuan2_head_is_folded_as_their_norm_head_and_folding_is_idempotent()
     for dtype in (torch.float32, torch.bfloat16):
         once = folded_norm_head(raw.to(dtype))
         assert folded_norm_head(once) is once  # kept bit for bit: renormalising would only re-round it
+    assert has_norm_head({"vocab_size": 125696}) and has_norm_head({"vocab_size": 64000, "z_loss_weight": 0})
+    assert not has_norm_head({"vocab_size": 64000})  # Baichuan-13B's config
     v1 = tiny_checkpoint("baichuan_13b")  # no z_loss_weight: a plain head, used as stored
     assert torch.equal(convert_baichuan(v1).lm_head.weight, v1.state_dict["lm_head.weight"])
 
