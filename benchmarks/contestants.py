@@ -20,6 +20,8 @@ apply theirs differently, so every contestant gets 0 everywhere: the benchmark c
 | `alibi-from-bloom`     | `bloom-eager`'s weights imported (`convert`)     | SDPA; logits checked equal to BLOOM's first|
 | `jais-eager`           | `benchmarks.jais_eager`: their code's forward   | their eager ALiBi, capped at n_positions   |
 | `alibi-from-jais`      | `jais-eager`'s weights imported (`convert`)     | SDPA; logits checked equal to theirs first |
+| `baichuan-eager`       | `benchmarks.baichuan_eager`: their code's forward | their eager `(B, H, L, L)` ALiBi mask   |
+| `alibi-from-baichuan`  | `baichuan-eager`'s weights imported (`convert`) | SDPA; logits checked equal to theirs first |
 | `bert-sdpa`            | `BertModel`, absolute positions, MLP 3072       | SDPA, no bias (the encoder reference)      |
 | `bert-sdpa-mlp4608`    | `bert-sdpa` with MLP width 4608                 | as `bert-sdpa`: the GLU's MLP FLOPs        |
 | `jina-eager`           | `benchmarks.jina_eager`: their code's forward   | their eager `(1, H, L, L)` ALiBi tensor    |
@@ -29,7 +31,10 @@ apply theirs differently, so every contestant gets 0 everywhere: the benchmark c
 into hf_alibi, so the two time one function. Its worker refuses to start if the imported logits differ. The same for
 `alibi-from-jais` and `jais-eager`, a faithful re-implementation of the Jais / BTLM remote code's forward (their code
 cannot ship here): SwiGLU MLP `4 * n_embd` wide, jais-13b's muP multipliers, its n_positions cap of 2048 (longer
-inputs raise, as in their code), forward and train suites only (no cache).
+inputs raise, as in their code), forward and train suites only (no cache). Likewise `alibi-from-baichuan` and
+`baichuan-eager`, Baichuan2-13B's remote code forward (RMSNorm, `W_pack`, SiLU-gated MLP `107/40 * n_embd` wide as
+13696 is of 5120, NormHead, its `(B, H, L, L)` mask with no length cap; `--preset baichuan-13b`); its logits are
+checked against the import's first. The imported contestants are built in `benchmarks.imported`.
 
 The model as shipped against GPT-2 as shipped, and the attention-only ratio beside it: hf_alibi's MLP runs the tanh
 GELU as torch's fused kernel (`hf_alibi/models/alibi/activations.py`), GPT-2's as transformers'
@@ -54,6 +59,8 @@ on a GPU to hold `alibi-flash` against the same FlashAttention-2 kernel without 
 import importlib.util
 from dataclasses import asdict, dataclass
 
+from .imported import imported_baichuan, imported_bloom, imported_jais
+
 CONTESTANTS = (
     "gpt2-sdpa",
     "gpt2-flash",
@@ -70,6 +77,8 @@ CONTESTANTS = (
     "alibi-flex-skip",
     "jais-eager",
     "alibi-from-jais",
+    "baichuan-eager",
+    "alibi-from-baichuan",
     "bert-sdpa",
     "bert-sdpa-mlp4608",
     "jina-eager",
@@ -92,6 +101,7 @@ ALIBI_BACKENDS = {
     "alibi-sdpa-gpt2-gelu": "sdpa",
     "alibi-flash-gpt2-gelu": "flash_attention_2",
     "alibi-from-jais": "sdpa",
+    "alibi-from-baichuan": "sdpa",
     "alibi-bert-sdpa": "sdpa",
 }
 # hf_alibi with GPT-2's unfused GELU (transformers' NewGELUActivation) -> the contestant it is, as shipped
@@ -161,7 +171,7 @@ def unsupported_reason(name: str, suite: str, device: str) -> str | None:
         return "FlexAttention has no CPU backward in this torch version"
     if name == "alibi-flex-skip" and (suite == "train" or device != "cuda"):
         return "skipping is measured in training on the split (bench_skip --train); on CPU FlexAttention is unfused"
-    if name == "jais-eager" and suite == "generate":
+    if name in ("jais-eager", "baichuan-eager") and suite == "generate":
         return "the re-implementation of their eager code has no KV cache (forward and train only)"
     if name == "alibi-flex-compiled" and suite != "forward":
         return "compiled contestant is inference-forward only (compiling costs ~30 s+ per shape)"
@@ -220,6 +230,12 @@ def build_model(name: str, shape: Shape, max_length: int):
         model = JaisEager(shape.vocab_size, shape.n_embd, shape.n_layer, shape.n_head)
         if name == "alibi-from-jais":
             model = imported_jais(model)
+    elif name in ("baichuan-eager", "alibi-from-baichuan"):
+        from .baichuan_eager import BaichuanEager
+
+        model = BaichuanEager(shape.vocab_size, shape.n_embd, shape.n_layer, shape.n_head)
+        if name == "alibi-from-baichuan":
+            model = imported_baichuan(model)
     else:
         # Dense unless the name says skip: "auto"'s gain depends on the weights, and these are random (bench_skip
         # measures skipping on trained checkpoints); `-skip` contestants say so with their figures
@@ -281,42 +297,6 @@ def with_gpt2_gelu(model):
 
     for block in model.transformer.h:
         block.mlp.act = ACT2FN[model.config.activation_function]
-    return model
-
-
-def imported_bloom(bloom, check_length: int = 64):
-    """`bloom` imported into hf_alibi (SDPA), after checking that both give the same logits on one input."""
-    import torch
-
-    from hf_alibi import convert
-
-    model = convert(bloom.eval())
-    model.set_attn_implementation("sdpa")
-    model.config.alibi_skip_eps = 0.0  # dense, as the source: skipping's gain depends on the (random) weights
-    ids = torch.randint(3, bloom.config.vocab_size, (1, check_length), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        error = (model(ids).logits - bloom(ids).logits).abs().max().item()  # (1, L, V) each
-    if not error < 1e-4:
-        raise RuntimeError(f"imported BLOOM's logits differ from BloomForCausalLM's by {error:.2e}")
-    return model
-
-
-def imported_jais(jais, check_length: int = 64):
-    """The `JaisEager` model `jais` imported into hf_alibi (SDPA), after checking both give the same logits."""
-    import torch
-
-    from hf_alibi.conversion import convert_cerebras
-    from hf_alibi.conversion.remote_code import Checkpoint
-
-    model = convert_cerebras(Checkpoint(jais.config, jais.state_dict()))
-    model.set_attn_implementation("sdpa")
-    model.config.alibi_skip_eps = 0.0  # dense, as the source: skipping's gain depends on the (random) weights
-    length = min(check_length, jais.config["n_positions"])  # their code refuses longer inputs
-    ids = torch.randint(3, jais.config["vocab_size"], (1, length), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        error = (model(ids).logits - jais.eval()(ids).logits).abs().max().item()  # (1, L, V) each
-    if not error < 1e-4:
-        raise RuntimeError(f"imported Jais's logits differ from their code's (jais-eager) by {error:.2e}")
     return model
 
 

@@ -1,10 +1,10 @@
 """The `hf-alibi` console command.
 
-hf-alibi convert SRC DST                 # GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM (folder or Hub id) -> ALiBi GPT-2
+hf-alibi convert SRC DST                 # GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM, Baichuan -> ALiBi GPT-2
                                          # jina-embeddings-v2, jina-reranker-v1, MosaicBERT, DNABERT-2 -> ALiBi BERT
 hf-alibi export SRC DST --to bloom       # ALiBi GPT-2 folder -> BloomForCausalLM folder
 hf-alibi export SRC DST --to mpt --max-seq-len 8192   # -> MptForCausalLM folder (transformers, vLLM, TGI)
-hf-alibi export SRC DST --to jais        # -> their remote-code layout (also --to btlm), for their own code
+hf-alibi export SRC DST --to jais        # -> their remote-code layout (also --to btlm, --to baichuan), for their own code
 hf-alibi export SRC model.gguf --to gguf # -> one llama.cpp file (mpt, jais or jina-bert-v2), tokenizer included
 hf-alibi export SRC DST --to jina        # ALiBi BERT folder -> jina-bert-implementation's layout (also --to mosaic)
 hf-alibi plot-bias [MODEL_OR_CONFIG | --n-head N] --output FILE.png   # bias matrices and slope schedule
@@ -39,8 +39,6 @@ DEBUG_VARIABLE = "HF_ALIBI_DEBUG"
 EXIT_ERROR = 2  # argparse's status for a bad invocation; every refusal here is one
 # Errors that are the user's to fix (a path, a value, a missing extra): their message is the whole story.
 EXPECTED_ERRORS = (ValueError, OSError, ImportError)
-# `hf-alibi export --to`: ALiBi GPT-2's layouts, then ALiBi BERT's (gguf serves both); conversion.LAYOUTS, unimported
-EXPORT_LAYOUTS = ("bloom", "mpt", "jais", "btlm", "gguf", "jina", "jina_code", "mosaic")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,29 +99,32 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # The families and layouts are the conversion layer's (one record per remote-code family): ~0.1 s to import
+    from .conversion.dispatch import FAMILY_NAMES, LAYOUTS
+
     parser = _Parser(prog="hf-alibi", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--debug", action="store_true", help=f"show the traceback of an error (or {DEBUG_VARIABLE}=1)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     convert = commands.add_parser(
         "convert",
-        help="import a GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM checkpoint, or an ALiBi encoder (Jina, MosaicBERT)",
+        help=f"import a {', '.join(FAMILY_NAMES)} checkpoint, or an ALiBi encoder (Jina, MosaicBERT)",
     )
     convert.add_argument("source", help="checkpoint folder or Hub id (its model_type picks the family)")
     convert.add_argument("destination", help="folder to write (must not exist or be empty)")
     convert.add_argument("--alibi-max-bias", type=float, help="GPT-2 only: the 8 in the paper's slope rule")
     export = commands.add_parser(
         "export",
-        help="export an ALiBi GPT-2 folder (BLOOM, MPT, Jais, BTLM, GGUF) or ALiBi BERT (Jina, MosaicBERT, GGUF)",
+        help="export an ALiBi GPT-2 folder (BLOOM, MPT, Jais, BTLM, Baichuan, GGUF) or ALiBi BERT (Jina, MosaicBERT, GGUF)",
     )
     export.add_argument("source", help="ALiBi GPT-2 or ALiBi BERT folder (its tokenizer comes along)")
-    export.add_argument("destination", help="folder to write (bloom, mpt, jais, btlm, jina, mosaic) or a .gguf file")
-    export.add_argument("--to", required=True, choices=EXPORT_LAYOUTS, help="target layout")
+    export.add_argument("destination", help="folder to write (every layout but gguf) or a .gguf file")
+    export.add_argument("--to", required=True, choices=LAYOUTS, help="target layout")
     export.add_argument(
         "--max-seq-len",
         type=int,
         help="mpt, jais, btlm: longest input served (their loaders refuse "
-        "more); gguf: the context length recorded (default: the model's n_positions)",
+        "more); baichuan: its model_max_length; gguf: the context length recorded (default: the model's n_positions)",
     )
     bias = commands.add_parser("plot-bias", help="draw the ALiBi bias of a few heads and the slope schedule")
     bias.add_argument("model", nargs="?", help="saved ALiBi model folder or its config.json")

@@ -39,7 +39,9 @@ ACTIVATIONS = {
 }
 
 
-def _layer_norm(x, weights, name, eps):
+def _layer_norm(x, weights, name, eps, norm="layer_norm"):
+    if norm == "rms_norm":  # Baichuan's and Llama's: no mean subtracted, no bias
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weights[name + ".weight"]
     mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
     out = (x - mean) / torch.sqrt(var + eps) * weights[name + ".weight"]
     return out + weights[name + ".bias"] if name + ".bias" in weights else out
@@ -64,10 +66,12 @@ def reference_logits(
     logit_scale=1.0,
     eps=1e-5,
     attention_mask=None,
+    norm="layer_norm",
 ):
     """Float64 logits `(B, L, V)` of a pre-LayerNorm GPT-2 with ALiBi, from a state dict in GPT-2's names and layout
     (`transformer.h.N.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_fc2, mlp.c_proj}`, `transformer.wte`,
-    `transformer.ln_f`, `lm_head` or the tied `wte`): ALiBi GPT-2's names and Jais's/BTLM's alike.
+    `transformer.ln_f`, `lm_head` or the tied `wte`): ALiBi GPT-2's names and Jais's/BTLM's alike. `norm`: every norm a
+    LayerNorm (`"layer_norm"`) or an RMSNorm (`"rms_norm"`, `x / sqrt(mean(x^2) + eps) * weight`).
 
     embeddings * embedding_scale -> blocks (x + attn(ln_1 x), then x + mlp(ln_2 x)) -> ln_f -> head * logit_scale.
     Attention: softmax(q . k * attn_scale - slopes_h * (i - j)) over earlier real keys; `slopes` (H,), or (H, L) when
@@ -82,15 +86,17 @@ def reference_logits(
     padding = None if attention_mask is None else attention_mask.bool()
     for i in range(n_layer):
         block = f"transformer.h.{i}."
-        qkv = _conv1d(_layer_norm(hidden, weights, block + "ln_1", eps), weights, block + "attn.c_attn")  # (B, L, 3C)
+        qkv = _conv1d(
+            _layer_norm(hidden, weights, block + "ln_1", eps, norm), weights, block + "attn.c_attn"
+        )  # (B, L, 3C)
         query, key, value = (t.view(batch, length, n_head, -1).transpose(1, 2) for t in qkv.split(width, -1))
         out = reference_attention(query, key, value, slopes, scale=attn_scale, key_padding=padding)[0]  # (B, H, L, D)
         hidden = hidden + _conv1d(out.transpose(1, 2).reshape(batch, length, width), weights, block + "attn.c_proj")
-        x = _layer_norm(hidden, weights, block + "ln_2", eps)
+        x = _layer_norm(hidden, weights, block + "ln_2", eps, norm)
         up = _conv1d(x, weights, block + "mlp.c_fc")  # (B, L, n_inner)
         inner = up * act(_conv1d(x, weights, block + "mlp.c_fc2")) if gated else act(up)
         hidden = hidden + _conv1d(inner, weights, block + "mlp.c_proj")
-    hidden = _layer_norm(hidden, weights, "transformer.ln_f", eps)
+    hidden = _layer_norm(hidden, weights, "transformer.ln_f", eps, norm)
     head = weights.get("lm_head.weight", weights["transformer.wte.weight"])  # (V, C)
     return hidden @ head.T * logit_scale  # (B, L, V)
 

@@ -49,6 +49,13 @@ LENGTH_DEPENDENT_SCALING = Requirement(
     "{family} has no slope scale that changes with the key length; {field}="
     "{value!r} (the length-dependent alibi_scaling) divides the slopes by K / {value} past {value} keys",
 )
+# Every layout's norm but Baichuan's: LayerNorm. An RMSNorm model (an imported Baichuan) is refused by name first.
+LAYER_NORM = Requirement(
+    "norm_type",
+    "layer_norm",
+    "{family} normalises with LayerNorm; {field}={value!r} (an RMSNorm model, such as an imported Baichuan, exports "
+    "--to baichuan)",
+)
 # The Jais/BTLM switches at their defaults: what a layout without a gated MLP, a 1/d attention scale or muP
 # multipliers (BLOOM, MPT, llama.cpp's mpt graph) needs. A static slope scale shows in the slopes those layouts
 # compare; the length-dependent one is refused by name.
@@ -65,7 +72,7 @@ def export_requirements(
     *specific: Requirement, mlp: str, slopes: Callable[[int], torch.Tensor], rule: str
 ) -> tuple[Requirement, ...]:
     """What an export to a family with a 4 * n_embd MLP, its own slopes and none of the muP switches needs, in the
-    order checked: `NO_MUP_SWITCHES`, the family's `specific` fields, the MLP's width (`mlp` says whose, e.g. "BLOOM's
+    order checked: `LAYER_NORM`, `NO_MUP_SWITCHES`, the family's `specific` fields, the MLP's width (`mlp` says whose, e.g. "BLOOM's
     MLP"), the slopes `slopes(n_head)` (`rule` says the family's rule, with `{config.n_head}` for the head count)."""
     mlp_width = Requirement(
         "n_inner",
@@ -79,7 +86,7 @@ def export_requirements(
         rule + "; this model's alibi_slopes/alibi_max_bias give {value}",
         read=lambda config: slopes_from_config(config).tolist(),
     )
-    return (*NO_MUP_SWITCHES, *specific, mlp_width, own_slopes)
+    return (LAYER_NORM, *NO_MUP_SWITCHES, *specific, mlp_width, own_slopes)
 
 
 def require(config, requirements: tuple[Requirement, ...], family: str, message: str) -> None:
@@ -138,12 +145,18 @@ def load_config(source: str | os.PathLike, **config_kwargs):
     return _read_config(source, lambda where: AutoConfig.from_pretrained(where, **config_kwargs))
 
 
-def source_model_type(source: str | os.PathLike) -> str | None:
-    """The `model_type` in the config.json at `source` (folder or Hub id), read as a dict: families whose code ships
-    with the checkpoint (Jais, BTLM) have no config class here. `ValueError`s as `load_config`'s."""
+def source_config(source: str | os.PathLike) -> dict:
+    """The config.json at `source` (folder or Hub id), read as a dict: families whose code ships with the checkpoint
+    (Jais, BTLM, Baichuan) have no config class here. Only that file is read (or downloaded). `ValueError`s as
+    `load_config`'s."""
     from transformers import PretrainedConfig
 
-    return _read_config(source, lambda where: PretrainedConfig.get_config_dict(where)[0]).get("model_type")
+    return _read_config(source, lambda where: PretrainedConfig.get_config_dict(where)[0])
+
+
+def source_model_type(source: str | os.PathLike) -> str | None:
+    """The `model_type` in the config.json at `source` (folder or Hub id); `ValueError`s as `load_config`'s."""
+    return source_config(source).get("model_type")
 
 
 def _read_config(source: str | os.PathLike, read: Callable):

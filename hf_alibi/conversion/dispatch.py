@@ -1,5 +1,5 @@
-"""One entry point each way: `convert` (GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM -> ALiBi GPT-2) and `export`
-(-> BLOOM, MPT, Jais, BTLM, GGUF).
+"""One entry point each way: `convert` (GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM, Baichuan -> ALiBi GPT-2) and
+`export` (-> BLOOM, MPT, Jais, BTLM, Baichuan, GGUF).
 
     import hf_alibi
     model = hf_alibi.convert("bigscience/bloom-560m")      # object, folder or Hub id; family read from model_type
@@ -8,11 +8,15 @@
     hf_alibi.export(model, "bloom", "bloom-again/")         # folder BloomForCausalLM loads
     hf_alibi.export(model, "gguf", "model.gguf", tokenizer=tokenizer)  # needs a tanh-GELU model (not BLOOM's norm)
     hf_alibi.convert("inceptionai/jais-family-590m", "jais-alibi/")  # remote-code checkpoints: read from their files
+    hf_alibi.convert("baichuan-inc/Baichuan2-13B-Base", "baichuan-alibi/")  # the same, RMSNorm and NormHead folded
     hf_alibi.convert("jinaai/jina-embeddings-v2-small-en", "jina/")  # ALiBi encoders -> ALiBi BERT (encoder_files)
     hf_alibi.export("jina/", "mosaic", "mosaic/")                    # -> their layouts: jina(_code), mosaic, gguf
 
-The same from the shell: `hf-alibi convert SRC DST`, `hf-alibi export SRC DST --to {bloom,mpt,jais,btlm,gguf}`
+The same from the shell: `hf-alibi convert SRC DST`, `hf-alibi export SRC DST --to {bloom,mpt,jais,btlm,baichuan,gguf}`
 (an ALiBi BERT folder: `--to {jina,jina_code,mosaic,gguf}`).
+
+Remote-code families (their modeling code ships with their checkpoints) are each one record (`RemoteCodeFamily`, in
+their own module) listed in `REMOTE_CODE`: their model types, layouts, names and both directions come from it.
 """
 
 import json
@@ -30,15 +34,23 @@ from transformers import (
 
 from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
+from .baichuan import BAICHUAN
 from .bloom import check_bloom_exportable, convert_bloom, export_bloom
-from .common import check_destination, load_config, load_tokenizer, source_model_type, write_folder_atomically
+from .common import check_destination, load_config, load_tokenizer, source_config, write_folder_atomically
 from .encoder_files import ENCODER_LAYOUTS, ENCODER_MODEL_TYPES, export_encoder_folder, import_encoder
 from .falcon import convert_falcon
 from .gguf_export import check_gguf_exportable, write_gguf
 from .gpt2 import convert_gpt2
-from .jais import check_cerebras_exportable, convert_cerebras, export_cerebras
+from .jais import JAIS
 from .mpt import check_mpt_exportable, convert_mpt, export_mpt
-from .remote_code import Checkpoint, checkpoint_of_model, copy_tokenizer_files, read_checkpoint
+from .remote_code import (
+    Checkpoint,
+    RemoteCodeFamily,
+    checkpoint_of_model,
+    copy_tokenizer_files,
+    read_checkpoint,
+    source_folder,
+)
 
 # model_type -> (transformers class that loads the checkpoint, import into ALiBi GPT-2)
 FAMILIES = {
@@ -47,18 +59,22 @@ FAMILIES = {
     "mpt": (MptForCausalLM, convert_mpt),
     "falcon": (FalconForCausalLM, convert_falcon),
 }
-# model_type -> import, for checkpoints whose modeling code ships with them: read from their files, no code run
-REMOTE_CODE_FAMILIES = {"jais": convert_cerebras, "btlm": convert_cerebras}
-EXACT_FAMILIES = ("bloom", "mpt", "falcon", "jais", "btlm")  # imported without any change of function
+# The families whose modeling code ships with their checkpoints, read from their files (no code run): one record each
+REMOTE_CODE = (JAIS, BAICHUAN)
+# model_type (and export layout) -> its family's record
+REMOTE_CODE_FAMILIES: dict[str, RemoteCodeFamily] = {name: family for family in REMOTE_CODE for name in family.names}
+EXACT_FAMILIES = ("bloom", "mpt", "falcon", *REMOTE_CODE_FAMILIES)  # imported without any change of function
 # layout -> check(config, max_seq_len) raising ValueError naming what the layout cannot hold
 EXPORTABLE = {
     "bloom": lambda config, max_seq_len: check_bloom_exportable(config),
     "mpt": check_mpt_exportable,
-    "jais": check_cerebras_exportable,
-    "btlm": check_cerebras_exportable,
+    **{name: family.check_exportable for name, family in REMOTE_CODE_FAMILIES.items()},
     "gguf": lambda config, max_seq_len: check_gguf_exportable(config),
 }
+# What `hf-alibi convert` names its sources by: GPT-2's own, then each family's
+FAMILY_NAMES = ("GPT-2", "BLOOM", "MPT", "Falcon-RW", *dict.fromkeys(n for f in REMOTE_CODE for n in f.names.values()))
 LAYOUTS = tuple(dict.fromkeys([*EXPORTABLE, *ENCODER_LAYOUTS]))  # ALiBi GPT-2's, then ALiBi BERT's (gguf: both)
+SENTENCEPIECE_MODEL = "tokenizer.model"  # Baichuan's tokenizer: copied beside the tokenizer a convert writes
 
 
 def load_source(source: PreTrainedModel | str | os.PathLike) -> PreTrainedModel:
@@ -89,13 +105,14 @@ def convert(
     tokenizer=None,
     **gpt2_alibi_kwargs,
 ) -> AlibiGPT2LMHeadModel | Path:
-    """Import a GPT-2, BLOOM, MPT, Falcon-RW, Jais or BTLM model (object, folder or Hub id) into an
+    """Import a GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM or Baichuan model (object, folder or Hub id) into an
     `AlibiGPT2LMHeadModel`.
 
     Without `destination`, returns the model. With one, writes it atomically (a folder that is absent or empty) with
     its generation config and `tokenizer` (default: the one saved at `source`, if any; a Jais or BTLM checkpoint's
-    tokenizer files are copied unchanged) and returns the path. BLOOM, MPT, Falcon-RW, Jais and BTLM imports are
-    exact (same function; see each family's module); Jais and BTLM are read from their files, their code never runs.
+    tokenizer files are copied unchanged, Baichuan's SentencePiece model is read into a tokenizer transformers loads
+    alone) and returns the path. BLOOM, MPT, Falcon-RW, Jais, BTLM and Baichuan imports are exact (same function; see
+    each family's module); the remote-code families are read from their files, their code never runs.
     GPT-2 loses its position embeddings: `gpt2_alibi_kwargs` (e.g. `alibi_max_bias`) choose its slopes, and it warns
     that it must be fine-tuned. Raises `ValueError` naming any field of the source that ALiBi GPT-2 cannot hold exactly.
     A `bert`-typed (or untyped) source is an ALiBi encoder (jina-embeddings-v2, jina-reranker-v1, MosaicBERT,
@@ -103,7 +120,8 @@ def convert(
     """
     if destination is not None:  # refused before the (possibly long) load
         check_destination(destination)
-    model_type = source.config.model_type if isinstance(source, PreTrainedModel) else source_model_type(source)
+    config = source.config.to_dict() if isinstance(source, PreTrainedModel) else source_config(source)
+    model_type = config.get("model_type")
     known = sorted([*FAMILIES, *REMOTE_CODE_FAMILIES, "bert"])
     if model_type not in known and model_type not in ENCODER_MODEL_TYPES:
         raise ValueError(f"{source}: cannot import model_type {model_type!r}: hf_alibi imports {known}")
@@ -115,13 +133,7 @@ def convert(
     if model_type in ENCODER_MODEL_TYPES:  # jina-embeddings-v2, jina-reranker-v1, MosaicBERT, DNABERT-2
         return import_encoder(source, destination, tokenizer=tokenizer)
     if model_type in REMOTE_CODE_FAMILIES:
-        checkpoint = checkpoint_of_model(source) if isinstance(source, PreTrainedModel) else read_checkpoint(source)
-        converted = REMOTE_CODE_FAMILIES[model_type](checkpoint)
-        if checkpoint.folder is not None and (checkpoint.folder / "generation_config.json").is_file():
-            converted.generation_config = GenerationConfig.from_pretrained(checkpoint.folder)
-        if destination is None:
-            return converted
-        return save_folder(converted, tokenizer, destination, tokenizer_files=checkpoint.folder)
+        return _convert_remote_code(source, config, REMOTE_CODE_FAMILIES[model_type], destination, tokenizer)
     if gpt2_alibi_kwargs:
         AlibiGPT2Config(**gpt2_alibi_kwargs)  # bad values fail before the checkpoint loads
     converted = FAMILIES[model_type][1](load_source(source), **gpt2_alibi_kwargs)
@@ -132,6 +144,23 @@ def convert(
     return save_folder(converted, tokenizer, destination)
 
 
+def _convert_remote_code(source, config: dict, family: RemoteCodeFamily, destination, tokenizer):
+    """`convert` for a remote-code family: its config checked before any weight is read, its tokenizer read by the
+    family (or, without a reader, its files copied) before its weights too, its generation config kept."""
+    if family.check_config is not None:
+        family.check_config(config)  # e.g. Baichuan-7B (rotary) before 14 GB of its weights are downloaded
+    folder = None if isinstance(source, PreTrainedModel) else source_folder(source)
+    if destination is not None and tokenizer is None and folder is not None and family.read_tokenizer is not None:
+        tokenizer = family.read_tokenizer(folder)  # a missing extra fails here, not after the weights
+    checkpoint = checkpoint_of_model(source) if folder is None else read_checkpoint(folder)
+    converted = family.convert(checkpoint)
+    if folder is not None and (folder / "generation_config.json").is_file():
+        converted.generation_config = GenerationConfig.from_pretrained(folder)
+    if destination is None:
+        return converted
+    return save_folder(converted, tokenizer, destination, tokenizer_files=folder)
+
+
 def export(
     model: AlibiGPT2LMHeadModel | str | os.PathLike,
     layout: str,
@@ -140,11 +169,11 @@ def export(
     tokenizer=None,
     max_seq_len: int | None = None,
 ):
-    """Export an ALiBi GPT-2 model to `layout`: "bloom", "mpt" (transformers/vLLM/TGI), "jais", "btlm" (their
-    remote-code layout) or "gguf" (llama.cpp).
+    """Export an ALiBi GPT-2 model to `layout`: "bloom", "mpt" (transformers/vLLM/TGI), "jais", "btlm", "baichuan"
+    (their remote-code layouts; Baichuan's is also what llama.cpp's converter reads) or "gguf" (llama.cpp).
 
-    Without `destination`, returns the `BloomForCausalLM` / `MptForCausalLM`, or for Jais and BTLM a `Checkpoint`
-    (their config dict and state dict). With one, writes it atomically (a folder with the tokenizer, or one `.gguf`
+    Without `destination`, returns the `BloomForCausalLM` / `MptForCausalLM`, or for a remote-code layout a
+    `Checkpoint` (their config dict and state dict). With one, writes it atomically (a folder with the tokenizer, or one `.gguf`
     file, which needs the tokenizer) and returns the path. `max_seq_len`: MPT's serving length (its loaders refuse
     longer inputs), Jais's and BTLM's `n_positions` (the same) or the gguf's context length; default `n_positions`.
     A layout that cannot hold the model exactly raises `ValueError` naming the config field; nothing is written.
@@ -171,14 +200,19 @@ def export(
     if layout not in EXPORTABLE:
         raise ValueError(f"an ALiBi GPT-2 model exports to {tuple(EXPORTABLE)}, got layout={layout!r}")
     EXPORTABLE[layout](config, max_seq_len)  # a refusal comes before the weights load
+    model_folder = None
     if not isinstance(model, PreTrainedModel):
+        model_folder = Path(model)
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
         model = AlibiGPT2LMHeadModel.from_pretrained(model, dtype="auto").eval()
     if layout == "gguf":
         return write_gguf(model, destination, tokenizer, context_length=max_seq_len)
-    if layout in REMOTE_CODE_FAMILIES:
-        exported = export_cerebras(model, layout, max_seq_len)
-        return exported if destination is None else save_checkpoint(exported, model, tokenizer, destination)
+    family = REMOTE_CODE_FAMILIES.get(layout)
+    if family is not None:
+        exported = family.export(model, layout, max_seq_len)
+        if destination is None:
+            return exported
+        return save_checkpoint(exported, model, tokenizer, destination, family, model_folder)
     exported = export_bloom(model) if layout == "bloom" else export_mpt(model, max_seq_len)
     return exported if destination is None else save_folder(exported, tokenizer, destination)
 
@@ -188,28 +222,41 @@ def save_folder(
 ) -> Path:
     """`model` (with its generation config) and `tokenizer`, if not None, saved to the folder `destination`,
     atomically: a failure leaves nothing there. Without a `tokenizer`, the tokenizer files of the folder
-    `tokenizer_files` (if any) are copied unchanged."""
+    `tokenizer_files` (if any) are copied unchanged; with one, a SentencePiece `tokenizer.model` there is copied
+    beside the tokenizer's own files (it is what an export to the source's layout writes back)."""
 
     def write(folder: Path) -> None:
         model.save_pretrained(folder)
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
+            sentencepiece = None if tokenizer_files is None else tokenizer_files / SENTENCEPIECE_MODEL
+            if sentencepiece is not None and sentencepiece.is_file() and not (folder / SENTENCEPIECE_MODEL).exists():
+                (folder / SENTENCEPIECE_MODEL).write_bytes(sentencepiece.read_bytes())
         else:
             copy_tokenizer_files(tokenizer_files, folder)
 
     return write_folder_atomically(destination, write)
 
 
-def save_checkpoint(checkpoint: Checkpoint, model: PreTrainedModel, tokenizer, destination: str | os.PathLike) -> Path:
-    """A Jais/BTLM `checkpoint` as their folders hold one (config.json, safetensors, `model`'s generation config,
-    `tokenizer`), written atomically."""
+def save_checkpoint(
+    checkpoint: Checkpoint,
+    model: PreTrainedModel,
+    tokenizer,
+    destination: str | os.PathLike,
+    family: RemoteCodeFamily,
+    model_folder: Path | None = None,
+) -> Path:
+    """A remote-code `checkpoint` as their folders hold one (config.json, safetensors, `model`'s generation config,
+    `tokenizer` as the family writes it; `model_folder`: the ALiBi GPT-2 folder exported, if any), atomically."""
     from huggingface_hub import save_torch_state_dict
 
     def write(folder: Path) -> None:
         (folder / "config.json").write_text(json.dumps(checkpoint.config, indent=2, sort_keys=True) + "\n")
         save_torch_state_dict(checkpoint.state_dict, folder)
         model.generation_config.save_pretrained(folder)
-        if tokenizer is not None:
+        if family.write_tokenizer is not None:
+            family.write_tokenizer(tokenizer, folder, model_folder)
+        elif tokenizer is not None:
             tokenizer.save_pretrained(folder)
 
     return write_folder_atomically(destination, write)

@@ -23,6 +23,7 @@ from ..models.alibi.alibi import get_alibi_slopes, slopes_from_config
 from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel, scaled
 from .common import (
+    LAYER_NORM,
     LENGTH_DEPENDENT_SCALING,
     NO_MUP_SWITCHES,
     TANH_GELUS,
@@ -46,6 +47,7 @@ _JAIS_LAYERS = _LAYERS | {"mlp.c_fc2": "ffn_gate"}
 # architecture -> what llama.cpp's graph of that name holds exactly
 _NEEDS = {
     "mpt": (
+        LAYER_NORM,
         Requirement(
             "activation_function",
             frozenset(TANH_GELUS),
@@ -56,6 +58,7 @@ _NEEDS = {
         *NO_MUP_SWITCHES,
     ),
     "jais": (
+        LAYER_NORM,
         Requirement("activation_function", "silu", "{family}'s gated MLP is SwiGLU; {field}={value!r}"),
         Requirement("bias", True, "{family} adds every bias (they are required tensors); {field}={value!r}"),
         Requirement("embedding_layernorm", False),

@@ -36,8 +36,8 @@ from ..models.alibi.configuration_alibi_gpt2 import (
     train_seq_len,
 )
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
-from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, Requirement, load_exactly, require
-from .remote_code import Checkpoint
+from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, LAYER_NORM, Requirement, load_exactly, require
+from .remote_code import Checkpoint, RemoteCodeFamily
 from .weight_map import Entry, WeightMap, map_weights
 
 NAMES = {"jais": "Jais", "btlm": "BTLM"}
@@ -263,6 +263,7 @@ def convert_cerebras(checkpoint: Checkpoint) -> AlibiGPT2LMHeadModel:
 
 # What their architecture holds: anything else would change the function.
 _NEEDS = (
+    LAYER_NORM,
     Requirement("bias", True),
     Requirement("embedding_layernorm", False),
     Requirement("clip_qkv", None),
@@ -380,3 +381,9 @@ def export_cerebras(model: AlibiGPT2LMHeadModel, model_type: str, max_seq_len: i
     state = map_weights(table, ours, config.n_layer, to="theirs", what=f"alibi_gpt2 -> {model_type}")
     state[SLOPES_KEY] = slopes.to(model.dtype)[:, None]  # (H, 1), their parameter's shape and the model's dtype
     return Checkpoint(theirs, {name: tensor.detach().contiguous() for name, tensor in state.items()})
+
+
+# What dispatch needs to know of Jais and BTLM: their tokenizer files are byte-level BPE, copied unchanged
+JAIS = RemoteCodeFamily(
+    names=NAMES, convert=convert_cerebras, export=export_cerebras, check_exportable=check_cerebras_exportable
+)

@@ -1,14 +1,18 @@
-"""Checkpoints whose modeling code ships beside them (`trust_remote_code`: Jais, BTLM), read from their files alone.
+"""Checkpoints whose modeling code ships beside them (`trust_remote_code`: Jais, BTLM, Baichuan), read from their
+files alone, and the record (`RemoteCodeFamily`) that says all hf_alibi needs to know of one such family.
 
-Their code does not import on transformers 5 (it imports removed pruning helpers and modules), and running it would
-run whatever the folder holds: the import reads `config.json` as a dict and the weights as tensors, nothing else.
-A local folder or a Hub id (the Hub's files go through the local cache; `HF_HUB_OFFLINE=1` reads only the cache).
+Their code does not import on transformers 5 (it imports removed pruning helpers and modules, or breaks in the
+tokenizer and the cache), and running it would run whatever the folder holds: the import reads `config.json` as a
+dict and the weights as tensors (pickles with `weights_only=True`), nothing else. A local folder or a Hub id (the
+Hub's files go through the local cache; `HF_HUB_OFFLINE=1` reads only the cache).
 """
 
 import json
 import os
+import pickle
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -25,6 +29,7 @@ TOKENIZER_FILES = (
     "added_tokens.json",
     "chat_template.jinja",
     "chat_template.json",
+    "tokenizer.model",  # SentencePiece (Baichuan): what their tokenizer class and llama.cpp's converter read
 )
 _WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
 # An embedding model's sentence-transformers settings (its Normalize, its max_seq_length), kept by the encoder import
@@ -37,6 +42,24 @@ class Checkpoint(NamedTuple):
     config: dict
     state_dict: dict[str, torch.Tensor]
     folder: Path | None = None
+
+
+class RemoteCodeFamily(NamedTuple):
+    """One family of remote-code checkpoints, whole: the model types it goes by, its import and export, and how its
+    tokenizer crosses over. `dispatch` reads these records (for `convert`, `export`, the layouts and the names the CLI
+    offers): a new family is its own module, which defines its record, and one entry in `dispatch.REMOTE_CODE`."""
+
+    names: dict[str, str]  # each model_type its config.json says (also the name of its export layout) -> its name
+    convert: Callable[[Checkpoint], Any]  # their files -> an ALiBi GPT-2 computing their function, or a ValueError
+    export: Callable[[Any, str, int | None], Checkpoint]  # (ALiBi GPT-2, model_type, max_seq_len) -> their files
+    check_exportable: Callable[[Any, int | None], object]  # (config, max_seq_len): a ValueError naming what their
+    # layout cannot hold, before any weight loads
+    check_config: Callable[[dict], None] | None = None  # a ValueError for a config.json it refuses, before the
+    # weights are read (or downloaded)
+    read_tokenizer: Callable[[Path], Any] | None = None  # their folder -> a tokenizer transformers loads without
+    # their code (None when the folder has none); None: their tokenizer files are copied unchanged
+    write_tokenizer: Callable[[Any, Path, Path | None], None] | None = None  # (tokenizer, folder being written, the
+    # ALiBi GPT-2 folder exported or None) -> their tokenizer files; None: `tokenizer.save_pretrained(folder)`
 
 
 def source_folder(source: str | os.PathLike) -> Path:
@@ -87,7 +110,10 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 
     state = {}
     for file in _weight_files(folder):
-        part = load_file(file) if file.suffix == ".safetensors" else torch.load(file, "cpu", weights_only=True)
+        try:
+            part = load_file(file) if file.suffix == ".safetensors" else torch.load(file, "cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:  # weights_only refuses any object but tensors and plain containers
+            raise ValueError(f"{file}: not a plain pickle of tensors, so it is not read ({exc})") from None
         twice = sorted(set(part) & set(state))
         if twice:
             raise ValueError(f"{file}: tensors {twice} are also in another shard")

@@ -129,3 +129,19 @@ def test_cli_export_refusal_names_the_switch_and_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="activation_function"):
         run(["export", str(tmp_path / "alibi"), str(tmp_path / "model.gguf"), "--to", "gguf"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alibi", "source"]
+
+
+def test_each_remote_code_record_is_what_import_export_and_the_cli_offer():
+    """A remote-code family is one record: its model types are imported exactly, exported as layouts of the same
+    names (checked by its record's function), and offered by `hf-alibi export --to` and `hf-alibi --help`."""
+    from hf_alibi.cli import build_parser
+    from hf_alibi.conversion.dispatch import EXACT_FAMILIES, EXPORTABLE, LAYOUTS, REMOTE_CODE, REMOTE_CODE_FAMILIES
+
+    parser = build_parser()
+    assert {"jais", "btlm", "baichuan"} <= set(REMOTE_CODE_FAMILIES)
+    for family in REMOTE_CODE:
+        for model_type, name in family.names.items():
+            assert REMOTE_CODE_FAMILIES[model_type] is family and model_type in EXACT_FAMILIES
+            assert EXPORTABLE[model_type] is family.check_exportable and model_type in LAYOUTS
+            assert parser.parse_args(["export", "src", "dst", "--to", model_type]).to == model_type
+            assert name in parser.format_help()

@@ -56,7 +56,7 @@ class AlibiGPT2Config(ConfigBase):
         attn_pdrop (`float`, *optional*, defaults to 0.1):
             Dropout on the attention probabilities (training only).
         layer_norm_epsilon (`float`, *optional*, defaults to 1e-5):
-            Epsilon of every LayerNorm.
+            Epsilon of every norm, LayerNorm or RMSNorm (`norm_type`; Baichuan's `rms_norm_eps`).
         initializer_range (`float`, *optional*, defaults to 0.02):
             Standard deviation of the normal initialisation of weights (GPT-2's scheme, residual projections scaled
             by `1 / sqrt(2 * n_layer)`).
@@ -72,7 +72,8 @@ class AlibiGPT2Config(ConfigBase):
         pad_token_id (`int`, *optional*):
             The padding token id, as in GPT-2.
         tie_word_embeddings (`bool`, *optional*, defaults to `True`):
-            Tie the LM head to `wte`.
+            Tie the LM head to `wte`. `False`: `lm_head.weight` is a weight of its own, in the state dict (Jais's
+            untied variants, Baichuan's).
         classifier_dropout (`float`, *optional*, defaults to 0.1):
             Dropout before the token-classification head.
         alibi_max_bias (`float`, *optional*, defaults to 8.0):
@@ -86,8 +87,14 @@ class AlibiGPT2Config(ConfigBase):
             Apply a LayerNorm (`transformer.ln_embd`) to the token embeddings before the first block, as BLOOM does
             (its `word_embeddings_layernorm`).
         bias (`bool`, *optional*, defaults to `True`):
-            Give every linear layer and LayerNorm an additive bias. `False` is MPT's architecture: no bias anywhere
-            (the parameters are absent from the state dict, not zero).
+            Give every linear layer and LayerNorm an additive bias. `False` is MPT's and Baichuan's architecture: no
+            bias anywhere (the parameters are absent from the state dict, not zero). An RMSNorm has none either way.
+        norm_type (`str`, *optional*, defaults to `"layer_norm"`):
+            The norm of every block (`ln_1`, `ln_2`), of the final hidden states (`ln_f`) and of the embeddings
+            (`ln_embd`, with `embedding_layernorm`): `"layer_norm"`, GPT-2's LayerNorm, or `"rms_norm"`, the RMSNorm
+            of Baichuan and Llama, `weight * x / sqrt(mean(x^2) + eps)` with no bias and no mean subtracted, its mean
+            of squares taken in fp32 whatever the activations' dtype (`normalization.py`). The state dict names are
+            the same (`ln_1.weight`, ...).
         clip_qkv (`float`, *optional*):
             Clamp the fused query/key/value projection to `[-clip_qkv, clip_qkv]` before attention (MPT's
             `clip_qkv`, e.g. 6 in mpt-30b-chat). `None` means no clamp. Must be positive and finite.
@@ -210,6 +217,7 @@ class AlibiGPT2Config(ConfigBase):
     alibi_slopes: list[float] | None = None
     embedding_layernorm: bool = False
     bias: bool = True
+    norm_type: str = "layer_norm"
     clip_qkv: float | None = None
     gated_mlp: bool = False
     attn_scale_power: float = 0.5
@@ -269,7 +277,9 @@ class AlibiGPT2Config(ConfigBase):
         if eps != "auto" and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= eps < 1.0):
             raise ValueError(f"alibi_skip_eps must be 'auto' or a number in [0, 1), got {eps!r}")
         self.alibi_skip_eps = eps if eps == "auto" else float(eps)
-        for name in ("embedding_layernorm", "bias", "alibi_sdpa_split", "gated_mlp"):
+        if self.norm_type not in NORM_TYPES:
+            raise ValueError(f"norm_type must be one of {list(NORM_TYPES)}, got {self.norm_type!r}")
+        for name in ("embedding_layernorm", "bias", "alibi_sdpa_split", "gated_mlp", "tie_word_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         clip = self.clip_qkv
@@ -300,6 +310,7 @@ class AlibiGPT2Config(ConfigBase):
         self.alibi_scaling = checked_alibi_scaling(_folded_factor(value, None))
 
 
+NORM_TYPES = ("layer_norm", "rms_norm")  # `norm_type`: GPT-2's LayerNorm, Baichuan's and Llama's RMSNorm
 SCALING_KEYS = ("factor", "train_seq_len")  # the two forms of `alibi_scaling`, besides its "type": "linear"
 
 

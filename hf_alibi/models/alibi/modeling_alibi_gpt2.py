@@ -27,6 +27,7 @@ from .attention_key_norms import KeyNormSummaries, RunningKeyNorms
 from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
 from .attention_plan import AlibiAttentionPlan
 from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
+from .normalization import AlibiRMSNorm, norm_layer
 from .tensor_parallel_alibi_gpt2 import check_sharding_request  # importing it registers the TP plan's styles
 from .transformers_compat import (
     Conv1D,
@@ -149,9 +150,9 @@ class AlibiGPT2Block(GradientCheckpointingLayer):
     def __init__(self, config: AlibiGPT2Config, layer_idx: int):
         super().__init__()
         inner_dim = config.n_inner if config.n_inner is not None else 4 * config.n_embd
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.ln_1 = norm_layer(config)  # LayerNorm, or RMSNorm (`norm_type`)
         self.attn = AlibiGPT2Attention(config, layer_idx)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.ln_2 = norm_layer(config)
         self.mlp = AlibiGPT2MLP(inner_dim, config)
 
     def forward(self, hidden_states, plan, cache=None, output_attentions=False):
@@ -191,9 +192,9 @@ class AlibiGPT2PreTrainedModel(TiedHeadLoading, AlibiAttentionBackends, PreTrain
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, (nn.LayerNorm, AlibiRMSNorm)):
             init.ones_(module.weight)
-            if module.bias is not None:
+            if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
         if isinstance(module, (AlibiGPT2Attention, AlibiGPT2MLP)):
             # GPT-2: residual projections scaled by 1 / sqrt(2 * n_layer) (two residual paths per block)
@@ -207,14 +208,10 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         super().__init__(config)
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         # BLOOM's word_embeddings_layernorm; Identity adds no state-dict keys, so older checkpoints load unchanged
-        self.ln_embd = (
-            nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
-            if config.embedding_layernorm
-            else nn.Identity()
-        )
+        self.ln_embd = norm_layer(config) if config.embedding_layernorm else nn.Identity()
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList([AlibiGPT2Block(config, layer_idx=i) for i in range(config.n_layer)])
-        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.ln_f = norm_layer(config)
         # Fixed, never trained: a non-persistent buffer (not in checkpoints, not seen by optimizers).
         self.register_buffer("alibi_slopes", slopes_from_config(config), persistent=False)  # (H,)
         # Per cache this model decodes with skipping, the running key-norm summary (attention_certified.py)
