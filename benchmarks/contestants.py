@@ -53,7 +53,8 @@ length). BERT's MLP of width `4 * n_embd` (3072) costs 2/3 of the GLU's (`2 * 30
 weights and refuses to start if its hidden states differ from theirs.
 
 Every ratio is against one reference, a GPT-2 without any bias (`REFERENCES`): `gpt2-sdpa` by default, `gpt2-flash`
-on a GPU to hold `alibi-flash` against the same FlashAttention-2 kernel without `alibi_slopes` (the parity targets).
+on a GPU to hold `alibi-flash` against the same FlashAttention-2 kernel without `alibi_slopes` (the parity targets),
+or a source's own eager code (`baichuan-eager`, ...) when an import's figure of merit is the code it replaces.
 """
 
 import importlib.util
@@ -89,7 +90,8 @@ ENCODERS = {"bert-sdpa": 4, "bert-sdpa-mlp4608": 6, "jina-eager": None, "alibi-b
 REFERENCE = "gpt2-sdpa"  # the default reference of every ratio
 # The GPT-2s without any bias (plain causal attention: what ALiBi is held against) and their attention backends
 GPT2_BACKENDS = {"gpt2-sdpa": "sdpa", "gpt2-flash": "flash_attention_2"}
-REFERENCES = (*GPT2_BACKENDS, "bert-sdpa")
+# ... or the source's own code, to hold an import against what its users run today (its ratios are against that code)
+REFERENCES = (*GPT2_BACKENDS, "bert-sdpa", "bloom-eager", "jais-eager", "baichuan-eager")
 ALIBI_BACKENDS = {
     "alibi-sdpa": "sdpa",
     "alibi-eager": "eager",

@@ -119,9 +119,10 @@ def load_exactly(model: nn.Module, state: dict[str, torch.Tensor], what: str) ->
     for key, tensor in state.items():
         if tensor.shape != target[key].shape:
             raise ValueError(f"{what}: shape mismatch for {key}: {tuple(tensor.shape)} vs {tuple(target[key].shape)}")
-    model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True)
-    loaded = model.state_dict()
-    differing = [key for key, tensor in state.items() if not torch.equal(loaded[key], tensor)]
+    with torch.no_grad():  # in place, one tensor at a time: no second copy of the weights (a 13B import is 26 GB)
+        for key, tensor in state.items():
+            target[key].copy_(tensor)
+    differing = [key for key, tensor in state.items() if not torch.equal(target[key], tensor)]
     if differing:
         raise ValueError(f"{what}: weights did not copy over exactly: {differing}")
     return model.eval()

@@ -194,7 +194,7 @@ def test_cli_rejects_unknown_names_with_the_valid_ones():
     assert args.max_length == max(args.lengths + args.train_lengths + [args.prefill + args.decode])
 
 
-def test_reference_flag_names_the_gpt2_every_ratio_is_against(capsys):
+def test_reference_flag_names_the_model_every_ratio_is_against(capsys):
     args = bench_alibi.parse_args(["--preset", "tiny", "--contestants", "alibi-sdpa"])
     assert args.reference == "gpt2-sdpa" and args.contestants == ["gpt2-sdpa", "alibi-sdpa"]
     # FlashAttention-2 without ALiBi is the GPU reference; asked for on a CPU it is refused before any worker starts
@@ -202,7 +202,11 @@ def test_reference_flag_names_the_gpt2_every_ratio_is_against(capsys):
         bench_alibi.parse_args(["--preset", "tiny", "--reference", "gpt2-flash"])
     assert "--reference gpt2-flash cannot run here: FlashAttention-2 needs CUDA" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        bench_alibi.parse_args(["--preset", "tiny", "--reference", "bloom-eager"])  # not a no-bias GPT-2
+        bench_alibi.parse_args(["--preset", "tiny", "--reference", "alibi-sdpa"])  # ours: never what ours is held to
+    # an import is held to the source's own code, which then also runs as a contestant
+    argv = ["--preset", "tiny", "--suite", "forward", "--reference", "baichuan-eager", "--contestants", "alibi-sdpa"]
+    args = bench_alibi.parse_args(argv)
+    assert args.reference == "baichuan-eager" and args.contestants == ["baichuan-eager", "alibi-sdpa"]
 
 
 def test_prepared_gpu_script_passes_valid_arguments(monkeypatch):
