@@ -287,6 +287,14 @@ class RetrievalArguments:
     kept_eps: float = field(
         default=1e-7, metadata={"help": "eps of the certified-skipping measurement of the ALiBi arms (kept_context)."}
     )
+    copy_curve_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Every N training steps, the copy's learning curve at the training length (exact match, per-digit "
+            "accuracy, loss on the copied and on the needle's digits) to <model>/copy_curve.json and the results' "
+            "metadata (copy_curve.py); 0: none."
+        },
+    )
 
     def __post_init__(self):
         if not 0 <= self.passkey_share < 1:
@@ -300,6 +308,8 @@ class RetrievalArguments:
             raise ValueError(f"passkey_depths must be in [0, 1], got {self.passkey_depths}")
         if not 0 < self.kept_eps < 1:
             raise ValueError(f"kept_eps must be in (0, 1), got {self.kept_eps}")
+        if self.copy_curve_steps < 0:
+            raise ValueError(f"copy_curve_steps must be >= 0 (0: no curve), got {self.copy_curve_steps}")
 
 
 # Bases listed last-part-first: a dataclass takes its bases' fields in reverse order, so the fields (and the

@@ -18,6 +18,7 @@ Layout of a run:
 
     <output_dir>/<model>/final/              the trained model (+ tokenizer)
     <output_dir>/<model>/evaluation.json     its training facts, written when it finished training (resume)
+    <output_dir>/<model>/copy_curve.json     with `copy_curve_steps`: the copy's learning curve (copy_curve.py)
     <output_dir>/arms/<arm>.json             an arm's perplexity, retrieval and dropped keys (resume: kept)
     <output_dir>/results.{json,csv,md}, perplexity_vs_length.png, loss_by_position.png   perplexity of every arm
     <output_dir>/retrieval.{json,md}, retrieval_vs_length.png   perplexity and retrieval side by side, per arm
@@ -38,6 +39,7 @@ from transformers import AutoModelForCausalLM
 
 from ..atomic_files import write_text_atomically
 from .baselines import max_supported_length, restore_position_encoding
+from .copy_curve import CURVE_FILE, CopyCurve, read_curve
 from .eval_arms import arm_model, is_alibi, parse_arm
 from .kept_context import dropped_fraction
 from .launch import check_process_group, output_dir_lock
@@ -108,11 +110,16 @@ def _run_locked(experiment, training, state, callbacks) -> dict[str, dict]:
     metadata = run_metadata(experiment, training, state, corpus, train_blocks, heldout)
     metadata["load_average_at_start"] = os.getloadavg()
     probe = Probe(experiment, template, filler_stream(heldout, tokenizer.eos_token_id), heldout)
+    if experiment.copy_curve_steps:  # the very probes of the 1x evaluation, step by step
+        examples = probe.examples_at(experiment.train_length)
+        callbacks = [*(callbacks or []), CopyCurve(examples, experiment.copy_curve_steps)]
     records: dict[str, dict] = {}
     for name, arms in arms_of(experiment).items():
         model, metadata[f"{name}_training"] = _trained(
             name, experiment, training, tokenizer, train_blocks, state, callbacks
         )
+        if experiment.copy_curve_steps:
+            metadata[f"{name}_copy_curve"] = read_curve(output_dir / name / CURVE_FILE)
         if state.is_main_process:
             for arm in arms:
                 if model is None and not (output_dir / "arms" / f"{arm}.json").exists():
@@ -164,12 +171,15 @@ class Probe:
         lengths = experiment.eval_lengths
         # every length scores the same tokens: selected once for the longest, then evaluated one length at a time
         self.documents, _ = select_documents(heldout, lengths, experiment.eval_max_documents)
-        self.examples = {
-            length: probe_examples(
-                stream, template, length, experiment.passkey_depths, experiment.passkey_samples, seed=0
-            )
-            for length in lengths
-        }
+        self.stream, self.template = stream, template
+        self.examples = {length: self.examples_at(length) for length in lengths}
+
+    def examples_at(self, length: int) -> list:
+        """The passkey probes of `length` tokens: `passkey_samples` per depth, the same at every call."""
+        experiment = self.experiment
+        return probe_examples(
+            self.stream, self.template, length, experiment.passkey_depths, experiment.passkey_samples, seed=0
+        )
 
     def evaluate(self, model, arm: str) -> dict:
         """One arm's perplexity, retrieval (and, for ALiBi, dropped keys) at every evaluation length."""

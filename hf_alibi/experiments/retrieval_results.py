@@ -103,6 +103,34 @@ def dropped_table(records: dict[str, dict], train_length: int | None) -> str:
     return "\n".join(lines)
 
 
+def copy_curve_table(metadata: dict) -> str:
+    """One row per model with a copy curve (`<model>_copy_curve`): the first step at >= 90% exact match, and where
+    its last point stands; '' without curves."""
+    from .copy_curve import first_step_at
+
+    curves = {key.removesuffix("_copy_curve"): curve for key, curve in metadata.items() if key.endswith("_copy_curve")}
+    rows = [(name, curve) for name, curve in curves.items() if curve]
+    if not rows:
+        return ""
+    lines = [
+        "| Model | first step >= 90% | last step | exact | per digit | loss on the copy | on the needle |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, curve in rows:
+        last, first = curve[-1], first_step_at(curve)
+        cells = [
+            name,
+            "never" if first is None else str(first),
+            str(last["step"]),
+            f"{100 * last['exact']:.1f}%",
+            f"{100 * last['per_digit']:.1f}%",
+            f"{last['copy_loss']:.3f}",
+            f"{last['needle_loss']:.3f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def retrieval_markdown(records: dict[str, dict], metadata: dict) -> str:
     """retrieval.md (module docstring)."""
     from .passkey import wilson_interval
@@ -151,6 +179,17 @@ def retrieval_markdown(records: dict[str, dict], metadata: dict) -> str:
             dropped,
             "",
         ]
+    curves = copy_curve_table(metadata)
+    if curves:
+        lines += [
+            "## The copy's learning curve at the training length",
+            "",
+            "The 1x probes every `copy_curve_steps` steps of training (`copy_curve.py`): exact match, per-digit accuracy, "
+            "and mean loss on the copied digits against their first occurrence (random digits: ln 10 = 2.303 there).",
+            "",
+            curves,
+            "",
+        ]
     lines += ["## Setup", ""] + [f"- {key}: {metadata[key]}" for key in SETUP_KEYS if key in metadata]
     lines += [f"- {key}: {value}" for key, value in metadata.items() if key.endswith("_training")]
     lines.append(f"- experiment: {experiment}")
@@ -158,6 +197,7 @@ def retrieval_markdown(records: dict[str, dict], metadata: dict) -> str:
 
 
 __all__ = [
+    "copy_curve_table",
     "depth_table",
     "dropped_table",
     "records_as_evaluations",

@@ -60,6 +60,7 @@ RECORDED_ORDER = [
     "passkey_samples",
     "eval_arms",
     "kept_eps",
+    "copy_curve_steps",
 ]
 
 

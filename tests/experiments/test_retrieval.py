@@ -74,6 +74,14 @@ def test_retrieval_smoke_config_runs_end_to_end_and_resumes_from_its_records(tmp
         assert bool(record["dropped"]) == arm.startswith("alibi"), arm
     markdown = (output_dir / "retrieval.md").read_text()
     assert "| rotary+yarn |" in markdown and "## Context certified skipping drops" in markdown
+    # the copy's learning curve: every 2 steps, on the 1x probes, so its last point is the 1x retrieval
+    metadata = json.loads((output_dir / "retrieval.json").read_text())["metadata"]
+    for model in experiment.models:
+        curve = metadata[f"{model}_copy_curve"]
+        assert [point["step"] for point in curve] == [2, 4], model
+        assert curve[-1]["exact"] == records[model]["retrieval"][str(experiment.train_length)]["all"]["accuracy"]
+        assert curve[-1]["n"] == experiment.passkey_samples * len(experiment.passkey_depths)
+    assert "## The copy's learning curve at the training length" in markdown
     # a second run reuses the trained models and every arm's record: nothing is trained or measured again
     (output_dir / "arms" / "rotary+yarn.json").unlink()
     again, training = parse_args(
