@@ -76,6 +76,35 @@ def copy_metrics(model: torch.nn.Module, examples: Sequence[PasskeyExample], bat
     }
 
 
+@torch.inference_mode()
+def copy_attention(
+    model: torch.nn.Module, examples: Sequence[PasskeyExample], batch_size: int = 32
+) -> list[list[float]]:
+    """`[layer][head]`: the mean attention weight from each answer query onto the needle digit it must copy.
+
+    The query predicting answer digit k reads the cue's last token (k = 0) or answer digit k - 1; its earlier
+    occurrence is the needle's token just before digit k, so an induction head (Olsson et al., 2022) attends to the
+    needle's digit k. A head that copies puts most of its weight there; one that does not, about 1 / (its distance).
+    `model` must return attentions (load it with `attn_implementation="eager"`).
+    """
+    device = next(model.parameters()).device
+    digits = len(examples[0].key)
+    total = None
+    for first in range(0, len(examples), batch_size):
+        batch = examples[first : first + batch_size]
+        ids = torch.tensor([e.input_ids for e in batch], device=device)  # (B, L)
+        attentions = model(input_ids=ids[:, :-1], use_cache=False, output_attentions=True).attentions
+        if not attentions or attentions[0] is None:
+            raise ValueError("the model returned no attention weights: load it with attn_implementation='eager'")
+        queries = (_positions(batch, "answer_position", digits) - 1).to(device)  # (B, digits)
+        keys = _positions(batch, "needle_position", digits).to(device)  # (B, digits)
+        rows = torch.arange(len(batch), device=device)[:, None]  # (B, 1)
+        weights = torch.stack([a[rows, :, queries, keys] for a in attentions])  # (layers, B, digits, heads)
+        summed = weights.float().sum(dim=(1, 2))  # (layers, heads)
+        total = summed if total is None else total + summed
+    return (total / (len(examples) * digits)).tolist()
+
+
 def read_curve(path: str | Path) -> list[dict]:
     """The points a `CopyCurve` wrote to `path`, by step ([] when there is no file)."""
     path = Path(path)
@@ -115,4 +144,4 @@ def first_step_at(curve: Sequence[dict], accuracy: float = 0.9) -> int | None:
     return next((p["step"] for p in curve if p["exact"] >= accuracy), None)
 
 
-__all__ = ["CHANCE_LOSS", "CURVE_FILE", "CopyCurve", "copy_metrics", "first_step_at", "read_curve"]
+__all__ = ["CHANCE_LOSS", "CURVE_FILE", "CopyCurve", "copy_attention", "copy_metrics", "first_step_at", "read_curve"]

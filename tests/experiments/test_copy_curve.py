@@ -10,7 +10,14 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
 from hf_alibi.experiments.baselines import build_model
-from hf_alibi.experiments.copy_curve import CURVE_FILE, CopyCurve, copy_metrics, first_step_at, read_curve
+from hf_alibi.experiments.copy_curve import (
+    CURVE_FILE,
+    CopyCurve,
+    copy_attention,
+    copy_metrics,
+    first_step_at,
+    read_curve,
+)
 from hf_alibi.experiments.passkey import PasskeyTemplate, probe_examples
 from hf_alibi.experiments.tokenization import train_tokenizer
 
@@ -112,3 +119,19 @@ def test_the_callback_records_every_interval_and_the_last_step_and_a_resumed_run
     assert json.loads((tmp_path / CURVE_FILE).read_text()) == curve
     train(7, str(tmp_path / "checkpoint-4"))  # resumed past step 3: the step-5 point is dropped and measured again
     assert [point["step"] for point in read_curve(tmp_path / CURVE_FILE)] == [3, 6, 7]
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "learned"])
+def test_copy_attention_reads_each_answer_query_s_weight_on_the_needle_digit_it_copies(examples, encoding):
+    model = build_model(encoding, vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, train_length=48, max_length=48)
+    model.set_attn_implementation("eager")
+    scores = copy_attention(model.eval(), examples, batch_size=4)
+    with torch.no_grad():  # the same weights read one example, one digit at a time
+        expected = torch.zeros(2, 2)
+        for e in examples:
+            attentions = model(input_ids=torch.tensor([e.input_ids[:-1]]), output_attentions=True).attentions
+            for k in range(len(e.key)):
+                for layer, weights in enumerate(attentions):  # (1, heads, L, L)
+                    expected[layer] += weights[0, :, e.answer_position - 1 + k, e.needle_position + k]
+    expected /= len(examples) * len(examples[0].key)
+    assert torch.tensor(scores) == pytest.approx(expected, abs=1e-6)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from hf_alibi.experiments.arguments import ExperimentArguments, parse_args
 from hf_alibi.experiments.baselines import build_model
@@ -100,3 +101,49 @@ def test_retrieval_smoke_config_runs_end_to_end_and_resumes_from_its_records(tmp
         [r["nll_nonoverlapping"] for r in first["evaluation"]["lengths"]], rel=1e-9
     )
     assert Path(output_dir / "arms" / "rotary+yarn.json").exists()
+
+
+class BatchRecorder(TrainerCallback):
+    """Every batch a Trainer feeds its model, as the model receives it (a forward pre-hook), per model folder."""
+
+    def __init__(self):
+        self.batches: dict[str, list[dict]] = {}
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        seen = self.batches.setdefault(Path(args.output_dir).name, [])
+
+        def record(module, positional, keywords):
+            if module.training:
+                seen.append({key: keywords[key].clone() for key in ("input_ids", "labels")})
+
+        model.register_forward_pre_hook(record, with_kwargs=True)
+
+
+@pytest.mark.slow
+def test_every_model_trains_on_the_same_batches_with_passkey_documents_and_their_labels(tmp_path, template):
+    """Issue 45's question: did each arm's model actually see the passkey documents, with labels on the copied key?"""
+    models = ["alibi", "nope", "rotary", "learned", "sinusoidal"]
+    argv = ["--config", "retrieval_smoke", "--output_dir", str(tmp_path), "--models", *models]
+    experiment, training = parse_args([*argv, "--eval_arms", *models, "--eval_factors", "1"], ExperimentArguments)
+    recorder = BatchRecorder()
+    run_retrieval(experiment, training, callbacks=[recorder])
+    assert sorted(recorder.batches) == sorted(models)
+    reference = recorder.batches["alibi"]
+    assert len(reference) == training.max_steps
+    needle, question = list(template.needle_head), list(template.question)
+
+    def holds(row, piece):
+        return any(row[i : i + len(piece)] == piece for i in range(len(row) - len(piece) + 1))
+
+    passkey_rows = 0
+    for batch in reference:
+        for ids, labels in zip(batch["input_ids"].tolist(), batch["labels"].tolist()):
+            if holds(ids, needle) and holds(ids, question):
+                passkey_rows += 1
+                key = ids[-template.digits :]  # the answer: the document's last digits, copied from the needle
+                assert holds(ids[: -template.digits - len(question)], key) and labels == ids  # loss on every token
+    assert passkey_rows > 0
+    for model in models:  # one dataset, one seed: the very same rows in the very same order for every model
+        assert len(recorder.batches[model]) == len(reference), model
+        for mine, theirs in zip(recorder.batches[model], reference):
+            assert torch.equal(mine["input_ids"], theirs["input_ids"]) and torch.equal(mine["labels"], theirs["labels"])
