@@ -263,7 +263,11 @@ class RetrievalArguments:
         },
     )
     passkey_share: float = field(
-        default=0.25, metadata={"help": "Share of training blocks that are passkey documents (each fits train_length)."}
+        default=0.25,
+        metadata={
+            "help": "Share of training blocks that are passkey documents (each fits train_length); 1 trains on passkey "
+            "documents alone (a diagnosis: the copy without the language modelling around it)."
+        },
     )
     passkey_digits: int = field(default=5, metadata={"help": "Digits of each passkey."})
     passkey_depths: list[float] = field(
@@ -297,8 +301,8 @@ class RetrievalArguments:
     )
 
     def __post_init__(self):
-        if not 0 <= self.passkey_share < 1:
-            raise ValueError(f"passkey_share must be in [0, 1), got {self.passkey_share}")
+        if not 0 <= self.passkey_share <= 1:
+            raise ValueError(f"passkey_share must be in [0, 1], got {self.passkey_share}")
         if self.passkey_digits < 1 or self.passkey_samples < 1:
             raise ValueError(
                 f"passkey_digits and passkey_samples must be positive, got {self.passkey_digits} and "

@@ -147,3 +147,12 @@ def test_every_model_trains_on_the_same_batches_with_passkey_documents_and_their
         assert len(recorder.batches[model]) == len(reference), model
         for mine, theirs in zip(recorder.batches[model], reference):
             assert torch.equal(mine["input_ids"], theirs["input_ids"]) and torch.equal(mine["labels"], theirs["labels"])
+
+
+def test_a_passkey_share_of_one_trains_on_passkey_documents_alone_and_more_is_refused(template):
+    blocks = Dataset.from_dict({"input_ids": [[7] * 64] * 10, "labels": [[7] * 64] * 10})
+    alone = with_passkeys(blocks, template, 64, share=1.0, seed=0)
+    needle = list(template.needle_head)
+    assert len(alone) == 10 and all(any(row[i : i + 10] == needle for i in range(54)) for row in alone["input_ids"])
+    with pytest.raises(ValueError, match=r"passkey_share must be in \[0, 1\], got 1.5"):
+        parse_args(["--config", "retrieval_smoke", "--passkey_share", "1.5"], ExperimentArguments)
