@@ -291,6 +291,14 @@ class RetrievalArguments:
     kept_eps: float = field(
         default=1e-7, metadata={"help": "eps of the certified-skipping measurement of the ALiBi arms (kept_context)."}
     )
+    seeds: list[int] = field(
+        default_factory=list,
+        metadata={
+            "help": "Run the whole experiment once per seed, each in <output_dir>/seed_<S>/, and pool them at the top "
+            "level: retrieval over every seed's probes with the seeds' min-max (retrieval_seeds.py); default: one run "
+            "with `seed`."
+        },
+    )
     copy_curve_steps: int = field(
         default=0,
         metadata={
@@ -312,6 +320,8 @@ class RetrievalArguments:
             raise ValueError(f"passkey_depths must be in [0, 1], got {self.passkey_depths}")
         if not 0 < self.kept_eps < 1:
             raise ValueError(f"kept_eps must be in (0, 1), got {self.kept_eps}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct, got {self.seeds}")
         if self.copy_curve_steps < 0:
             raise ValueError(f"copy_curve_steps must be >= 0 (0: no curve), got {self.copy_curve_steps}")
 

@@ -201,4 +201,30 @@ def shard_model(model, experiment, folder: Path, state):
     return AlibiGPT2LMHeadModel.from_pretrained(folder, distributed_config=config)
 
 
-__all__ = ["LOCK_FILE", "check_process_group", "launched_world_size", "output_dir_lock", "shard_model"]
+def portable_command(argv: list[str] | None = None, cwd: str | Path | None = None) -> str:
+    """The command line (default `sys.argv`) as results record it, without this machine's paths: the program by its
+    name (`hf-alibi` for the CLI, else the script's file name), paths inside the working folder relative to it, and
+    any other absolute path as `<outside>/` and its last part."""
+    argv = list(sys.argv if argv is None else argv)
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    program = Path(argv[0]).name
+    program = "hf-alibi" if program in ("cli.py", "hf-alibi", "__main__.py") else program
+
+    def portable(argument: str) -> str:
+        name, sep, value = argument.partition("=") if argument.startswith("--") else ("", "", argument)
+        path = Path(value)
+        if path.is_absolute():
+            value = str(path.relative_to(cwd)) if path.is_relative_to(cwd) else f"<outside>/{path.name}"
+        return f"{name}{sep}{value}"
+
+    return " ".join([program, *map(portable, argv[1:])])
+
+
+__all__ = [
+    "LOCK_FILE",
+    "check_process_group",
+    "launched_world_size",
+    "output_dir_lock",
+    "portable_command",
+    "shard_model",
+]

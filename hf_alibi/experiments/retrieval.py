@@ -22,6 +22,7 @@ Layout of a run:
     <output_dir>/arms/<arm>.json             an arm's perplexity, retrieval and dropped keys (resume: kept)
     <output_dir>/results.{json,csv,md}, perplexity_vs_length.png, loss_by_position.png   perplexity of every arm
     <output_dir>/retrieval.{json,md}, retrieval_vs_length.png   perplexity and retrieval side by side, per arm
+    <output_dir>/seed_<S>/                   with `seeds`: each seed's whole run as above; the top level pools them
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from .passkey import (
 )
 from .recipe_data import heldout_bytes_per_token, prepare_data
 from .retrieval_results import write_retrieval
+from .retrieval_seeds import pool_seeds, read_seed, seed_training, seeded_metadata
 from .runner import check_output_dir, run_metadata
 from .training import final_dir, train_one
 
@@ -67,7 +69,28 @@ def run_retrieval(experiment, training, callbacks=None) -> dict[str, dict]:
     state = PartialState()
     check_process_group(state, use_cpu=training.use_cpu)
     with output_dir_lock(training.output_dir, state):
+        if experiment.seeds:
+            return _run_seeds(experiment, training, state, callbacks)
         return _run_locked(experiment, training, state, callbacks)
+
+
+def _run_seeds(experiment, training, state, callbacks) -> dict[str, dict]:
+    """Every seed's whole run in its own folder (a finished one read back), then the pooled results at the top
+    (`retrieval_seeds`). Returns the pooled `{arm: record}` (on the main process; {} elsewhere)."""
+    records, metadata = {}, {}
+    for seed in experiment.seeds:
+        finished = read_seed(training.output_dir, seed)
+        if finished is None:
+            _run_locked(experiment, seed_training(training, seed), state, callbacks)
+            state.wait_for_everyone()
+            finished = read_seed(training.output_dir, seed)
+        records[seed], metadata[seed] = finished
+    pooled = {}
+    if state.is_main_process:
+        pooled = pool_seeds(records)
+        write_retrieval(Path(training.output_dir), pooled, seeded_metadata(metadata))
+    state.wait_for_everyone()
+    return pooled
 
 
 def with_passkeys(blocks: Dataset, template: PasskeyTemplate, length: int, share: float, seed: int) -> Dataset:

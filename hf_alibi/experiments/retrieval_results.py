@@ -61,6 +61,8 @@ def _percent(cell: dict | None, interval: bool = False) -> str:
     if cell is None:
         return "n/a"
     text = f"{100 * cell['accuracy']:.0f}%"
+    if "seed_min" in cell:  # pooled over seeds: the seeds' own accuracies span this
+        text += f" (seeds {100 * cell['seed_min']:.0f}-{100 * cell['seed_max']:.0f})"
     return f"{text} [{100 * cell['low']:.0f}, {100 * cell['high']:.0f}]" if interval else text
 
 
@@ -74,7 +76,9 @@ def side_by_side_table(records: dict[str, dict], train_length: int | None) -> st
         for n in lengths:
             ppl = by_length.get(n, {}).get("ppl_nonoverlapping")
             found = record["retrieval"].get(str(n))
-            cells.append("n/a" if ppl is None else f"{ppl:.2f} / {_percent(found and found['all'])}")
+            seeds = record.get("perplexity_by_seed", {}).get(str(n))
+            spread = f" ({min(seeds.values()):.2f}-{max(seeds.values()):.2f})" if seeds else ""
+            cells.append("n/a" if ppl is None else f"{ppl:.2f}{spread} / {_percent(found and found['all'])}")
         lines.append("| " + " | ".join([arm, *cells]) + " |")
     return "\n".join(lines)
 
@@ -146,6 +150,15 @@ def retrieval_markdown(records: dict[str, dict], metadata: dict) -> str:
             f"{samples} probes per (arm, length, depth) at depths {', '.join(depths)} ({samples * len(depths)} "
             f"per length): the widest 95% Wilson interval of one depth is [{100 * worst[0]:.1f}, "
             f"{100 * worst[1]:.1f}]% at {samples // 2}/{samples}.",
+            "",
+        ]
+    if metadata.get("seeds"):
+        seeds = metadata["seeds"]
+        lines += [
+            f"Pooled over {len(seeds)} seeds ({', '.join(map(str, seeds))}; each a whole run in `seed_<S>/`): a "
+            "retrieval cell is every seed's probes together, its Wilson interval theirs, and `(seeds a-b)` the range "
+            "of the seeds' own accuracies; perplexity is the geometric mean over seeds (their summed log-likelihood "
+            "on the same tokens) with the seeds' range in parentheses.",
             "",
         ]
     lines += [

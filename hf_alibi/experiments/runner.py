@@ -22,7 +22,6 @@ The names this module exported before the split (`train_one`, `make_model`, `pre
 import json
 import logging
 import platform
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from .arguments import ExperimentArguments
 from .attention_window import measure_effective_window
 from .baselines import max_supported_length
 from .data import STDLIB_CORPUS, corpus_fingerprint
-from .launch import check_process_group, output_dir_lock
+from .launch import check_process_group, output_dir_lock, portable_command
 from .length_eval import ModelEvaluation, evaluate_model
 from .plots import plot_effective_window
 from .publish import fine_tuned_from, push_alibi_model, write_cards
@@ -178,7 +177,7 @@ def run_metadata(experiment, training, state, corpus, train_blocks, heldout) -> 
         "experiment": asdict(experiment),
         "training": {k: training.to_dict()[k] for k in RECORDED_TRAINING},
         "world_size": state.num_processes,
-        "command": " ".join(sys.argv),
+        "command": portable_command(),  # no machine paths in a committed result
     }
 
 

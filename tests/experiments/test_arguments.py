@@ -60,6 +60,7 @@ RECORDED_ORDER = [
     "passkey_samples",
     "eval_arms",
     "kept_eps",
+    "seeds",
     "copy_curve_steps",
 ]
 

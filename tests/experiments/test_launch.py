@@ -13,7 +13,7 @@ import pytest
 
 from hf_alibi.experiments import launch
 from hf_alibi.experiments.arguments import ExperimentArguments, apply_smoke, parse_args
-from hf_alibi.experiments.launch import LOCK_FILE, output_dir_lock
+from hf_alibi.experiments.launch import LOCK_FILE, output_dir_lock, portable_command
 from hf_alibi.experiments.runner import run_experiment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -154,3 +154,12 @@ def test_shard_model_on_a_transformers_older_than_5_24_refuses_before_saving_or_
     with pytest.raises(ImportError, match=r"DistributedConfig\) needs transformers>=5\.24; .* has 5\.23\.0"):
         launch.shard_model(model=None, experiment=experiment, folder=tmp_path / "initial", state=None)
     assert not (tmp_path / "initial").exists()
+
+
+def test_the_recorded_command_holds_no_machine_path():
+    argv = ["/home/me/venv/bin/hf-alibi", "train", "--config", "retrieval", "--output_dir", "/work/clone/runs/r"]
+    assert portable_command(argv, cwd="/work/clone") == "hf-alibi train --config retrieval --output_dir runs/r"
+    argv = ["/somewhere/recipes/train_short_test_long.py", "--output_dir=/tmp/x/run", "--data_files", "/data/a.txt"]
+    assert portable_command(argv, cwd="/work/clone") == (
+        "train_short_test_long.py --output_dir=<outside>/run --data_files <outside>/a.txt"
+    )
