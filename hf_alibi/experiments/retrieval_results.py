@@ -135,12 +135,11 @@ def copy_curve_table(metadata: dict) -> str:
     return "\n".join(lines)
 
 
-def retrieval_markdown(records: dict[str, dict], metadata: dict) -> str:
-    """retrieval.md (module docstring)."""
+def _introduction(metadata: dict) -> list[str]:
+    """retrieval.md's opening lines: the probes per cell and their widest interval, how seeds are pooled."""
     from .passkey import wilson_interval
 
     experiment = metadata.get("experiment", {})
-    train_length = metadata.get("train_length")
     depths = [str(float(d)) for d in experiment.get("passkey_depths", [])]
     samples = experiment.get("passkey_samples")
     lines = ["# Perplexity and passkey retrieval by evaluation length", ""]
@@ -161,48 +160,45 @@ def retrieval_markdown(records: dict[str, dict], metadata: dict) -> str:
             "on the same tokens) with the seeds' range in parentheses.",
             "",
         ]
-    lines += [
-        "## Perplexity / retrieval (all depths)",
-        "",
+    return lines
+
+
+def _section(title: str, explanation: str, table: str) -> list[str]:
+    """A titled section of retrieval.md, or nothing when its table is empty."""
+    return [f"## {title}", "", explanation, "", table, ""] if table else []
+
+
+def retrieval_markdown(records: dict[str, dict], metadata: dict) -> str:
+    """retrieval.md (module docstring)."""
+    experiment = metadata.get("experiment", {})
+    train_length = metadata.get("train_length")
+    depths = [str(float(d)) for d in experiment.get("passkey_depths", [])]
+    lines = _introduction(metadata)
+    lines += _section(
+        "Perplexity / retrieval (all depths)",
         "Nonoverlapping perplexity per token on the held-out text (the same tokens at every length) / share of "
         "probes whose greedy digits are the key exactly.",
-        "",
         side_by_side_table(records, train_length),
-        "",
-    ]
-    lines += [
-        "## Retrieval by depth (95% Wilson interval)",
-        "",
+    )
+    lines += _section(
+        "Retrieval by depth (95% Wilson interval)",
         "Depth 0: the needle opens the context; 1: it sits right before the question (the same distance at "
         "every length).",
-        "",
         depth_table(records, depths, train_length),
-        "",
-    ]
-    dropped = dropped_table(records, train_length)
-    if dropped:
-        eps = experiment.get("kept_eps")
-        lines += [
-            "## Context certified skipping drops (ALiBi arms)",
-            "",
-            f"Share of causal (query, key) pairs whose keys carry softmax mass <= {eps:g} provably "
-            "(`attention_skip.certified_key_starts`, 32-token blocks), mean over layers and heads, on one probe "
-            "per depth: what the model cannot see at that layer.",
-            "",
-            dropped,
-            "",
-        ]
-    curves = copy_curve_table(metadata)
-    if curves:
-        lines += [
-            "## The copy's learning curve at the training length",
-            "",
-            "The 1x probes every `copy_curve_steps` steps of training (`copy_curve.py`): exact match, per-digit accuracy, "
-            "and mean loss on the copied digits against their first occurrence (random digits: ln 10 = 2.303 there).",
-            "",
-            curves,
-            "",
-        ]
+    )
+    lines += _section(
+        "Context certified skipping drops (ALiBi arms)",
+        f"Share of causal (query, key) pairs whose keys carry softmax mass <= {experiment.get('kept_eps', 0):g} "
+        "provably (`attention_skip.certified_key_starts`, 32-token blocks), mean over layers and heads, on one probe "
+        "per depth: what the model cannot see at that layer.",
+        dropped_table(records, train_length),
+    )
+    lines += _section(
+        "The copy's learning curve at the training length",
+        "The 1x probes every `copy_curve_steps` steps of training (`copy_curve.py`): exact match, per-digit accuracy, "
+        "and mean loss on the copied digits against their first occurrence (random digits: ln 10 = 2.303 there).",
+        copy_curve_table(metadata),
+    )
     lines += ["## Setup", ""] + [f"- {key}: {metadata[key]}" for key in SETUP_KEYS if key in metadata]
     lines += [f"- {key}: {value}" for key, value in metadata.items() if key.endswith("_training")]
     lines.append(f"- experiment: {experiment}")
