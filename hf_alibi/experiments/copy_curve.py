@@ -21,7 +21,6 @@ curve is the run's retrieval at 1x.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,12 +31,18 @@ from ..atomic_files import write_text_atomically
 from .passkey import PasskeyExample
 
 CURVE_FILE = "copy_curve.json"
-CHANCE_LOSS = math.log(10)  # a uniform guess over the ten digits
 
 
 def _positions(batch: Sequence[PasskeyExample], start: str, digits: int) -> torch.Tensor:
     """`(B, digits)` token indices of each example's key at its `start` ("needle_position" or "answer_position")."""
     return torch.tensor([[getattr(e, start) + k for k in range(digits)] for e in batch])
+
+
+def _at_key(logp: torch.Tensor, ids: torch.Tensor, batch, start: str, digits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(log-probabilities predicting each key digit (B, digits, V), the digits (B, digits))` at `start`."""
+    where = _positions(batch, start, digits).to(ids.device)  # (B, digits): the key's tokens
+    predicted = logp.gather(1, (where - 1)[..., None].expand(-1, -1, logp.shape[-1]))  # read one token earlier
+    return predicted, ids.gather(1, where)
 
 
 @torch.inference_mode()
@@ -54,18 +59,13 @@ def copy_metrics(model: torch.nn.Module, examples: Sequence[PasskeyExample], bat
         batch = examples[first : first + batch_size]
         ids = torch.tensor([e.input_ids for e in batch], device=device)  # (B, L)
         logp = model(input_ids=ids[:, :-1], use_cache=False).logits.float().log_softmax(-1)  # (B, L - 1, V)
-        for start in ("answer_position", "needle_position"):
-            where = _positions(batch, start, digits).to(device)  # (B, digits): the key's tokens
-            targets = ids.gather(1, where)  # (B, digits)
-            predicted = logp.gather(1, (where - 1)[..., None].expand(-1, -1, logp.shape[-1]))  # (B, digits, V)
-            loss = -predicted.gather(2, targets[..., None]).squeeze(-1)  # (B, digits)
-            if start == "answer_position":
-                hits = predicted.argmax(-1) == targets  # (B, digits)
-                exact += int(hits.all(-1).sum())
-                right += int(hits.sum())
-                copy_loss += float(loss.sum())
-            else:
-                needle_loss += float(loss.sum())
+        predicted, answer = _at_key(logp, ids, batch, "answer_position", digits)  # the copy
+        hits = predicted.argmax(-1) == answer  # (B, digits)
+        exact += int(hits.all(-1).sum())
+        right += int(hits.sum())
+        copy_loss -= float(predicted.gather(2, answer[..., None]).sum())
+        predicted, needle = _at_key(logp, ids, batch, "needle_position", digits)  # the first occurrence
+        needle_loss -= float(predicted.gather(2, needle[..., None]).sum())
     n = len(examples)
     return {
         "exact": exact / n,
@@ -144,4 +144,4 @@ def first_step_at(curve: Sequence[dict], accuracy: float = 0.9) -> int | None:
     return next((p["step"] for p in curve if p["exact"] >= accuracy), None)
 
 
-__all__ = ["CHANCE_LOSS", "CURVE_FILE", "CopyCurve", "copy_attention", "copy_metrics", "first_step_at", "read_curve"]
+__all__ = ["CURVE_FILE", "CopyCurve", "copy_attention", "copy_metrics", "first_step_at", "read_curve"]

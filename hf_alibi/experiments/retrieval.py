@@ -186,6 +186,11 @@ def load_trained(output_dir: Path, name: str):
     return restore_position_encoding(model).float().eval()
 
 
+def experiment_probes(experiment, stream, template: PasskeyTemplate, length: int) -> list:
+    """A run's passkey probes of `length` tokens cut from `stream`: `passkey_samples` per depth, the same every call."""
+    return probe_examples(stream, template, length, experiment.passkey_depths, experiment.passkey_samples, seed=0)
+
+
 class Probe:
     """Everything an arm is measured on, made once: the perplexity documents, the passkey examples per length."""
 
@@ -198,11 +203,8 @@ class Probe:
         self.examples = {length: self.examples_at(length) for length in lengths}
 
     def examples_at(self, length: int) -> list:
-        """The passkey probes of `length` tokens: `passkey_samples` per depth, the same at every call."""
-        experiment = self.experiment
-        return probe_examples(
-            self.stream, self.template, length, experiment.passkey_depths, experiment.passkey_samples, seed=0
-        )
+        """The passkey probes of `length` tokens (`experiment_probes`)."""
+        return experiment_probes(self.experiment, self.stream, self.template, length)
 
     def evaluate(self, model, arm: str) -> dict:
         """One arm's perplexity, retrieval (and, for ALiBi, dropped keys) at every evaluation length."""
@@ -261,4 +263,4 @@ class Probe:
         return cells
 
 
-__all__ = ["Probe", "arms_of", "load_trained", "run_retrieval", "with_passkeys"]
+__all__ = ["Probe", "arms_of", "experiment_probes", "load_trained", "run_retrieval", "with_passkeys"]

@@ -24,7 +24,8 @@ from .baselines import restore_position_encoding
 from .copy_curve import CURVE_FILE, copy_attention, first_step_at, read_curve
 from .data import heldout_token_ids, load_recipe_corpus
 from .parsing import parse_args
-from .passkey import PasskeyTemplate, filler_stream, probe_examples
+from .passkey import PasskeyTemplate, filler_stream
+from .retrieval import experiment_probes
 
 
 @dataclass
@@ -42,8 +43,7 @@ def probes_for(experiment: ExperimentArguments, tokenizer) -> list:
     )
     template = PasskeyTemplate.from_tokenizer(tokenizer, experiment.passkey_digits)
     stream = filler_stream(heldout, tokenizer.eos_token_id)
-    length = experiment.train_length
-    return probe_examples(stream, template, length, experiment.passkey_depths, experiment.passkey_samples, seed=0)
+    return experiment_probes(experiment, stream, template, experiment.train_length)
 
 
 def diagnose_model(model_dir: Path, examples: list) -> dict:

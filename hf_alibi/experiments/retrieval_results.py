@@ -135,13 +135,11 @@ def copy_curve_table(metadata: dict) -> str:
     return "\n".join(lines)
 
 
-def _introduction(metadata: dict) -> list[str]:
+def _introduction(metadata: dict, depths: list[str]) -> list[str]:
     """retrieval.md's opening lines: the probes per cell and their widest interval, how seeds are pooled."""
     from .passkey import wilson_interval
 
-    experiment = metadata.get("experiment", {})
-    depths = [str(float(d)) for d in experiment.get("passkey_depths", [])]
-    samples = experiment.get("passkey_samples")
+    samples = metadata.get("experiment", {}).get("passkey_samples")
     lines = ["# Perplexity and passkey retrieval by evaluation length", ""]
     if samples:
         worst = wilson_interval(samples // 2, samples)
@@ -173,7 +171,7 @@ def retrieval_markdown(records: dict[str, dict], metadata: dict) -> str:
     experiment = metadata.get("experiment", {})
     train_length = metadata.get("train_length")
     depths = [str(float(d)) for d in experiment.get("passkey_depths", [])]
-    lines = _introduction(metadata)
+    lines = _introduction(metadata, depths)
     lines += _section(
         "Perplexity / retrieval (all depths)",
         "Nonoverlapping perplexity per token on the held-out text (the same tokens at every length) / share of "
