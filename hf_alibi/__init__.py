@@ -15,7 +15,7 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
-from .models.alibi.alibi import alibi_causal_bias, get_alibi_slopes
+from .models.alibi.alibi_bias import alibi_causal_bias, get_alibi_slopes
 from .models.alibi.configuration_alibi_bert import AlibiBertConfig
 from .models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
 from .models.alibi.modeling_alibi_bert import (

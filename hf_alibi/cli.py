@@ -83,7 +83,7 @@ def plot_bias(args: argparse.Namespace) -> Path:
             raise ValueError(f"{args.model} is a {config.model_type!r} config, not an ALiBi one (alibi_gpt2)")
         source = config
     else:
-        from .models.alibi.alibi import get_alibi_slopes
+        from .models.alibi.alibi_bias import get_alibi_slopes
 
         source = get_alibi_slopes(args.n_head, args.alibi_max_bias)
     return plot_alibi_bias(source, args.output, heads=args.heads, size=args.size, eps=args.eps)

@@ -154,7 +154,7 @@ def test_transformers_deprecation_warning_from_our_code_fails_the_test_and_from_
         warnings.warn_explicit(
             "old thing",
             DeprecationWarning,
-            "hf_alibi/models/alibi/alibi.py",
+            "hf_alibi/models/alibi/alibi_bias.py",
             1,
-            module="hf_alibi.models.alibi.alibi",
+            module="hf_alibi.models.alibi.alibi_bias",
         )

@@ -29,7 +29,7 @@ import torch
 from torch.nn import functional as F
 from transformers.activations import ACT2FN
 
-from ..models.alibi.alibi import get_alibi_slopes, slopes_from_config
+from ..models.alibi.alibi_bias import get_alibi_slopes, slopes_from_config
 from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .baichuan_tokenizer import read_baichuan_tokenizer, write_baichuan_tokenizer

@@ -14,7 +14,7 @@ from ..atomic_files import check_destination, write_folder_atomically  # noqa: F
 
 # The tanh GELU's names (BLOOM's, GPT-2's, llama.cpp's function): the model's own table, the one that runs it fused
 from ..models.alibi.activations import TANH_GELUS  # noqa: F401  (importable here: bloom, gguf_export)
-from ..models.alibi.alibi import slopes_from_config
+from ..models.alibi.alibi_bias import slopes_from_config
 
 
 def shared_fields(config) -> dict:

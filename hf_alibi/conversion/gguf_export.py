@@ -19,7 +19,7 @@ import torch
 
 from ..atomic_files import check_destination, staged_file
 from ..import_utils import require_extra
-from ..models.alibi.alibi import get_alibi_slopes, slopes_from_config
+from ..models.alibi.alibi_bias import get_alibi_slopes, slopes_from_config
 from ..models.alibi.configuration_alibi_gpt2 import AlibiGPT2Config
 from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel, scaled
 from .common import (

@@ -28,7 +28,7 @@ import math
 import torch
 from transformers.activations import ACT2FN
 
-from ..models.alibi.alibi import get_alibi_slopes
+from ..models.alibi.alibi_bias import get_alibi_slopes
 from ..models.alibi.configuration_alibi_gpt2 import (
     AlibiGPT2Config,
     checked_alibi_scaling,

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..models.alibi.alibi import slopes_from_config
+from ..models.alibi.alibi_bias import slopes_from_config
 
 
 @dataclass

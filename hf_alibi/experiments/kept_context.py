@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.alibi.alibi import length_scaled_slopes
+from ..models.alibi.alibi_bias import length_scaled_slopes
 from ..models.alibi.attention_certified import certified_key_ends
 from ..models.alibi.attention_skip import certified_key_starts
 from ..models.alibi.configuration_alibi_gpt2 import train_seq_len

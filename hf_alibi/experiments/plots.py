@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ..atomic_files import write_file_atomically
-from ..models.alibi.alibi import alibi_causal_bias, slopes_from_config
+from ..models.alibi.alibi_bias import alibi_causal_bias, slopes_from_config
 from .attention_window import EffectiveWindow, theoretical_window
 from .length_eval import LengthResult, ModelEvaluation
 from .results import bits_unit, evaluated_lengths, mixed_train_lengths, reference_train_length

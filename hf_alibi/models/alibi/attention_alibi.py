@@ -14,7 +14,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from .alibi import length_scaled_slopes
+from .alibi_bias import length_scaled_slopes
 from .attention_certified import (
     flex_certified_alibi_attention,
     prepare_flex_attention_certified,

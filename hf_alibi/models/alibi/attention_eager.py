@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from .alibi import alibi_bidirectional_bias, alibi_causal_bias
+from .alibi_bias import alibi_bidirectional_bias, alibi_causal_bias
 from .attention_plan import AlibiAttentionPlan, mask_in_dtype, visible_keys
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .alibi import length_scaled_slopes
+from .alibi_bias import length_scaled_slopes
 from .attention_plan import AlibiAttentionPlan, Preparation
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .alibi import length_scaled_slopes
+from .alibi_bias import length_scaled_slopes
 from .attention_certified import skipping_pays
 from .attention_plan import (
     PAGED_PREFIX,

@@ -41,7 +41,7 @@ import dataclasses
 
 import torch
 
-from .alibi import alibi_block_bias
+from .alibi_bias import alibi_block_bias
 from .attention_cpu_flash import _blocks, _SplitAttention, split_kernels_work  # noqa: F401  (the probe: this path's)
 from .attention_sdpa_split_calls import CallGroup, _cover, _group, _in_key_ranges, head_runs
 from .attention_sdpa_split_floor import bias_floors, floored

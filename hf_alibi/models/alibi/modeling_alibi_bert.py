@@ -20,7 +20,7 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 
-from .alibi import get_alibi_slopes
+from .alibi_bias import get_alibi_slopes
 from .attention_alibi import AlibiAttentionBackends, alibi_attention, plan_alibi_attention
 from .attention_plan import AlibiAttentionPlan
 from .configuration_alibi_bert import AlibiBertConfig

@@ -21,7 +21,7 @@ from transformers.modeling_outputs import (
 from transformers.utils import logging
 
 from .activations import mlp_activation
-from .alibi import slopes_from_config
+from .alibi_bias import slopes_from_config
 from .attention_alibi import AlibiAttentionBackends, alibi_attention, plan_alibi_attention
 from .attention_key_norms import KeyNormSummaries, RunningKeyNorms
 from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention

@@ -31,7 +31,7 @@ def saved(make_encoder, tmp_path, request):
 
 
 def test_the_encoder_ships_its_own_files_and_the_shared_attention_core():
-    assert set(ENCODER_ENTRY_FILES) | {"alibi.py", "attention_alibi.py", "attention_plan.py"} <= ENCODER_CODE_FILES
+    assert set(ENCODER_ENTRY_FILES) | {"alibi_bias.py", "attention_alibi.py", "attention_plan.py"} <= ENCODER_CODE_FILES
     assert "modeling_alibi_gpt2.py" not in ENCODER_CODE_FILES  # the decoder's model is not part of an encoder
     offenders = {name: imports(PACKAGE / name)[1] for name in ENCODER_CODE_FILES if imports(PACKAGE / name)[1]}
     assert not offenders, f"absolute hf_alibi imports break remote-code loading: {offenders}"
