@@ -75,12 +75,7 @@ def plan_alibi_attention(
         return _plan_paged(implementation, slopes, query_length, position_ids, paged_kwargs, options, prepare)
 
     tracing = torch.compiler.is_compiling()  # the one place that asks: compiled graphs never branch on data
-    scaled_from = None
-    if options.train_seq_len is not None:  # K: a 0-d tensor for a static cache (a tensor op: no host sync compiled)
-        filled = key_length if query_offset is None else query_offset + query_length
-        unscaled, slopes = slopes.float(), length_scaled_slopes(slopes.float(), filled, options.train_seq_len)  # (H,)
-        if isinstance(filled, int) and filled > options.train_seq_len:
-            scaled_from = (unscaled, filled / options.train_seq_len)  # length_scaled_slopes' divisor, as a number
+    slopes, scaled_from = _scaled_slopes(slopes, key_length, query_offset, query_length, options.train_seq_len)
     facts = plan_facts(
         slopes,
         batch,
@@ -107,20 +102,31 @@ def plan_alibi_attention(
     )
     facts = with_host_offset(facts) if route.host_offset else facts
     # a packed row's documents: uncached rows of their own at the row's (scaled) slopes, with the row's switches
-    part = PlanOptions(
-        options.dtype, 0.0, options.sdpa_split, options.query_chunk, options.skip_eps, causal=options.causal
-    )
+    part = replace(options, dropout=0.0, output_attentions=False, train_seq_len=None)
+    plan_row = partial(_plan_row, slopes, part)
     preparation = Preparation(
         options.dtype,
         options.query_chunk,
         route.eps,
         key_norms,
-        partial(_plan_row, slopes, part),
+        plan_row,
         route.segmented,
         route.compiled,
         implementation,
     )
     return _routed(replace(facts, scaled_from=scaled_from), route, preparation, prepare)
+
+
+def _scaled_slopes(slopes, key_length, query_offset, query_length, train_seq_len):
+    """The slopes every route reads, divided by max(1, K / n) for the length-dependent `alibi_scaling` (K: a 0-d
+    tensor for a static cache, a tensor op: no host sync when compiled), and `scaled_from` (`AlibiAttentionPlan`)."""
+    if train_seq_len is None:
+        return slopes, None
+    filled = key_length if query_offset is None else query_offset + query_length  # K: cached + new keys
+    unscaled, scaled = slopes.float(), length_scaled_slopes(slopes.float(), filled, train_seq_len)  # (H,)
+    if isinstance(filled, int) and filled > train_seq_len:
+        return scaled, (unscaled, filled / train_seq_len)  # length_scaled_slopes' divisor, as a number
+    return scaled, None
 
 
 @torch.compiler.disable  # host reads of the boundaries: kept out of compiled graphs, as transformers keeps its cache's

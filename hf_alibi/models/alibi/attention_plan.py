@@ -209,10 +209,8 @@ def choose_path(
     """The route for a backend and a plan's facts (module docstring): the only function that chooses one, and a pure
     one (it reads its arguments alone).
 
-    `skip_eps > 0` (the config's `alibi_skip_eps`) asks for certified key skipping; it applies outside tracing,
-    without caller-given key ranges, on the split (training too: its gradient is that of the attention computed),
-    on packed rows (each document as a row of its own), on FlexAttention and on one-row steps over plain-int
-    positions. `"auto"` skips on the `sdpa` backend on CPU where `skip_pays(slopes, query_length, key_length)` (the
+    `skip_eps > 0` (the config's `alibi_skip_eps`) asks for certified key skipping; it applies outside tracing, on
+    the split (training too), on packed rows (each document alone), on FlexAttention and on one-row plain-int steps. `"auto"` skips on the `sdpa` backend on CPU where `skip_pays(slopes, query_length, key_length)` (the
     measured rule, `attention_certified.skipping_pays`) says so for this shape, in training as at inference; a
     packed row's shape is each document's. The same rule holds for a decoding row under `generate()` and for each
     request of a continuous batch (`attention_paged.py` asks per request). `kernels_work` (the split's probe) is
@@ -262,10 +260,8 @@ def choose_path(
         and kernels_work is not None
         and (kernels_work())
     )
-    if skipping and eps > 0:
-        reason += f" (skip eps {eps:g}" + (
-            ", alibi_skip_eps='auto': the measured rule says it pays)" if skip_eps == "auto" else ")"
-        )
+    if skipping and eps > 0:  # the reason names the eps (and "auto": the measured rule said it pays)
+        reason += f" (skip eps {eps:g}{', alibi_skip_eps=auto: the rule says it pays' if skip_eps == 'auto' else ''})"
     host_offset = host and isinstance(plan.query_offset, int)
     return Route(path, eps if skipping else 0.0, host_offset, segmented, compiled, reason=reason)
 
@@ -318,15 +314,9 @@ def _path(implementation, plan, device, tracing, sdpa_split, skip, kernels_work)
         if skip:
             return "sdpa_decode_certified", "sdpa, one decoding row with certified skipping"
         return "sdpa_bank", "sdpa, one decoding row: its per-key bias in one call"
-    split = (
-        sdpa_split
-        and plan.dropout == 0.0  # the CPU flash kernel has no dropout
-        and device == "cpu"
-        and not tracing  # compiled and exported graphs keep to public ops
-    )
-    if not split:
-        why = _no_split_reason(plan, device, sdpa_split)
-        return "sdpa_bank", f"sdpa, several rows, {why}: the bias bank"
+    no_split = [why for why, bar in _NO_SPLIT if bar(plan, device, tracing, sdpa_split)]
+    if no_split:
+        return "sdpa_bank", f"sdpa, several rows, {no_split[0]}: the bias bank"
     if not (kernels_work is not None and kernels_work()):
         return "sdpa_bank", "sdpa, several rows, the CPU flash kernels' probe failed: the bias bank"
     if plan.documents is not None:  # packed rows: each document alone (its keys only, not a mask over the whole row)
@@ -336,14 +326,13 @@ def _path(implementation, plan, device, tracing, sdpa_split, skip, kernels_work)
     return "sdpa_split", "sdpa on CPU, several rows ending at the last key, no dropout: the bias-free split"
 
 
-def _no_split_reason(plan, device, sdpa_split) -> str:
-    if not sdpa_split:
-        return "alibi_sdpa_split=False"
-    if plan.dropout != 0.0:
-        return "dropout"
-    if device != "cpu":
-        return f"on {device}"
-    return "a traced graph"
+# What keeps a multi-row sdpa step off the split (the CPU flash kernel has no dropout; traced graphs keep to public ops)
+_NO_SPLIT = (
+    ("alibi_sdpa_split=False", lambda plan, device, tracing, sdpa_split: not sdpa_split),
+    ("dropout", lambda plan, device, tracing, sdpa_split: plan.dropout != 0.0),
+    ("not on CPU", lambda plan, device, tracing, sdpa_split: device != "cpu"),
+    ("a traced graph", lambda plan, device, tracing, sdpa_split: tracing),
+)
 
 
 def _is_static(length) -> bool:

@@ -12,7 +12,6 @@ import torch
 from conftest import CONTINUOUS_BATCHING, NO_CONTINUOUS_BATCHING
 from hf_alibi import get_alibi_slopes
 from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
-from hf_alibi.models.alibi.attention_paged import plan_paged_attention
 from hf_alibi.models.alibi.attention_plan import AUTO_EPS
 
 sys.path.insert(0, str(Path(__file__).parents[3] / "tests"))  # tests/: the skipping tests' steep model
@@ -33,7 +32,7 @@ def test_a_long_requests_decoding_row_skips_in_the_paged_plan_and_short_ones_sta
     generator = torch.Generator().manual_seed(0)
     query = 3 * torch.randn(1, 4, 3, 16, generator=generator)
     key, value = 3 * torch.randn(2, 1, 4, int(cu_k[-1]), 16, generator=generator)
-    plan = plan_paged_attention("sdpa", DEMO_SLOPES, 3, None, kwargs, skip_eps="auto")
+    plan = plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 3, 3, paged_kwargs=kwargs, skip_eps="auto")
     (segment,) = plan.payload.segments
     assert segment.plan.path.startswith("sdpa_decode_certified") and segment.plan.payload.eps == AUTO_EPS
     assert plan.payload.decode.rows.tolist() == [1, 2]  # the short requests share the batched dense call
