@@ -68,7 +68,8 @@ def plan_alibi_attention(
     `paged_kwargs` (what transformers' continuous batching passes with a `PagedAttentionCache`,
     `attention_paged.PAGED_KWARGS`) plans one flattened row of `query_length` tokens of requests, `position_ids`
     each request's positions (`attention_paged.py`). `prepare=False` stops at the route (the plan's `path` and
-    `reason`, no payload): what `hf_alibi.attention_route` reads.
+    `route` with its reason, no payload but a composite route's list of parts, each route-only): what
+    `hf_alibi.attention_route` reads.
     """
     options = replace(options or PlanOptions(), **option_values)
     if paged_kwargs is not None:
@@ -103,7 +104,7 @@ def plan_alibi_attention(
     facts = with_host_offset(facts) if route.host_offset else facts
     # a packed row's documents: uncached rows of their own at the row's (scaled) slopes, with the row's switches
     part = replace(options, dropout=0.0, output_attentions=False, train_seq_len=None)
-    plan_row = partial(_plan_row, slopes, part)
+    plan_row = partial(_plan_row, slopes, part, prepare)
     preparation = Preparation(
         options.dtype,
         options.query_chunk,
@@ -146,7 +147,7 @@ def _plan_paged(implementation, slopes, query_length, position_ids, paged_kwargs
         options.skip_eps,
         train_seq_len=options.train_seq_len,
     )
-    plan_row = partial(_plan_row, facts.slopes, part)
+    plan_row = partial(_plan_row, facts.slopes, part, prepare)
     preparation = Preparation(
         part.dtype,
         part.query_chunk,
@@ -160,20 +161,22 @@ def _plan_paged(implementation, slopes, query_length, position_ids, paged_kwargs
 
 
 def _routed(facts, route, preparation, prepare: bool) -> AlibiAttentionPlan:
-    """The plan on `route`: its path and reason, and (`prepare`) the payload its registry entry prepares."""
+    """The plan on `route`: its path and route, and (`prepare`) the payload its registry entry prepares; without
+    `prepare`, a composite route's payload still lists its parts, each with its route-only plan."""
     entry = ROUTES[route.path]
-    payload = entry.prepare(facts, preparation) if prepare and entry.prepare is not None else None
-    plan = replace(facts, path=route.path, reason=route.reason, payload=payload)
+    build = entry.prepare is not None and (prepare or entry.composite)  # a composite's parts: route-only plans
+    plan = replace(facts, path=route.path, route=route, payload=entry.prepare(facts, preparation) if build else None)
+    payload = plan.payload
     if isinstance(payload, PagedPlan) and payload.key_length is not None:
         plan = replace(plan, key_length=payload.key_length)  # every request's keys
     return plan
 
 
-def _plan_row(slopes, options, implementation, query_length, key_length) -> AlibiAttentionPlan:
+def _plan_row(slopes, options, prepare, implementation, query_length, key_length) -> AlibiAttentionPlan:
     """The plan of one batch-1 row of its own, `query_length` new tokens over `key_length` keys (its cached tokens
     first): a packed row's document or a continuous batch's request (`Preparation.plan_row`)."""
     return plan_alibi_attention(
-        implementation, slopes, 1, query_length, key_length, key_length - query_length, options=options
+        implementation, slopes, 1, query_length, key_length, key_length - query_length, options=options, prepare=prepare
     )
 
 

@@ -43,7 +43,7 @@ class AlibiAttentionPlan:
 
     Built once per forward (and once per tensor-parallel rank, `for_heads`) and never changed afterwards. The
     payload is the path's own frozen data (a bias, a bank, the split's calls, a block mask, varlen boundaries, the
-    paged batch), built by its `prepare_<path>`; a path reads no other path's data.
+    paged batch), built by its route's `prepare`; a route reads no other route's data.
     """
 
     path: str  # a key of `attention_routes.ROUTES`; "" for facts not yet given a route
@@ -67,7 +67,7 @@ class AlibiAttentionPlan:
     # CPU flex template cannot lower a score_mod reading a tensor computed inside the graph, as the divided slopes
     # are there; outside one, flex's own compilation would make the number symbolic, which it refuses)
     scaled_from: tuple[torch.Tensor, float] | None = None
-    reason: str = ""  # why `choose_path` chose `path` (`Route.reason`)
+    route: "Route | None" = None  # what `choose_path` chose: `path`, its eps and variant, and why (`Route.reason`)
 
     def for_heads(self, heads: slice) -> "AlibiAttentionPlan":
         """The plan for the global heads `heads` only (a tensor-parallel rank's): slopes, ranges and the payload for

@@ -132,7 +132,7 @@ def test_the_chosen_route_says_why():
     assert "alibi_sdpa_split=False" in choose_path("sdpa", facts, sdpa_split=False, **cpu).reason
     assert "output_attentions" in choose_path("sdpa", facts, output_attentions=True, **cpu).reason
     assert "probe" in choose_path("sdpa", facts, device="cpu", tracing=False).reason  # no probe: not applicable
-    assert plan_alibi_attention("eager", SLOPES, 1, 9, 9).reason == choose_path("eager", facts, **cpu).reason
+    assert plan_alibi_attention("eager", SLOPES, 1, 9, 9).route.reason == choose_path("eager", facts, **cpu).reason
 
 
 def test_planner_options_group_and_keywords_agree():
