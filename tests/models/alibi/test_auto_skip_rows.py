@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import CONTINUOUS_BATCHING, NO_CONTINUOUS_BATCHING
-from hf_alibi import get_alibi_slopes
+from hf_alibi import attention_route, get_alibi_slopes
 from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
 from hf_alibi.models.alibi.attention_plan import AUTO_EPS
 
@@ -99,15 +99,17 @@ def test_a_packed_rows_long_document_skips_and_every_document_equals_its_own_for
     with torch.no_grad(), record_plans(model) as plans:
         skipping = model(ids, position_ids=positions).logits[0]  # (total, V)
         alone = torch.cat([model(d[None]).logits[0] for d in documents])
-    parts = plans[0].payload.parts
-    assert plans[0].path == "sdpa_packed"
-    assert [p.path for _, _, _, p in parts] == ["sdpa_split_certified", "sdpa_split", "sdpa_bank", "sdpa_split"]
+    route = attention_route(model, ids, position_ids=positions)
+    assert {plan.path for plan in plans[:1]} == {route.name} == {"sdpa_packed"}
+    expected = ["sdpa_split_certified", "sdpa_split", "sdpa_bank", "sdpa_split"]
+    assert [route.document_routes[n] for n in DOCUMENTS] == expected
     torch.testing.assert_close(skipping, alone, atol=1e-6, rtol=0)  # the same calls on the same tokens
     model.config.alibi_skip_eps = 0.0
     with torch.no_grad(), record_plans(model) as plans:
         dense = model(ids, position_ids=positions).logits[0]
-    assert plans[0].path == "sdpa_packed"  # dense too: each document alone, not one mask over the whole row
-    assert {p.path for _, _, _, p in plans[0].payload.parts} <= {"sdpa_split", "sdpa_bank"}
+    dense_route = attention_route(model, ids, position_ids=positions)
+    assert plans[0].path == dense_route.name == "sdpa_packed"  # dense too: each document alone, not one mask
+    assert set(dense_route.document_routes.values()) <= {"sdpa_split", "sdpa_bank"}
     assert_close_to_dense(skipping, dense)
     reference = model.double()
     with torch.no_grad():
