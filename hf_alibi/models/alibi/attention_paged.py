@@ -20,6 +20,9 @@ so attention within it is exactly a batch-1 cached forward with query offset k_r
 FlashAttention-2 needs none of this: its varlen and paged kernels take the boundaries and `alibi_slopes` directly.
 With the length-dependent `alibi_scaling` each request's slopes are those of its own key count k_r, as alone (the
 segments' plans, the decoding rows' bias, FlashAttention-2's per-sequence `alibi_slopes`).
+The model's one planner plans it (`plan_alibi_attention(paged_kwargs=...)`): `paged_facts` checks the call, the
+route's prepare (`prepare_paged`, `prepare_paged_flash`) plans each request through the `plan_row` it is handed, and
+`paged_alibi_attention`, a composite route, runs each part through the dispatcher's `attend=`.
 """
 
 from dataclasses import dataclass, replace
