@@ -53,9 +53,9 @@ def plan_alibi_attention(
     `attention_mask` is the usual 2-D (B, kv) mask of 1 (real) and 0 (padding), or None. `query_offset` is the
     number of cached tokens (default `key_length - query_length`). Packed rows are described by `position_ids` that
     restart (read only without a mask and without cached tokens, as transformers' models do) or by flash-attention
-    style `cu_seq_lens` of one flattened row. `dtype` is the layers' compute dtype (autocast's, else the weights'):
-    SDPA masks are built in it once. `options` (`PlanOptions`; or its fields as keywords, `option_values`, which
-    override it) hold the rest: `sdpa_split=False` sends the calls the split would serve to the bias bank,
+    style `cu_seq_lens` of one flattened row. `options` (`PlanOptions`, or its fields as keywords, `option_values`,
+    which override it) hold the rest: `dtype` is the layers' compute dtype (autocast's, else the weights'): SDPA
+    masks are built in it once; `dropout` the attention-probability dropout; `sdpa_split=False` sends the calls the split would serve to the bias bank,
     whose chunks have `query_chunk` rows (the config's `alibi_sdpa_split` and `alibi_sdpa_query_chunk`).
     `skip_eps` (the config's `alibi_skip_eps`: `"auto"` or a number) asks for certified key skipping
     (`choose_path` says where it applies); a decoding step that skips reads the running key-norm summary of its cache
@@ -139,14 +139,7 @@ def _plan_paged(implementation, slopes, query_length, position_ids, paged_kwargs
     route = choose_path(
         implementation, facts, facts.slopes.device.type, tracing=False, paged=True, block_table=block_table
     )
-    part = PlanOptions(
-        options.dtype,
-        0.0,
-        options.sdpa_split,
-        options.query_chunk,
-        options.skip_eps,
-        train_seq_len=options.train_seq_len,
-    )
+    part = replace(options, dropout=0.0, output_attentions=False, causal=True)  # each request: a cached decoder row
     plan_row = partial(_plan_row, facts.slopes, part, prepare)
     preparation = Preparation(
         part.dtype,
