@@ -3,18 +3,15 @@ output and log-sum-exp (`_flash`), its backward at a given output and log-sum-ex
 that checks once that they still mean that (`split_kernels_work`; any failure selects the public paths); and the
 split's calls on them (`attend_diagonals`, `attend`), merged exactly by their log-sum-exps, with the autograd function
 whose backward differentiates each call at the merged output and log-sum-exp (`_SplitAttention`; the split's
-`SplitPlan` says which calls).
+`SplitPlan` says which calls: `attention_sdpa_split.py` imports this module, never the other way round, so the
+`plan` arguments below are read by their attributes alone).
 """
 
 import functools
-from typing import TYPE_CHECKING
 
 import torch
 
 from .attention_sdpa_split_floor import backward_lse
-
-if TYPE_CHECKING:  # the split's plan of calls (`attention_sdpa_split` imports this module)
-    from .attention_sdpa_split import SplitPlan
 
 # Fewest query rows per part when a one-head call's backward is cut into parts for the threads (`_flash_backward`):
 # the kernel's backward tiles 64 rows at a time
@@ -108,7 +105,7 @@ def _blocks(tensor, start, n, stride, count, dim=2):
     return tensor.as_strided(sizes, strides, tensor.storage_offset() + start * strides[dim])
 
 
-def attend_diagonals(plan: "SplitPlan", query, key, value, scaling) -> tuple[torch.Tensor, torch.Tensor]:
+def attend_diagonals(plan, query, key, value, scaling) -> tuple[torch.Tensor, torch.Tensor]:
     """Run `plan`'s diagonal groups (no autograd): the running output (B, H, q, D) and log-sum-exp (B, H, q) that
     they start, in the plan's dtype. Every row has exactly one diagonal call.
 
@@ -143,7 +140,7 @@ def attend_diagonals(plan: "SplitPlan", query, key, value, scaling) -> tuple[tor
     return output, lse
 
 
-def attend(plan: "SplitPlan", groups, query, key, value, scaling, output, lse) -> None:
+def attend(plan, groups, query, key, value, scaling, output, lse) -> None:
     """Run `groups` of `plan` (no autograd) into the running `output` (B, H, q, D) and `lse` (B, H, q), in place.
 
     A diagonal group writes its rows' running results (every row has exactly one diagonal call, and diagonal groups
