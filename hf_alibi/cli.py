@@ -31,14 +31,11 @@ Flag style, one per command family:
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-DEBUG_VARIABLE = "HF_ALIBI_DEBUG"
-EXIT_ERROR = 2  # argparse's status for a bad invocation; every refusal here is one
-# Errors that are the user's to fix (a path, a value, a missing extra): their message is the whole story.
-EXPECTED_ERRORS = (ValueError, OSError, ImportError)
+# How a command ends (one-line error, status 2, --debug): below the commands too, which end the same way
+from .command_errors import DEBUG_VARIABLE, EXIT_ERROR, EXPECTED_ERRORS, error_line, run_command
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,7 +70,7 @@ def plot_bias(args: argparse.Namespace) -> Path:
         raise ValueError(
             f"give a model/config path or --n-head, not both or neither (got {args.model!r}, {args.n_head})"
         )
-    from .experiments.plots import plot_alibi_bias
+    from .experiments.reporting.plots import plot_alibi_bias
 
     if args.model is not None:
         from .conversion.common import load_config
@@ -154,15 +151,15 @@ def run(argv: list[str]) -> None:
     """Run one `hf-alibi` command; errors raise (`main` turns them into one line and exit status 2)."""
     args, rest = build_parser().parse_known_args(argv)
     if args.command == "train":
-        from .experiments.train_short_test_long import main as train
+        from .experiments.commands.train_short_test_long import main as train
 
         return train(rest)
     if args.command == "sweep":
-        from .experiments.budget_sweep import main as sweep
+        from .experiments.commands.budget_sweep import main as sweep
 
         return sweep(rest)
     if args.command == "evaluate":
-        from .experiments.evaluate_length import main as evaluate
+        from .experiments.commands.evaluate_length import main as evaluate
 
         evaluate(rest)
         return None
@@ -195,30 +192,12 @@ def run(argv: list[str]) -> None:
         serve(options_from_arguments(args))  # every option is checked, and the model loaded, before it listens
 
 
-def error_line(exc: BaseException) -> str:
-    """`hf-alibi: error: ...` on one line; errors that are not the user's to fix carry their type and the way to
-    the traceback."""
-    message = " ".join(str(exc).split()) or type(exc).__name__
-    if not isinstance(exc, EXPECTED_ERRORS):
-        message = f"{type(exc).__name__}: {message} (rerun with --debug for the traceback)"
-    return f"hf-alibi: error: {message}"
-
-
 def main(argv: list[str] | None = None) -> int:
     """The console command: run `argv` (default `sys.argv[1:]`); 0 on success, 2 after a one-line error."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get(DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
-    argv = [arg for arg in argv if arg != "--debug"]
-    try:
-        run(argv)
-    except SystemExit as exc:  # --help, and argparse inside the commands' own parsers
-        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
-    except Exception as exc:  # noqa: BLE001  (every error becomes one line; --debug shows the traceback)
-        if debug:
-            raise
-        print(error_line(exc), file=sys.stderr)
-        return EXIT_ERROR
-    return 0
+    return run_command(run, argv)
+
+
+__all__ = ["DEBUG_VARIABLE", "EXIT_ERROR", "EXPECTED_ERRORS", "build_parser", "error_line", "main", "run"]
 
 
 if __name__ == "__main__":

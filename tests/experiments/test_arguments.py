@@ -7,7 +7,8 @@ from dataclasses import asdict
 
 import pytest
 
-from hf_alibi.experiments.arguments import (
+from hf_alibi.experiments.commands.budget_sweep import SweepArguments
+from hf_alibi.experiments.setup.arguments import (
     ComparisonArguments,
     DataArguments,
     EvaluationArguments,
@@ -18,7 +19,6 @@ from hf_alibi.experiments.arguments import (
     resolve_config,
     shipped_configs,
 )
-from hf_alibi.experiments.budget_sweep import SweepArguments
 from hf_alibi.models.alibi.transformers_compat import TENSOR_PARALLEL_TRANSFORMERS, transformers_at_least
 
 # The order results.md's "experiment:" line and results.json's metadata have always listed the fields in.

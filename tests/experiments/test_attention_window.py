@@ -1,4 +1,4 @@
-"""The effective attention window (hf_alibi.experiments.attention_window) and the bias figure (plots, plot-bias).
+"""The effective attention window (hf_alibi.experiments.length.attention_window) and the bias figure (plots, plot-bias).
 
 The reference: with zero query/key weights every attention logit is the bias alone, so head h weights distance k by
 exp(-m_h k) and its window at eps is ceil(ln(1/eps) / m_h), exactly.
@@ -12,14 +12,14 @@ import torch
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 from hf_alibi.cli import run as cli_run
-from hf_alibi.experiments.attention_window import (
+from hf_alibi.experiments.length.attention_window import (
     EffectiveWindow,
     mass_beyond_distance,
     measure_effective_window,
     theoretical_window,
     window_table,
 )
-from hf_alibi.experiments.plots import bias_heads, plot_alibi_bias, plot_effective_window
+from hf_alibi.experiments.reporting.plots import bias_heads, plot_alibi_bias, plot_effective_window
 
 SLOPES = [1.0, 0.5, 0.25, 0.125]  # windows ceil(ln(100) / m) = 5, 10, 19, 37 at eps = 0.01
 LENGTH = 512  # queries from 256 on: exp(-0.125 * 257) ~ 1e-14, the context is as good as infinite

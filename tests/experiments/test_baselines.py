@@ -1,4 +1,4 @@
-"""The position-encoding baselines (hf_alibi.experiments.baselines): shapes, fixed tables, training, loading."""
+"""The position-encoding baselines (hf_alibi.experiments.setup.baselines): shapes, fixed tables, training, loading."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2LMHeadModel, GPTNeoXForCausalLM, Trainer, TrainingArguments
 
-from hf_alibi.experiments.baselines import (
+from hf_alibi.experiments.setup.baselines import (
     BASELINES,
     build_model,
     freeze_sinusoidal_table,

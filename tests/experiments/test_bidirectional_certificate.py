@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hf_alibi.experiments.kept_context import bidirectional_kept_fraction, certified_key_windows
+from hf_alibi.experiments.length.kept_context import bidirectional_kept_fraction, certified_key_windows
 
 CHECKS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

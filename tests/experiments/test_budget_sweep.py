@@ -6,7 +6,7 @@ import json
 import pytest
 from transformers import TrainingArguments
 
-from hf_alibi.experiments.budget_sweep import SweepArguments, budget_training_args, position_use, write_sweep
+from hf_alibi.experiments.commands.budget_sweep import SweepArguments, budget_training_args, position_use, write_sweep
 
 
 def test_position_use_is_the_longest_over_the_training_length_perplexity(make_evaluation):
@@ -54,7 +54,7 @@ def test_each_budget_trains_in_its_own_folder_with_its_own_steps(tmp_path):
 
 @pytest.mark.slow
 def test_budget_sweep_recipe_on_the_smoke_budget_writes_its_table(tmp_path):
-    from hf_alibi.experiments.budget_sweep import main
+    from hf_alibi.experiments.commands.budget_sweep import main
 
     out = tmp_path / "sweep"
     main(["--config", "budget_sweep", "--smoke", "--budgets", "2", "3", "--output_dir", str(out)])

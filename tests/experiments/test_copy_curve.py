@@ -1,4 +1,4 @@
-"""The copy's learning curve (hf_alibi.experiments.copy_curve): its metrics on models whose answers are known, and the
+"""The copy's learning curve (hf_alibi.experiments.retrieval.copy_curve): its metrics on models whose answers are known, and the
 callback's points through a Trainer run and a resumed one."""
 
 import json
@@ -9,8 +9,8 @@ import torch
 from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
-from hf_alibi.experiments.baselines import build_model
-from hf_alibi.experiments.copy_curve import (
+from hf_alibi.experiments.data.tokenization import train_tokenizer
+from hf_alibi.experiments.retrieval.copy_curve import (
     CURVE_FILE,
     CopyCurve,
     copy_attention,
@@ -18,8 +18,8 @@ from hf_alibi.experiments.copy_curve import (
     first_step_at,
     read_curve,
 )
-from hf_alibi.experiments.passkey import PasskeyTemplate, probe_examples
-from hf_alibi.experiments.tokenization import train_tokenizer
+from hf_alibi.experiments.retrieval.passkey import PasskeyTemplate, probe_examples
+from hf_alibi.experiments.setup.baselines import build_model
 
 VOCAB = 257
 

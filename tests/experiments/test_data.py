@@ -1,4 +1,4 @@
-"""Corpus, held-out split, fingerprint, tokenizer cache and packing (hf_alibi.experiments.data, hf_alibi.experiments.tokenization)."""
+"""Corpus, held-out split, fingerprint, tokenizer cache and packing (hf_alibi.experiments.data.corpus, hf_alibi.experiments.data.tokenization)."""
 
 import json
 import os
@@ -7,8 +7,9 @@ import pytest
 from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hf_alibi.experiments import data, tokenization
-from hf_alibi.experiments.data import (
+from hf_alibi.experiments.data import corpus as data
+from hf_alibi.experiments.data import tokenization
+from hf_alibi.experiments.data.corpus import (
     corpus_fingerprint,
     heldout_token_ids,
     is_heldout,
@@ -18,7 +19,7 @@ from hf_alibi.experiments.data import (
     split_documents,
     stdlib_documents,
 )
-from hf_alibi.experiments.tokenization import END_OF_TEXT, load_or_train_tokenizer, train_tokenizer
+from hf_alibi.experiments.data.tokenization import END_OF_TEXT, load_or_train_tokenizer, train_tokenizer
 
 VOCAB = 300  # 256 bytes + <|endoftext|> + a few merges: trains in milliseconds
 
@@ -238,9 +239,9 @@ def test_hub_wikitext_is_joined_into_articles_and_keeps_its_validation_split(mon
 def test_byte_level_vocabulary_scores_exactly_one_byte_per_token():
     import torch
 
-    from hf_alibi.experiments.arguments import ExperimentArguments
-    from hf_alibi.experiments.recipe_data import heldout_bytes_per_token
-    from hf_alibi.experiments.tokenization import train_tokenizer
+    from hf_alibi.experiments.data.tokenization import train_tokenizer
+    from hf_alibi.experiments.setup.arguments import ExperimentArguments
+    from hf_alibi.experiments.training.recipe_data import heldout_bytes_per_token
 
     text = "def f(x):\n    return x  # é, ü: multi-byte characters\n" * 40
     tokenizer = train_tokenizer([text], vocab_size=257)

@@ -1,12 +1,12 @@
-"""The retrieval experiment's evaluation arms (hf_alibi.experiments.eval_arms): each extension is set through the
+"""The retrieval experiment's evaluation arms (hf_alibi.experiments.setup.eval_arms): each extension is set through the
 model's own config, changes nothing where its method says so (within the training length, or at factor 1) and
 changes the outputs past the training length; bad arm names are refused by name."""
 
 import pytest
 import torch
 
-from hf_alibi.experiments.baselines import build_model
-from hf_alibi.experiments.eval_arms import arm_model, parse_arm
+from hf_alibi.experiments.setup.baselines import build_model
+from hf_alibi.experiments.setup.eval_arms import arm_model, parse_arm
 
 TRAIN = 32
 SHAPE = dict(

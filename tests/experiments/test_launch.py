@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_alibi.experiments import launch
-from hf_alibi.experiments.arguments import ExperimentArguments, apply_smoke, parse_args
-from hf_alibi.experiments.launch import LOCK_FILE, output_dir_lock, portable_command
-from hf_alibi.experiments.runner import run_experiment
+from hf_alibi.experiments.setup import launch
+from hf_alibi.experiments.setup.arguments import ExperimentArguments, apply_smoke, parse_args
+from hf_alibi.experiments.setup.launch import LOCK_FILE, output_dir_lock, portable_command
+from hf_alibi.experiments.training.runner import run_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_YAML = "smoke"  # the shipped config, by name

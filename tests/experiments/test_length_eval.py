@@ -1,4 +1,4 @@
-"""hf_alibi.experiments.length_eval against a naive per-token reference on a tiny float64 GPT-2, plus the evaluate metric."""
+"""hf_alibi.experiments.length.length_eval against a naive per-token reference on a tiny float64 GPT-2, plus the evaluate metric."""
 
 import json
 import math
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hf_alibi.experiments import length_eval
-from hf_alibi.experiments.length_eval import (
+from hf_alibi.experiments.length import length_eval
+from hf_alibi.experiments.length.length_eval import (
     ModelEvaluation,
     evaluate_model,
     nonoverlapping_windows,

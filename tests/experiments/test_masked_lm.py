@@ -1,4 +1,4 @@
-"""The masked-LM recipe (`recipes/train_mlm.py`, `hf_alibi.experiments.masked_lm`) on a few steps: it trains an
+"""The masked-LM recipe (`recipes/train_mlm.py`, `hf_alibi.experiments.training.masked_lm`) on a few steps: it trains an
 `AlibiBertForMaskedLM` with BERT's 15% masking on the demo corpus and saves a folder the Auto classes load back."""
 
 import json
@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForMaskedLM, AutoTokenizer, DataCollatorForLanguageModeling
 
-from hf_alibi.experiments.arguments import ExperimentArguments, apply_smoke, parse_args
-from hf_alibi.experiments.masked_lm import MASK_TOKEN, heldout_masked_loss, train_masked_lm
+from hf_alibi.experiments.setup.arguments import ExperimentArguments, apply_smoke, parse_args
+from hf_alibi.experiments.training.masked_lm import MASK_TOKEN, heldout_masked_loss, train_masked_lm
 
 
 def test_mlm_demo_trains_a_few_steps_and_saves_a_loadable_masked_lm(tmp_path):

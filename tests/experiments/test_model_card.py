@@ -1,4 +1,4 @@
-"""hf_alibi.experiments.model_card: the card's metadata carries the measured perplexities and survives ModelCard.load."""
+"""hf_alibi.experiments.reporting.model_card: the card's metadata carries the measured perplexities and survives ModelCard.load."""
 
 import math
 from pathlib import Path
@@ -8,10 +8,10 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hf_alibi.experiments import model_card
-from hf_alibi.experiments.length_eval import evaluate_model
-from hf_alibi.experiments.model_card import find_template, render_card, save_card
-from hf_alibi.experiments.results import write_results
+from hf_alibi.experiments.length.length_eval import evaluate_model
+from hf_alibi.experiments.reporting import model_card
+from hf_alibi.experiments.reporting.model_card import find_template, render_card, save_card
+from hf_alibi.experiments.reporting.results import write_results
 
 LENGTHS = [8, 16, 32]
 

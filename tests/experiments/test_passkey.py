@@ -1,4 +1,4 @@
-"""The passkey probe (hf_alibi.experiments.passkey): where the needle goes, determinism by seed, the key never in the
+"""The passkey probe (hf_alibi.experiments.retrieval.passkey): where the needle goes, determinism by seed, the key never in the
 filler, the scorer against real greedy decoding, and the Wilson interval and its sample size."""
 
 import random
@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from hf_alibi.experiments.baselines import build_model
-from hf_alibi.experiments.passkey import (
+from hf_alibi.experiments.data.tokenization import train_tokenizer
+from hf_alibi.experiments.retrieval.passkey import (
     PasskeyTemplate,
     filler_stream,
     key_ids,
@@ -18,7 +18,7 @@ from hf_alibi.experiments.passkey import (
     score_examples,
     wilson_interval,
 )
-from hf_alibi.experiments.tokenization import train_tokenizer
+from hf_alibi.experiments.setup.baselines import build_model
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""hf_alibi.experiments.results: the files a person reads agree with results.json; writes are atomic; the recipe writes them."""
+"""hf_alibi.experiments.reporting.results: the files a person reads agree with results.json; writes are atomic; the recipe writes them."""
 
 import csv
 import json
@@ -10,9 +10,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from hf_alibi.atomic_files import write_file_atomically
-from hf_alibi.experiments import results as results_module
-from hf_alibi.experiments.length_eval import evaluate_model
-from hf_alibi.experiments.results import format_summary, load_results, write_results
+from hf_alibi.experiments.length.length_eval import evaluate_model
+from hf_alibi.experiments.reporting import results as results_module
+from hf_alibi.experiments.reporting.results import format_summary, load_results, write_results
 
 LENGTHS = [8, 16, 32]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -211,7 +211,7 @@ def test_models_trained_at_several_lengths_keep_their_own_length_in_every_file(t
 
 def test_a_smoke_run_says_so_in_its_table_and_on_every_plot_and_a_real_run_does_not(evaluations, tmp_path, monkeypatch):
     """Untrained tiny models on auto-scaled axes look like results: a smoke run's files carry `run_caveat`."""
-    from hf_alibi.experiments import plots
+    from hf_alibi.experiments.reporting import plots
 
     titles = {}
     save = plots.save_figure

@@ -1,4 +1,4 @@
-"""The retrieval experiment (hf_alibi.experiments.retrieval) end to end on retrieval_smoke.yaml, its training mix,
+"""The retrieval experiment (hf_alibi.experiments.retrieval.experiment) end to end on retrieval_smoke.yaml, its training mix,
 and the ALiBi arms' dropped-keys measurement (kept_context)."""
 
 import json
@@ -9,12 +9,12 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from hf_alibi.experiments.arguments import ExperimentArguments, parse_args
-from hf_alibi.experiments.baselines import build_model
-from hf_alibi.experiments.kept_context import dropped_fraction, slopes_at
-from hf_alibi.experiments.passkey import PasskeyTemplate
-from hf_alibi.experiments.retrieval import run_retrieval, with_passkeys
-from hf_alibi.experiments.tokenization import train_tokenizer
+from hf_alibi.experiments.data.tokenization import train_tokenizer
+from hf_alibi.experiments.length.kept_context import dropped_fraction, slopes_at
+from hf_alibi.experiments.retrieval.experiment import run_retrieval, with_passkeys
+from hf_alibi.experiments.retrieval.passkey import PasskeyTemplate
+from hf_alibi.experiments.setup.arguments import ExperimentArguments, parse_args
+from hf_alibi.experiments.setup.baselines import build_model
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
-"""The retrieval diagnosis table (hf_alibi.experiments.retrieval_diagnosis) over a finished smoke run."""
+"""The retrieval diagnosis table (hf_alibi.experiments.retrieval.retrieval_diagnosis) over a finished smoke run."""
 
 import pytest
 
-from hf_alibi.experiments.arguments import ExperimentArguments, parse_args
-from hf_alibi.experiments.retrieval import run_retrieval
-from hf_alibi.experiments.retrieval_diagnosis import main
+from hf_alibi.experiments.retrieval.experiment import run_retrieval
+from hf_alibi.experiments.retrieval.retrieval_diagnosis import main
+from hf_alibi.experiments.setup.arguments import ExperimentArguments, parse_args
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The retrieval experiment over several seeds (hf_alibi.experiments.retrieval_seeds): how seeds are pooled, and a
+"""The retrieval experiment over several seeds (hf_alibi.experiments.retrieval.retrieval_seeds): how seeds are pooled, and a
 whole seeded run that resumes from its finished seeds."""
 
 import json
@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from hf_alibi.experiments.arguments import ExperimentArguments, parse_args
-from hf_alibi.experiments.passkey import wilson_interval
-from hf_alibi.experiments.retrieval import run_retrieval
-from hf_alibi.experiments.retrieval_seeds import pool_seeds, seeded_metadata
+from hf_alibi.experiments.retrieval.experiment import run_retrieval
+from hf_alibi.experiments.retrieval.passkey import wilson_interval
+from hf_alibi.experiments.retrieval.retrieval_seeds import pool_seeds, seeded_metadata
+from hf_alibi.experiments.setup.arguments import ExperimentArguments, parse_args
 
 
 def record(correct: int, nll: float, dropped: float) -> dict:

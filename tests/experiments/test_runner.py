@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from transformers import TrainerCallback
 
-from hf_alibi.experiments.arguments import ExperimentArguments, apply_smoke, parse_args
-from hf_alibi.experiments.launch import LOCK_FILE
-from hf_alibi.experiments.runner import run_experiment
+from hf_alibi.experiments.setup.arguments import ExperimentArguments, apply_smoke, parse_args
+from hf_alibi.experiments.setup.launch import LOCK_FILE
+from hf_alibi.experiments.training.runner import run_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_YAML = "smoke"  # the shipped config, by name
@@ -206,7 +206,7 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
 def test_push_to_hub_uploads_exactly_the_final_alibi_folder(smoke_run, monkeypatch):
     from huggingface_hub import HfApi
 
-    from hf_alibi.experiments.publish import push_alibi_model
+    from hf_alibi.experiments.reporting.publish import push_alibi_model
 
     output_dir, _, experiment = smoke_run
     calls = {}
@@ -276,7 +276,7 @@ def test_two_process_ddp_training_runs_two_ranks(tmp_path):
 
 
 def test_headline_config_under_smoke_keeps_each_model_s_length_ratio_and_token_budget():
-    from hf_alibi.experiments.arguments import batch_size_at
+    from hf_alibi.experiments.setup.arguments import batch_size_at
 
     experiment, training = parse_args(
         ["--config", str(REPO / "hf_alibi/experiments/configs/headline.yaml")], ExperimentArguments
@@ -292,7 +292,7 @@ def test_headline_config_under_smoke_keeps_each_model_s_length_ratio_and_token_b
 def test_peak_memory_sees_a_64_mib_tensor_allocated_and_freed_inside_the_block():
     import torch
 
-    from hf_alibi.experiments.peak_memory import PeakMemory
+    from hf_alibi.experiments.training.peak_memory import PeakMemory
 
     with PeakMemory("cpu") as peak:
         block = torch.ones(64 * 2**20 // 4)  # 64 MiB of float32, touched

@@ -7,8 +7,8 @@ from tokenizers import ByteLevelBPETokenizer
 from transformers import AutoModelForCausalLM, BloomConfig, BloomForCausalLM, PreTrainedTokenizerFast
 
 from hf_alibi import AlibiGPT2LMHeadModel, convert
-from hf_alibi.experiments.arguments import ExperimentArguments, apply_smoke, parse_args
-from hf_alibi.experiments.runner import run_experiment
+from hf_alibi.experiments.setup.arguments import ExperimentArguments, apply_smoke, parse_args
+from hf_alibi.experiments.training.runner import run_experiment
 
 SMOKE_YAML = "smoke"  # the shipped config, by name
 

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from hf_alibi.experiments import training_cost
-from hf_alibi.experiments.results import bits, bits_table, training_cost_table
-from hf_alibi.experiments.training_cost import measure_training_costs, training_step
+from hf_alibi.experiments.reporting.results import bits, bits_table, training_cost_table
+from hf_alibi.experiments.training import training_cost
+from hf_alibi.experiments.training.training_cost import measure_training_costs, training_step
 
 
 class _Counted(torch.nn.Module):
