@@ -95,12 +95,6 @@ def _version() -> str:
         return "unknown"
 
 
-def _spoken(names) -> str:
-    """`a, b or c`."""
-    names = list(names)
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-
-
 def _max_seq_len_help(meanings: dict[str, str]) -> str:
     """`--max-seq-len`'s help: the layouts that take it, grouped by what it sets in each (first-seen order)."""
     groups: dict[str, list[str]] = {}
@@ -111,7 +105,7 @@ def _max_seq_len_help(meanings: dict[str, str]) -> str:
 
 def description() -> str:
     """The top `--help` text: this module's docstring, its family and layout names read from the conversion records."""
-    from .conversion.dispatch import ENCODER_LAYOUT_NAMES, FAMILY_NAMES, GGUF_ARCHITECTURES, REMOTE_CODE
+    from .conversion.dispatch import ENCODER_LAYOUT_NAMES, FAMILY_NAMES, GGUF_ARCHITECTURES, REMOTE_CODE, spoken
     from .conversion.encoder_files import ENCODER_SOURCES
 
     remote_layouts = [model_type for family in REMOTE_CODE for model_type in family.names]
@@ -119,7 +113,7 @@ def description() -> str:
         families=", ".join(FAMILY_NAMES),
         encoder_sources=", ".join(ENCODER_SOURCES),
         other_remote_layouts=", ".join(f"--to {layout}" for layout in remote_layouts[1:]),
-        gguf_architectures=_spoken(GGUF_ARCHITECTURES),
+        gguf_architectures=spoken(GGUF_ARCHITECTURES),
         other_encoder_layouts=", ".join(f"--to {layout}" for layout in list(ENCODER_LAYOUT_NAMES)[1:]),
     )
 

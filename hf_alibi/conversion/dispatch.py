@@ -112,6 +112,14 @@ MAX_SEQ_LEN = {
     GGUF_LAYOUT: "the context length recorded",
 }
 GGUF_ARCHITECTURES = (*GPT2_GGUF_ARCHITECTURES, ENCODER_GGUF_ARCHITECTURE)  # llama.cpp's, in what `gguf` writes
+
+
+def spoken(names, conjunction: str = "or") -> str:
+    """A name list as help texts say it: `a, b or c` (`conjunction="and"`: `a, b and c`)."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {conjunction} {names[-1]}"
+
+
 SENTENCEPIECE_MODEL = "tokenizer.model"  # Baichuan's tokenizer: copied beside the tokenizer a convert writes
 
 

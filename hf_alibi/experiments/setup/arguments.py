@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..._transformers_compat import require_transformers
+from ...conversion.dispatch import EXACT_FAMILIES, FAMILY_NAMES, NAMES, spoken  # the help's family names
 from ...models.alibi.transformers_compat import TENSOR_PARALLEL_TRANSFORMERS
 from ..data.corpus import STDLIB_CORPUS
 from .baselines import BASELINES
@@ -176,8 +177,9 @@ class ModelArguments:
     init_from: str | None = field(
         default=None,
         metadata={
-            "help": "Checkpoint (folder or Hub id) to fine-tune ('alibi' only), with its tokenizer: BLOOM, MPT or "
-            "Falcon-RW (imported exactly by hf_alibi.convert) or GPT-2 (converted: it must first learn ALiBi)."
+            "help": "Checkpoint (folder or Hub id) to fine-tune ('alibi' only), with its tokenizer: "
+            f"{spoken(NAMES[family] for family in EXACT_FAMILIES)} (imported exactly by hf_alibi.convert) or "
+            f"{NAMES['gpt2']} (converted: it must first learn ALiBi)."
         },
     )
     # The name init_from had while only GPT-2 could be imported. Kept, with a FutureWarning, so that old configs and
@@ -190,7 +192,7 @@ class ModelArguments:
         if self.init_from_gpt2 is not None:
             warnings.warn(
                 f"init_from_gpt2={self.init_from_gpt2!r} is deprecated: it is the older name of init_from (which "
-                "imports GPT-2, BLOOM, MPT and Falcon-RW checkpoints); use --init_from / init_from: instead",
+                f"imports {spoken(FAMILY_NAMES, 'and')} checkpoints); use --init_from / init_from: instead",
                 FutureWarning,
                 stacklevel=_stacklevel_outside_hf_alibi(),
             )
