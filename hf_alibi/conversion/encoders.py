@@ -35,8 +35,7 @@ from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, Requirement, load_exactly, r
 from .remote_code import Checkpoint
 from .weight_map import Entry, WeightMap, map_weights
 
-# layout -> (what `hf-alibi` calls it, the code whose layout it is: what a refusal names). The one list of the
-# encoder layouts: `NAMES`, `SHORT_NAMES`, `LAYOUTS`, the export layouts (`encoder_files`) and the CLI derive from it.
+# layout -> (its name in `hf-alibi`, the code whose layout it is: what refusals name); every encoder list reads it
 _LAYOUTS = {
     "jina": ("Jina", "jina-bert-implementation (jina-embeddings-v2, jina-reranker-v1)"),
     "jina_code": ("Jina", "jina-bert-v2-qk-post-norm (jina-embeddings-v2-base-code)"),
