@@ -186,3 +186,27 @@ def test_no_module_outside_conversion_keeps_a_name_list():
 def test_the_check_finds_a_hand_kept_list(source, hits):
     found = hand_kept_lists(source, "probe.py", known_names())
     assert len(found) == hits, found
+
+
+# ---- the docs: prose, so checked against the records rather than derived ------------------------------------------
+
+REPO = PACKAGE.parent
+
+
+def table_row(page: str, start: str) -> str:
+    return next(line for line in (REPO / page).read_text().splitlines() if line.startswith(start))
+
+
+def test_the_cli_reference_names_every_family_and_layout():
+    convert, export = table_row("docs/cli.md", "| `convert` |"), table_row("docs/cli.md", "| `export` |")
+    for name in (*dispatch.FAMILY_NAMES, *encoder_files.ENCODER_SOURCES):
+        assert name in convert, f"docs/cli.md's convert row does not name {name}"
+    for name in dispatch.LAYOUT_NAMES.values():
+        assert name in export, f"docs/cli.md's export row does not name {name}"
+
+
+def test_the_readme_offers_exactly_the_layouts():
+    row = table_row("README.md", "| `hf-alibi export SRC DST --to ")
+    gpt2, bert = re.match(r"\| `hf-alibi export SRC DST --to ([\w\\|]+)`.*`--to ([\w\\|]+)`", row).groups()
+    assert gpt2.split("\\|") == list(dispatch.GPT2_LAYOUTS)
+    assert bert.split("\\|") == list(encoder_files.ENCODER_LAYOUTS)
