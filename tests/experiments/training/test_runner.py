@@ -11,7 +11,7 @@ from hf_alibi.experiments.setup.arguments import ExperimentArguments, apply_smok
 from hf_alibi.experiments.setup.launch import LOCK_FILE
 from hf_alibi.experiments.training.runner import run_experiment
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SMOKE_YAML = "smoke"  # the shipped config, by name
 
 

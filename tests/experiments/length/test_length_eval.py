@@ -18,7 +18,7 @@ from hf_alibi.experiments.length.length_eval import (
     token_nll,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 VOCAB = 50
 
 

@@ -16,7 +16,7 @@ from hf_alibi.experiments.setup.arguments import ExperimentArguments, apply_smok
 from hf_alibi.experiments.setup.launch import LOCK_FILE, output_dir_lock, portable_command
 from hf_alibi.experiments.training.runner import run_experiment
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SMOKE_YAML = "smoke"  # the shipped config, by name
 # The lock holder loads launch.py by path: a real second process that holds the lock, without importing torch.
 HOLDER = """
