@@ -25,7 +25,10 @@ LAYERS: list[list[str]] = [
         "hf_alibi.native_flush",
     ],
     ["hf_alibi.models"],  # ships with checkpoints: relative imports within its folder only
-    ["hf_alibi.conversion"],
+    [
+        "hf_alibi.conversion",
+        "hf_alibi.route_inspection",  # `hf_alibi.attention_route`: asks the model's own planner, nothing above it
+    ],
     [
         "hf_alibi",  # the package root: registration with the Auto classes, `hf_alibi.convert`
         "hf_alibi.serving",
