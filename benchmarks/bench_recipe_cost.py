@@ -4,7 +4,7 @@
     HF_HUB_OFFLINE=1 python -m benchmarks.bench_recipe_cost --config headline --steps 20
 
 Fresh models, the optimizer Trainer creates, one batch as the recipe's collator makes it, untimed warm-up steps,
-then interleaved training steps in rotating order (`hf_alibi.experiments.training_cost`, what every recipe run
+then interleaved training steps in rotating order (`hf_alibi.experiments.training.training_cost`, what every recipe run
 records in its `results.md`). Prints each model's median step, its ratio to the first model named, tokens/s and
 peak memory: set it beside `benchmarks.bench_alibi --suite train` at the same shape (BENCHMARKS.md, "Recipe
 training cost").
@@ -14,8 +14,8 @@ import argparse
 
 from accelerate import PartialState
 
-from hf_alibi.experiments.arguments import parse_args
-from hf_alibi.experiments.runner import ExperimentArguments, measure_costs, prepare_data
+from hf_alibi.experiments.setup.arguments import parse_args
+from hf_alibi.experiments.training.runner import ExperimentArguments, measure_costs, prepare_data
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:

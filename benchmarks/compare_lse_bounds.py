@@ -53,7 +53,7 @@ def kept(name, table):
 
 def measure(model, ids, eps):
     from benchmarks.skip_research import certified_key_starts, kept_fraction
-    from hf_alibi.experiments.kept_context import capture_queries_keys
+    from hf_alibi.experiments.length.kept_context import capture_queries_keys
     from hf_alibi.models.alibi.attention_alibi import plan_alibi_attention
     from hf_alibi.models.alibi.attention_certified import ROW_GROUP, certified_split
 

@@ -26,11 +26,11 @@ from functools import partial
 import torch
 from transformers import PreTrainedTokenizerBase, TrainingArguments
 
-from hf_alibi.experiments.arguments import ExperimentArguments, batch_size_at, parse_args
-from hf_alibi.experiments.data import heldout_token_ids, load_recipe_corpus
-from hf_alibi.experiments.length_eval import nonoverlapping_windows, select_documents, sliding_windows
-from hf_alibi.experiments.runner import make_model
-from hf_alibi.experiments.tokenization import load_or_train_tokenizer
+from hf_alibi.experiments.data.corpus import heldout_token_ids, load_recipe_corpus
+from hf_alibi.experiments.data.tokenization import load_or_train_tokenizer
+from hf_alibi.experiments.length.length_eval import nonoverlapping_windows, select_documents, sliding_windows
+from hf_alibi.experiments.setup.arguments import ExperimentArguments, batch_size_at, parse_args
+from hf_alibi.experiments.training.runner import make_model
 
 from .measure import time_calls
 

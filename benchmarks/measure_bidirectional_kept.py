@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from hf_alibi.experiments.kept_context import bidirectional_kept_fraction, certified_key_windows
+from hf_alibi.experiments.length.kept_context import bidirectional_kept_fraction, certified_key_windows
 
 from .measure_kept_fraction import heldout_stream
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from hf_alibi.atomic_files import write_text_atomically
-from hf_alibi.experiments.kept_context import capture_queries_keys
+from hf_alibi.experiments.length.kept_context import capture_queries_keys
 from hf_alibi.models.alibi.attention_sdpa_split import SPLIT_CHUNKS, split_attention, split_plan
 from hf_alibi.models.alibi.attention_sdpa_split_floor import backward_lse
 

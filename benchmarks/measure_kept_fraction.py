@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from hf_alibi.experiments.kept_context import capture_queries_keys
+from hf_alibi.experiments.length.kept_context import capture_queries_keys
 
 GRID = [(eps, 256, key_block) for eps in (1e-7, 1e-5) for key_block in (256, 64)]  # (eps, row block, key block)
 BOUNDS = {  # name -> (near keys in the LSE lower bound, centred block bound as well as Cauchy-Schwarz)
@@ -71,7 +71,7 @@ def load_model(folder: Path, random_init: bool = False):
 
 def heldout_stream(tokenizer, length: int) -> torch.Tensor:
     """(1, length) ids: the recipe's held-out standard-library documents, each followed by EOS, from the start."""
-    from hf_alibi.experiments.data import load_text_corpus
+    from hf_alibi.experiments.data.corpus import load_text_corpus
 
     ids = []
     for text in load_text_corpus()["validation"]["text"]:

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from hf_alibi.experiments.kept_context import kept_fraction  # noqa: F401  (the measurement, re-exported)
+from hf_alibi.experiments.length.kept_context import kept_fraction  # noqa: F401  (the measurement, re-exported)
 from hf_alibi.models.alibi import attention_skip as shipped
 from hf_alibi.models.alibi.attention_skip import (
     _blocked,

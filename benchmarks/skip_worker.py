@@ -64,7 +64,7 @@ def kept_fractions(model, ids, eps: float) -> list[float]:
 
     import hf_alibi.models.alibi.attention_certified as attention
     from benchmarks.skip_research import kept_fraction
-    from hf_alibi.experiments.kept_context import bidirectional_kept_fraction
+    from hf_alibi.experiments.length.kept_context import bidirectional_kept_fraction
 
     used, certified_split = [], attention.certified_split
 

@@ -33,6 +33,7 @@ from .models.alibi.modeling_alibi_gpt2 import (
     AlibiGPT2Model,
     AlibiGPT2PreTrainedModel,
 )
+from .route_inspection import AttentionRouteReport, attention_route
 
 AUTO_CLASSES = {
     AutoModel: AlibiGPT2Model,
@@ -82,7 +83,9 @@ __all__ = [
     "AlibiGPT2ForTokenClassification",
     "AlibiGPT2ForQuestionAnswering",
     "AlibiGPT2PreTrainedModel",
+    "AttentionRouteReport",
     "alibi_causal_bias",
+    "attention_route",
     "convert",
     "convert_gpt2",
     "export",

@@ -1,12 +1,12 @@
 """The `hf-alibi` console command.
 
-hf-alibi convert SRC DST                 # GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM, Baichuan -> ALiBi GPT-2
-                                         # jina-embeddings-v2, jina-reranker-v1, MosaicBERT, DNABERT-2 -> ALiBi BERT
+hf-alibi convert SRC DST                 # {families} -> ALiBi GPT-2
+                                         # {encoder_sources} -> ALiBi BERT
 hf-alibi export SRC DST --to bloom       # ALiBi GPT-2 folder -> BloomForCausalLM folder
 hf-alibi export SRC DST --to mpt --max-seq-len 8192   # -> MptForCausalLM folder (transformers, vLLM, TGI)
-hf-alibi export SRC DST --to jais        # -> their remote-code layout (also --to btlm, --to baichuan), for their own code
-hf-alibi export SRC model.gguf --to gguf # -> one llama.cpp file (mpt, jais or jina-bert-v2), tokenizer included
-hf-alibi export SRC DST --to jina        # ALiBi BERT folder -> jina-bert-implementation's layout (also --to mosaic)
+hf-alibi export SRC DST --to jais        # -> their remote-code layout (also {other_remote_layouts}), for their own code
+hf-alibi export SRC model.gguf --to gguf # -> one llama.cpp file ({gguf_architectures}), tokenizer included
+hf-alibi export SRC DST --to jina        # ALiBi BERT folder -> jina-bert-implementation's layout (also {other_encoder_layouts})
 hf-alibi plot-bias [MODEL_OR_CONFIG | --n-head N] --output FILE.png   # bias matrices and slope schedule
 hf-alibi train --config cpu_demo [--KEY VALUE ...]    # train short, test long (a shipped config or a YAML file)
 hf-alibi evaluate --model FOLDER [FOLDER ...]         # any checkpoint at 1x-16x its training length
@@ -31,14 +31,11 @@ Flag style, one per command family:
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-DEBUG_VARIABLE = "HF_ALIBI_DEBUG"
-EXIT_ERROR = 2  # argparse's status for a bad invocation; every refusal here is one
-# Errors that are the user's to fix (a path, a value, a missing extra): their message is the whole story.
-EXPECTED_ERRORS = (ValueError, OSError, ImportError)
+# How a command ends (one-line error, status 2, --debug): below the commands too, which end the same way
+from .command_errors import DEBUG_VARIABLE, EXIT_ERROR, EXPECTED_ERRORS, error_line, run_command
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,7 +70,7 @@ def plot_bias(args: argparse.Namespace) -> Path:
         raise ValueError(
             f"give a model/config path or --n-head, not both or neither (got {args.model!r}, {args.n_head})"
         )
-    from .experiments.plots import plot_alibi_bias
+    from .experiments.reporting.plots import plot_alibi_bias
 
     if args.model is not None:
         from .conversion.common import load_config
@@ -98,24 +95,56 @@ def _version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    # The families and layouts are the conversion layer's (one record per remote-code family): ~0.1 s to import
-    from .conversion.dispatch import FAMILY_NAMES, LAYOUTS
+def _max_seq_len_help(meanings: dict[str, str]) -> str:
+    """`--max-seq-len`'s help: the layouts that take it, grouped by what it sets in each (first-seen order)."""
+    groups: dict[str, list[str]] = {}
+    for layout, meaning in meanings.items():
+        groups.setdefault(meaning, []).append(layout)
+    return "; ".join(f"{', '.join(layouts)}: {meaning}" for meaning, layouts in groups.items())
 
-    parser = _Parser(prog="hf-alibi", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+
+def description() -> str:
+    """The top `--help` text: this module's docstring, its family and layout names read from the conversion records."""
+    from .conversion.dispatch import ENCODER_LAYOUT_NAMES, FAMILY_NAMES, GGUF_ARCHITECTURES, REMOTE_CODE, spoken
+    from .conversion.encoder_files import ENCODER_SOURCES
+
+    remote_layouts = [model_type for family in REMOTE_CODE for model_type in family.names]
+    return __doc__.format(
+        families=", ".join(FAMILY_NAMES),
+        encoder_sources=", ".join(ENCODER_SOURCES),
+        other_remote_layouts=", ".join(f"--to {layout}" for layout in remote_layouts[1:]),
+        gguf_architectures=spoken(GGUF_ARCHITECTURES),
+        other_encoder_layouts=", ".join(f"--to {layout}" for layout in list(ENCODER_LAYOUT_NAMES)[1:]),
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Every family and layout name is the conversion layer's (its records; nothing listed here): ~0.1 s to import
+    from .conversion.dispatch import (
+        ENCODER_LAYOUTS,
+        ENCODER_NAMES,
+        FAMILY_NAMES,
+        GPT2_LAYOUTS,
+        LAYOUT_NAMES,
+        LAYOUTS,
+        MAX_SEQ_LEN,
+    )
+
+    parser = _Parser(prog="hf-alibi", description=description(), formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--debug", action="store_true", help=f"show the traceback of an error (or {DEBUG_VARIABLE}=1)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     convert = commands.add_parser(
         "convert",
-        help=f"import a {', '.join(FAMILY_NAMES)} checkpoint, or an ALiBi encoder (Jina, MosaicBERT)",
+        help=f"import a {', '.join(FAMILY_NAMES)} checkpoint, or an ALiBi encoder ({', '.join(ENCODER_NAMES)})",
     )
     convert.add_argument("source", help="checkpoint folder or Hub id (its model_type picks the family)")
     convert.add_argument("destination", help="folder to write (must not exist or be empty)")
     convert.add_argument("--alibi-max-bias", type=float, help="GPT-2 only: the 8 in the paper's slope rule")
     export = commands.add_parser(
         "export",
-        help="export an ALiBi GPT-2 folder (BLOOM, MPT, Jais, BTLM, Baichuan, GGUF) or ALiBi BERT (Jina, MosaicBERT, GGUF)",
+        help=f"export an ALiBi GPT-2 folder ({', '.join(dict.fromkeys(LAYOUT_NAMES[layout] for layout in GPT2_LAYOUTS))}) "
+        f"or ALiBi BERT ({', '.join(dict.fromkeys(LAYOUT_NAMES[layout] for layout in ENCODER_LAYOUTS))})",
     )
     export.add_argument("source", help="ALiBi GPT-2 or ALiBi BERT folder (its tokenizer comes along)")
     export.add_argument("destination", help="folder to write (every layout but gguf) or a .gguf file")
@@ -123,8 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--max-seq-len",
         type=int,
-        help="mpt, jais, btlm: longest input served (their loaders refuse "
-        "more); baichuan: its model_max_length; gguf: the context length recorded (default: the model's n_positions)",
+        help=f"{_max_seq_len_help(MAX_SEQ_LEN)} (default: the model's n_positions)",
     )
     bias = commands.add_parser("plot-bias", help="draw the ALiBi bias of a few heads and the slope schedule")
     bias.add_argument("model", nargs="?", help="saved ALiBi model folder or its config.json")
@@ -154,15 +182,15 @@ def run(argv: list[str]) -> None:
     """Run one `hf-alibi` command; errors raise (`main` turns them into one line and exit status 2)."""
     args, rest = build_parser().parse_known_args(argv)
     if args.command == "train":
-        from .experiments.train_short_test_long import main as train
+        from .experiments.commands.train_short_test_long import main as train
 
         return train(rest)
     if args.command == "sweep":
-        from .experiments.budget_sweep import main as sweep
+        from .experiments.commands.budget_sweep import main as sweep
 
         return sweep(rest)
     if args.command == "evaluate":
-        from .experiments.evaluate_length import main as evaluate
+        from .experiments.commands.evaluate_length import main as evaluate
 
         evaluate(rest)
         return None
@@ -195,30 +223,12 @@ def run(argv: list[str]) -> None:
         serve(options_from_arguments(args))  # every option is checked, and the model loaded, before it listens
 
 
-def error_line(exc: BaseException) -> str:
-    """`hf-alibi: error: ...` on one line; errors that are not the user's to fix carry their type and the way to
-    the traceback."""
-    message = " ".join(str(exc).split()) or type(exc).__name__
-    if not isinstance(exc, EXPECTED_ERRORS):
-        message = f"{type(exc).__name__}: {message} (rerun with --debug for the traceback)"
-    return f"hf-alibi: error: {message}"
-
-
 def main(argv: list[str] | None = None) -> int:
     """The console command: run `argv` (default `sys.argv[1:]`); 0 on success, 2 after a one-line error."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get(DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
-    argv = [arg for arg in argv if arg != "--debug"]
-    try:
-        run(argv)
-    except SystemExit as exc:  # --help, and argparse inside the commands' own parsers
-        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
-    except Exception as exc:  # noqa: BLE001  (every error becomes one line; --debug shows the traceback)
-        if debug:
-            raise
-        print(error_line(exc), file=sys.stderr)
-        return EXIT_ERROR
-    return 0
+    return run_command(run, argv)
+
+
+__all__ = ["DEBUG_VARIABLE", "EXIT_ERROR", "EXPECTED_ERRORS", "build_parser", "error_line", "main", "run"]
 
 
 if __name__ == "__main__":

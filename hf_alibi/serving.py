@@ -27,7 +27,9 @@ import math
 import time
 from dataclasses import dataclass, field, fields
 
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+from .models.alibi.attention_plan import SUPPORTED_ATTENTION
+
+ATTN_IMPLEMENTATIONS = SUPPORTED_ATTENTION  # the model's one list (its route chooser reads the same)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 GRACEFUL_SHUTDOWN_S = 5  # seconds open connections get after SIGTERM before uvicorn closes them
 # seconds the shutting-down app waits for the model's process (transformers 5.25+), which transformers terminates and

@@ -1,5 +1,5 @@
 """Evaluate checkpoints at multiples of their training length: the clone's name for `hf-alibi evaluate`
-(`hf_alibi.experiments.evaluate_length`).
+(`hf_alibi.experiments.commands.evaluate_length`).
 
     HF_HUB_OFFLINE=1 python -m recipes.evaluate_length --model runs/alibi/final \
         --length_factors 1 2 4 --max_documents 4 --no_sliding --output_dir runs/length_eval_small
@@ -8,7 +8,7 @@
 import sys
 
 from hf_alibi.cli import main as cli_main
-from hf_alibi.experiments.evaluate_length import main
+from hf_alibi.experiments.commands.evaluate_length import main
 
 __all__ = ["main"]
 

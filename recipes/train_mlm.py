@@ -1,4 +1,4 @@
-"""Masked-LM training of the ALiBi encoder on the recipe's offline corpus (`hf_alibi.experiments.masked_lm`).
+"""Masked-LM training of the ALiBi encoder on the recipe's offline corpus (`hf_alibi.experiments.training.masked_lm`).
 
     HF_HUB_OFFLINE=1 python -m recipes.train_mlm --config mlm_demo --output_dir /work/ckpt/mlm_demo   # minutes, CPU
     HF_HUB_OFFLINE=1 python -m recipes.train_mlm --config mlm_demo --smoke --output_dir runs/mlm_smoke  # seconds
@@ -10,8 +10,8 @@ model and its tokenizer land in `<output_dir>/final`, the held-out masked-LM los
 import logging
 import sys
 
-from hf_alibi.experiments.arguments import ExperimentArguments, apply_smoke, parse_args
-from hf_alibi.experiments.masked_lm import train_masked_lm
+from hf_alibi.experiments.setup.arguments import ExperimentArguments, apply_smoke, parse_args
+from hf_alibi.experiments.training.masked_lm import train_masked_lm
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,4 +1,4 @@
-"""Train short, test long: the clone's name for `hf-alibi train` (`hf_alibi.experiments.train_short_test_long`).
+"""Train short, test long: the clone's name for `hf-alibi train` (`hf_alibi.experiments.commands.train_short_test_long`).
 
     HF_HUB_OFFLINE=1 python -m recipes.train_short_test_long --config hf_alibi/experiments/configs/cpu_demo.yaml   # or: cpu_demo
     HF_HUB_OFFLINE=1 python -m recipes.train_short_test_long --config smoke --output_dir runs/smoke   # < 1 minute
@@ -10,7 +10,7 @@
 import sys
 
 from hf_alibi.cli import main as cli_main
-from hf_alibi.experiments.train_short_test_long import main
+from hf_alibi.experiments.commands.train_short_test_long import main
 
 __all__ = ["main"]
 

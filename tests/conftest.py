@@ -106,7 +106,7 @@ def make_evaluation():
     """`make_evaluation(name, {length: nonoverlapping perplexity}, train_length)` -> a `ModelEvaluation`."""
     import math
 
-    from hf_alibi.experiments.length_eval import DocumentSelection, LengthResult, ModelEvaluation
+    from hf_alibi.experiments.length.length_eval import DocumentSelection, LengthResult, ModelEvaluation
 
     def make(name: str, perplexities: dict[int, float], train_length: int) -> ModelEvaluation:
         selection = DocumentSelection(

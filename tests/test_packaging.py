@@ -82,11 +82,11 @@ from pathlib import Path
 import torch
 import hf_alibi
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
-from hf_alibi.experiments.length_eval import evaluate_model
-from hf_alibi.experiments.model_card import find_template, save_card
+from hf_alibi.experiments.length.length_eval import evaluate_model
+from hf_alibi.experiments.reporting.model_card import find_template, save_card
 
 out = Path(sys.argv[1])
-from hf_alibi.experiments.arguments import resolve_config
+from hf_alibi.experiments.setup.arguments import resolve_config
 torch.manual_seed(0)
 model = hf_alibi.AlibiGPT2LMHeadModel(hf_alibi.AlibiGPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50)).eval()
 model.save_pretrained(out / "alibi")
@@ -151,7 +151,7 @@ def test_wheel_holds_every_package_file_the_template_and_the_console_script_and_
     assert {"hf_alibi", "hf_alibi.experiments", "hf_alibi.conversion"} <= set(packages)
     for package in packages:  # each subpackage setuptools finds has its files in the wheel
         assert any(name.startswith(package.replace(".", "/") + "/") for name in shipped), package
-    assert "hf_alibi/experiments/templates/alibi_gpt2.md" in shipped
+    assert "hf_alibi/experiments/reporting/templates/alibi_gpt2.md" in shipped
     entry_points = configparser.ConfigParser()
     entry_points.read_string(zipfile.ZipFile(wheel).read(f"{dist_info}/entry_points.txt").decode())
     assert entry_points["console_scripts"]["hf-alibi"] == "hf_alibi.cli:main"

@@ -288,4 +288,5 @@ BAICHUAN = RemoteCodeFamily(
     check_config=check_baichuan_config,
     read_tokenizer=read_baichuan_tokenizer,
     write_tokenizer=write_baichuan_tokenizer,
+    max_seq_len="its model_max_length",
 )

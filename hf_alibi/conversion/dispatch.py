@@ -21,7 +21,9 @@ their own module) listed in `REMOTE_CODE`: their model types, layouts, names and
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from transformers import (
     BloomForCausalLM,
@@ -37,13 +39,23 @@ from ..models.alibi.modeling_alibi_gpt2 import AlibiGPT2LMHeadModel
 from .baichuan import BAICHUAN
 from .bloom import check_bloom_exportable, convert_bloom, export_bloom
 from .common import check_destination, load_config, load_tokenizer, source_config, write_folder_atomically
-from .encoder_files import ENCODER_LAYOUTS, ENCODER_MODEL_TYPES, export_encoder_folder, import_encoder
+from .encoder_files import (
+    ENCODER_LAYOUTS,
+    ENCODER_MODEL_TYPES,
+    GGUF_LAYOUT,
+    export_encoder_folder,
+    import_encoder,
+)
+from .encoder_gguf import ARCHITECTURE as ENCODER_GGUF_ARCHITECTURE
+from .encoders import SHORT_NAMES as ENCODER_LAYOUT_NAMES
 from .falcon import convert_falcon
+from .gguf_export import ARCHITECTURES as GPT2_GGUF_ARCHITECTURES
 from .gguf_export import check_gguf_exportable, write_gguf
 from .gpt2 import convert_gpt2
 from .jais import JAIS
 from .mpt import check_mpt_exportable, convert_mpt, export_mpt
 from .remote_code import (
+    SERVED_LENGTH,
     Checkpoint,
     RemoteCodeFamily,
     checkpoint_of_model,
@@ -52,12 +64,21 @@ from .remote_code import (
     source_folder,
 )
 
-# model_type -> (transformers class that loads the checkpoint, import into ALiBi GPT-2)
+
+class Family(NamedTuple):
+    """A family transformers itself models: the class that loads its checkpoints, its import, what it is called."""
+
+    loader: type[PreTrainedModel]
+    convert: Callable[[PreTrainedModel], AlibiGPT2LMHeadModel]
+    name: str  # what `hf-alibi convert --help` calls it
+
+
+# model_type -> its family
 FAMILIES = {
-    "gpt2": (GPT2LMHeadModel, convert_gpt2),
-    "bloom": (BloomForCausalLM, convert_bloom),
-    "mpt": (MptForCausalLM, convert_mpt),
-    "falcon": (FalconForCausalLM, convert_falcon),
+    "gpt2": Family(GPT2LMHeadModel, convert_gpt2, "GPT-2"),
+    "bloom": Family(BloomForCausalLM, convert_bloom, "BLOOM"),
+    "mpt": Family(MptForCausalLM, convert_mpt, "MPT"),
+    "falcon": Family(FalconForCausalLM, convert_falcon, "Falcon-RW"),
 }
 # The families whose modeling code ships with their checkpoints, read from their files (no code run): one record each
 REMOTE_CODE = (JAIS, BAICHUAN)
@@ -69,11 +90,36 @@ EXPORTABLE = {
     "bloom": lambda config, max_seq_len: check_bloom_exportable(config),
     "mpt": check_mpt_exportable,
     **{name: family.check_exportable for name, family in REMOTE_CODE_FAMILIES.items()},
-    "gguf": lambda config, max_seq_len: check_gguf_exportable(config),
+    GGUF_LAYOUT: lambda config, max_seq_len: check_gguf_exportable(config),
 }
-# What `hf-alibi convert` names its sources by: GPT-2's own, then each family's
-FAMILY_NAMES = ("GPT-2", "BLOOM", "MPT", "Falcon-RW", *dict.fromkeys(n for f in REMOTE_CODE for n in f.names.values()))
-LAYOUTS = tuple(dict.fromkeys([*EXPORTABLE, *ENCODER_LAYOUTS]))  # ALiBi GPT-2's, then ALiBi BERT's (gguf: both)
+# The name lists the CLI (choices, help) and the docs' tests read: all derived from the records above, so a new
+# family is one record. model_type -> what `hf-alibi convert` calls it (transformers' families, then remote code's)
+NAMES = {
+    **{model_type: family.name for model_type, family in FAMILIES.items()},
+    **{model_type: name for family in REMOTE_CODE for model_type, name in family.names.items()},
+}
+FAMILY_NAMES = tuple(dict.fromkeys(NAMES.values()))  # GPT-2, BLOOM, MPT, Falcon-RW, Jais, BTLM, Baichuan
+ENCODER_NAMES = tuple(dict.fromkeys(ENCODER_LAYOUT_NAMES.values()))  # the encoders' layouts, by name (Jina, MosaicBERT)
+GGUF_NAME = "GGUF"
+GPT2_LAYOUTS = tuple(EXPORTABLE)  # an ALiBi GPT-2 folder exports to these
+LAYOUTS = tuple(dict.fromkeys([*GPT2_LAYOUTS, *ENCODER_LAYOUTS]))  # ALiBi GPT-2's, then ALiBi BERT's (gguf: both)
+# layout -> what `hf-alibi export --help` calls it
+LAYOUT_NAMES = {layout: {**NAMES, **ENCODER_LAYOUT_NAMES, GGUF_LAYOUT: GGUF_NAME}[layout] for layout in LAYOUTS}
+# layout -> what `export --max-seq-len` sets in it (the layouts that take one)
+MAX_SEQ_LEN = {
+    "mpt": SERVED_LENGTH,
+    **{model_type: family.max_seq_len for model_type, family in REMOTE_CODE_FAMILIES.items()},
+    GGUF_LAYOUT: "the context length recorded",
+}
+GGUF_ARCHITECTURES = (*GPT2_GGUF_ARCHITECTURES, ENCODER_GGUF_ARCHITECTURE)  # llama.cpp's, in what `gguf` writes
+
+
+def spoken(names, conjunction: str = "or") -> str:
+    """A name list as help texts say it: `a, b or c` (`conjunction="and"`: `a, b and c`)."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {conjunction} {names[-1]}"
+
+
 SENTENCEPIECE_MODEL = "tokenizer.model"  # Baichuan's tokenizer: copied beside the tokenizer a convert writes
 
 

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from .._transformers_compat import named_tokenizer_inputs
 from .common import check_destination, write_folder_atomically
-from .encoders import HEADS, convert_encoder, encoder_family, export_encoder
+from .encoders import HEADS, LAYOUTS, convert_encoder, encoder_family, export_encoder
 from .remote_code import (
     Checkpoint,
     checkpoint_of_model,
@@ -30,7 +30,10 @@ from .remote_code import (
 )
 
 ENCODER_MODEL_TYPES = ("bert", None)  # jina-embeddings-v2, jina-reranker-v1, MosaicBERT; DNABERT-2 names none
-ENCODER_LAYOUTS = ("jina", "jina_code", "mosaic", "gguf")
+# What `hf-alibi convert` imports as ALiBi BERT, by the names their checkpoints go by (the CLI's help reads these)
+ENCODER_SOURCES = ("jina-embeddings-v2", "jina-reranker-v1", "MosaicBERT", "DNABERT-2")
+GGUF_LAYOUT = "gguf"  # one llama.cpp file: ALiBi GPT-2's and ALiBi BERT's both
+ENCODER_LAYOUTS = (*LAYOUTS, GGUF_LAYOUT)  # their folders' layouts (`encoders`), then GGUF
 _NORMALIZE = "sentence_transformers.models.Normalize"
 
 

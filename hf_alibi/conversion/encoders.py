@@ -35,12 +35,15 @@ from .common import EXPORT_REFUSAL, IMPORT_REFUSAL, Requirement, load_exactly, r
 from .remote_code import Checkpoint
 from .weight_map import Entry, WeightMap, map_weights
 
-NAMES = {
-    "jina": "jina-bert-implementation (jina-embeddings-v2, jina-reranker-v1)",
-    "jina_code": "jina-bert-v2-qk-post-norm (jina-embeddings-v2-base-code)",
-    "mosaic": "MosaicBERT/DNABERT-2",
+# layout -> (its name in `hf-alibi`, the code whose layout it is: what refusals name); every encoder list reads it
+_LAYOUTS = {
+    "jina": ("Jina", "jina-bert-implementation (jina-embeddings-v2, jina-reranker-v1)"),
+    "jina_code": ("Jina", "jina-bert-v2-qk-post-norm (jina-embeddings-v2-base-code)"),
+    "mosaic": ("MosaicBERT", "MosaicBERT/DNABERT-2"),
 }
-LAYOUTS = tuple(NAMES)
+NAMES = {layout: code for layout, (_, code) in _LAYOUTS.items()}
+SHORT_NAMES = {layout: short for layout, (short, _) in _LAYOUTS.items()}
+LAYOUTS = tuple(_LAYOUTS)
 HEADS = {  # our class -> the head it carries
     "AlibiBertModel": "base",
     "AlibiBertForMaskedLM": "masked_lm",

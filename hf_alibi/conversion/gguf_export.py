@@ -73,6 +73,7 @@ _NEEDS = {
         ),
     ),
 }
+ARCHITECTURES = tuple(_NEEDS)  # llama.cpp's architectures an ALiBi GPT-2 is written as
 
 
 def gguf_architecture(config: AlibiGPT2Config) -> str:

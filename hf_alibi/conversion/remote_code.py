@@ -44,6 +44,10 @@ class Checkpoint(NamedTuple):
     folder: Path | None = None
 
 
+# What `export --max-seq-len` is for a layout whose loader refuses longer inputs (MPT, Jais, BTLM)
+SERVED_LENGTH = "longest input served (their loaders refuse more)"
+
+
 class RemoteCodeFamily(NamedTuple):
     """One family of remote-code checkpoints, whole: the model types it goes by, its import and export, and how its
     tokenizer crosses over. `dispatch` reads these records (for `convert`, `export`, the layouts and the names the CLI
@@ -60,6 +64,8 @@ class RemoteCodeFamily(NamedTuple):
     # their code (None when the folder has none); None: their tokenizer files are copied unchanged
     write_tokenizer: Callable[[Any, Path, Path | None], None] | None = None  # (tokenizer, folder being written, the
     # ALiBi GPT-2 folder exported or None) -> their tokenizer files; None: `tokenizer.save_pretrained(folder)`
+    max_seq_len: str = SERVED_LENGTH  # what `export --max-seq-len` sets in
+    # their layout (`hf-alibi export --help` reads it); SERVED_LENGTH below
 
 
 def source_folder(source: str | os.PathLike) -> Path:

@@ -1,4 +1,4 @@
-"""Token-weighted perplexity as an `evaluate` module: the figure `hf_alibi.experiments.length_eval` reports, for `evaluate` users.
+"""Token-weighted perplexity as an `evaluate` module: the figure `hf_alibi.experiments.length.length_eval` reports, for `evaluate` users.
 
 Load it by path (no Hub access needed, works with HF_HUB_OFFLINE=1):
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_alibi.experiments.arguments import ExperimentArguments
+from hf_alibi.experiments.setup.arguments import ExperimentArguments
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,11 +1,11 @@
-"""ALiBi attention on every backend: one plan per forward, one function per path, one signature, one table.
+"""ALiBi attention on every backend: one planner, one chooser, one registry of routes, one dispatcher.
 
 `plan_alibi_attention` turns a forward's inputs into its `AlibiAttentionPlan` (`attention_plan.py`: the facts, and
-`choose_path`, the only function that picks a path), then builds the path's payload with that path's
-`prepare_<path>`. `alibi_attention` is what a layer calls with its queries, keys, values and the plan. Each
-function of `ALIBI_ATTENTION_FUNCTIONS` takes `(query, key, value, plan, scaling, layer)` with query (B, H, q, D)
-and key/value (B, H, kv, D), and returns ((B, q, H, D) output, (B, H, q, kv) weights or None), only reading the
-plan; `layer` (the layer's index, as transformers' functions get the module) matters to certified decoding alone.
+`choose_path`, the pure function that picks a route and says why), then builds the route's payload with that route's
+`prepare` (`attention_routes.ROUTES`, the one registry). `alibi_attention` is what a layer calls with its queries,
+keys, values and the plan: it runs the route's `call`, and hands a composite route (packed rows' documents,
+continuous batching's requests) `attend=`, itself, for the parts. Continuous batching is planned by the same planner
+(`paged_kwargs=`); `paged_attention` writes a layer's keys to the paged cache, then attends.
 """
 
 from dataclasses import replace
@@ -15,37 +15,19 @@ import torch
 import torch.nn.functional as F
 
 from .alibi_bias import length_scaled_slopes
-from .attention_certified import (
-    flex_certified_alibi_attention,
-    prepare_flex_attention_certified,
-    prepare_sdpa_decode_certified,
-    prepare_sdpa_split_certified,
-    sdpa_decode_certified_attention,
-    sdpa_split_certified_attention,
-    skipping_pays,
-)
-from .attention_eager import eager_alibi_attention, prepare_eager, prepare_sdpa_mask, sdpa_mask_attention
-from .attention_flash import (
-    flash_alibi_attention,
-    flash_varlen_alibi_attention,
-    paged_flash_alibi_attention,
-    prepare_flash_attention_2_varlen,
-)
-from .attention_flex import flex_alibi_attention, prepare_flex_attention
-from .attention_packed import packed_alibi_attention, prepare_sdpa_packed
-from .attention_paged import paged_alibi_attention, prepare_paged
+from .attention_certified import skipping_pays
+from .attention_paged import PagedPlan, paged_facts
 from .attention_plan import (
-    PATHS,
-    SDPA_QUERY_CHUNK,
     AlibiAttentionPlan,
+    PlanOptions,
     Preparation,
     _is_static,
     choose_path,
     plan_facts,
     with_host_offset,
 )
-from .attention_sdpa import prepare_sdpa_bank, sdpa_bank_attention
-from .attention_sdpa_split import prepare_sdpa_split, sdpa_split_attention, split_kernels_work
+from .attention_routes import ROUTES
+from .cpu_flash_kernels import split_kernels_work
 from .transformers_compat import SwitchableAttention
 
 
@@ -59,23 +41,21 @@ def plan_alibi_attention(
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
     cu_seq_lens: torch.Tensor | None = None,
-    dtype: torch.dtype = torch.float32,
-    dropout: float = 0.0,
-    sdpa_split: bool = True,
-    query_chunk: int = SDPA_QUERY_CHUNK,
-    skip_eps: float | str = 0.0,
+    options: PlanOptions | None = None,
+    *,
     key_norms=None,
-    output_attentions: bool = False,
-    train_seq_len: int | None = None,
-    causal: bool = True,
+    paged_kwargs: dict | None = None,
+    prepare: bool = True,
+    **option_values,
 ) -> AlibiAttentionPlan:
     """Validate one forward's inputs and build its plan for `implementation` (one of `SUPPORTED_ATTENTION`).
 
     `attention_mask` is the usual 2-D (B, kv) mask of 1 (real) and 0 (padding), or None. `query_offset` is the
     number of cached tokens (default `key_length - query_length`). Packed rows are described by `position_ids` that
     restart (read only without a mask and without cached tokens, as transformers' models do) or by flash-attention
-    style `cu_seq_lens` of one flattened row. `dtype` is the layers' compute dtype (autocast's, else the weights'):
-    SDPA masks are built in it once. `sdpa_split=False` sends the calls the split would serve to the bias bank,
+    style `cu_seq_lens` of one flattened row. `options` (`PlanOptions`, or its fields as keywords, `option_values`,
+    which override it) hold the rest: `dtype` is the layers' compute dtype (autocast's, else the weights'): SDPA
+    masks are built in it once; `dropout` the attention-probability dropout; `sdpa_split=False` sends the calls the split would serve to the bias bank,
     whose chunks have `query_chunk` rows (the config's `alibi_sdpa_split` and `alibi_sdpa_query_chunk`).
     `skip_eps` (the config's `alibi_skip_eps`: `"auto"` or a number) asks for certified key skipping
     (`choose_path` says where it applies); a decoding step that skips reads the running key-norm summary of its cache
@@ -85,14 +65,18 @@ def plan_alibi_attention(
     cache's filled part, not its buffer): every path, certified skipping and its rule read the scaled slopes; a
     packed row's documents keep the row's scale, as the source computes it from the forward's key count.
     `causal=False` plans an encoder's bidirectional ALiBi, `-m * |i - j|` over every key (no cache).
+    `paged_kwargs` (what transformers' continuous batching passes with a `PagedAttentionCache`,
+    `attention_paged.PAGED_KWARGS`) plans one flattened row of `query_length` tokens of requests, `position_ids`
+    each request's positions (`attention_paged.py`). `prepare=False` stops at the route (the plan's `path` and
+    `route` with its reason, no payload but a composite route's list of parts, each route-only): what
+    `hf_alibi.attention_route` reads.
     """
+    options = replace(options or PlanOptions(), **option_values)
+    if paged_kwargs is not None:
+        return _plan_paged(implementation, slopes, query_length, position_ids, paged_kwargs, options, prepare)
+
     tracing = torch.compiler.is_compiling()  # the one place that asks: compiled graphs never branch on data
-    scaled_from = None
-    if train_seq_len is not None:  # K: a 0-d tensor for a static cache (a tensor op: no host sync when compiled)
-        filled = key_length if query_offset is None else query_offset + query_length
-        unscaled, slopes = slopes.float(), length_scaled_slopes(slopes.float(), filled, train_seq_len)  # (H,)
-        if isinstance(filled, int) and filled > train_seq_len:
-            scaled_from = (unscaled, filled / train_seq_len)  # length_scaled_slopes' divisor, as a number
+    slopes, scaled_from = _scaled_slopes(slopes, key_length, query_offset, query_length, options.train_seq_len)
     facts = plan_facts(
         slopes,
         batch,
@@ -102,43 +86,90 @@ def plan_alibi_attention(
         attention_mask,
         position_ids,
         cu_seq_lens,
-        dropout,
+        options.dropout,
         tracing=tracing,
-        causal=causal,
+        causal=options.causal,
     )
     route = choose_path(
         implementation,
         facts,
         device=slopes.device.type,
         tracing=tracing,
-        sdpa_split=sdpa_split,
-        skip_eps=skip_eps,
+        sdpa_split=options.sdpa_split,
+        skip_eps=options.skip_eps,
         kernels_work=split_kernels_work,
         skip_pays=skipping_pays,
-        output_attentions=output_attentions,
+        output_attentions=options.output_attentions,
     )
     facts = with_host_offset(facts) if route.host_offset else facts
-    plan_part = partial(_plan_document, implementation, slopes, dtype, sdpa_split, query_chunk, skip_eps, causal)
-    preparation = Preparation(dtype, query_chunk, route.eps, key_norms, plan_part, route.segmented, route.compiled)
-    facts = replace(facts, scaled_from=scaled_from)
-    return replace(facts, path=route.path, payload=PREPARE_PATHS[route.path](facts, preparation))
-
-
-def _plan_document(
-    implementation, slopes, dtype, sdpa_split, query_chunk, skip_eps, causal, length
-) -> AlibiAttentionPlan:
-    """The plan of one uncached row of its own, `length` tokens: a packed row's document (`Preparation.plan_part`)."""
-    return plan_alibi_attention(
+    # a packed row's documents: uncached rows of their own at the row's (scaled) slopes, with the row's switches
+    part = replace(options, dropout=0.0, output_attentions=False, train_seq_len=None)
+    plan_row = partial(_plan_row, slopes, part, prepare)
+    preparation = Preparation(
+        options.dtype,
+        options.query_chunk,
+        route.eps,
+        key_norms,
+        plan_row,
+        route.segmented,
+        route.compiled,
         implementation,
-        slopes,
-        1,
-        length,
-        length,
-        dtype=dtype,
-        sdpa_split=sdpa_split,
-        query_chunk=query_chunk,
-        skip_eps=skip_eps,
-        causal=causal,
+    )
+    return _routed(replace(facts, scaled_from=scaled_from), route, preparation, prepare)
+
+
+def _scaled_slopes(slopes, key_length, query_offset, query_length, train_seq_len):
+    """The slopes every route reads, divided by max(1, K / n) for the length-dependent `alibi_scaling` (K: a 0-d
+    tensor for a static cache, a tensor op: no host sync when compiled), and `scaled_from` (`AlibiAttentionPlan`)."""
+    if train_seq_len is None:
+        return slopes, None
+    filled = key_length if query_offset is None else query_offset + query_length  # K: cached + new keys
+    unscaled, scaled = slopes.float(), length_scaled_slopes(slopes.float(), filled, train_seq_len)  # (H,)
+    if isinstance(filled, int) and filled > train_seq_len:
+        return scaled, (unscaled, filled / train_seq_len)  # length_scaled_slopes' divisor, as a number
+    return scaled, None
+
+
+@torch.compiler.disable  # host reads of the boundaries: kept out of compiled graphs, as transformers keeps its cache's
+def _plan_paged(implementation, slopes, query_length, position_ids, paged_kwargs, options, prepare):
+    """A continuous-batching forward's plan: each request planned as a batch-1 cached row of its own (`plan_row`),
+    with its own key count's slopes (`train_seq_len`); the flattened plan keeps the unscaled slopes."""
+    implementation, facts = paged_facts(implementation, slopes, query_length, paged_kwargs)
+    block_table = paged_kwargs.get("block_table") is not None
+    route = choose_path(
+        implementation, facts, facts.slopes.device.type, tracing=False, paged=True, block_table=block_table
+    )
+    part = replace(options, dropout=0.0, output_attentions=False, causal=True)  # each request: a cached decoder row
+    plan_row = partial(_plan_row, facts.slopes, part, prepare)
+    preparation = Preparation(
+        part.dtype,
+        part.query_chunk,
+        plan_row=plan_row,
+        implementation=implementation,
+        options=part,
+        paged_kwargs=paged_kwargs,
+        position_ids=position_ids,
+    )
+    return _routed(facts, route, preparation, prepare)
+
+
+def _routed(facts, route, preparation, prepare: bool) -> AlibiAttentionPlan:
+    """The plan on `route`: its path and route, and (`prepare`) the payload its registry entry prepares; without
+    `prepare`, a composite route's payload still lists its parts, each with its route-only plan."""
+    entry = ROUTES[route.path]
+    build = entry.prepare is not None and (prepare or entry.composite)  # a composite's parts: route-only plans
+    plan = replace(facts, path=route.path, route=route, payload=entry.prepare(facts, preparation) if build else None)
+    payload = plan.payload
+    if isinstance(payload, PagedPlan) and payload.key_length is not None:
+        plan = replace(plan, key_length=payload.key_length)  # every request's keys
+    return plan
+
+
+def _plan_row(slopes, options, prepare, implementation, query_length, key_length) -> AlibiAttentionPlan:
+    """The plan of one batch-1 row of its own, `query_length` new tokens over `key_length` keys (its cached tokens
+    first): a packed row's document or a continuous batch's request (`Preparation.plan_row`)."""
+    return plan_alibi_attention(
+        implementation, slopes, 1, query_length, key_length, key_length - query_length, options=options, prepare=prepare
     )
 
 
@@ -178,7 +209,11 @@ def alibi_attention(
     buffer = key.shape[2]
     if not plan.path.startswith("paged") and _is_static(plan.key_length) and buffer > plan.key_length:
         key, value = key[:, :, : plan.key_length], value[:, :, : plan.key_length]  # (B, H, kv, D): the one cut
-    output, weights = ALIBI_ATTENTION_FUNCTIONS[plan.path](query, key, value, plan, scaling, layer)
+    route = ROUTES[plan.path]
+    if route.composite:  # its parts on their own routes, through this function
+        output, weights = route.call(query, key, value, plan, scaling, layer, attend=_attend)
+    else:
+        output, weights = route.call(query, key, value, plan, scaling, layer)
     if not output_attentions:
         return output, None
     if weights.shape[-1] < buffer:
@@ -186,44 +221,21 @@ def alibi_attention(
     return output, weights
 
 
-def prepare_flash_attention_2(plan, preparation) -> None:
-    return None  # the kernel takes the slopes and causality itself
+def _attend(query, key, value, plan, scaling, layer):
+    """What a composite route runs each part through (`attend=`): the dispatcher itself."""
+    return alibi_attention(query, key, value, plan, scaling, layer=layer)
 
 
-# The plan's path -> its function (`attention_plan.py` says why each path exists)
-ALIBI_ATTENTION_FUNCTIONS = {
-    "eager": eager_alibi_attention,
-    "sdpa_split": sdpa_split_attention,
-    "sdpa_split_certified": sdpa_split_certified_attention,
-    "sdpa_bank": sdpa_bank_attention,
-    "sdpa_decode_certified": sdpa_decode_certified_attention,
-    "sdpa_mask": sdpa_mask_attention,
-    "flex_attention": flex_alibi_attention,
-    "flex_attention_certified": flex_certified_alibi_attention,
-    "flash_attention_2": flash_alibi_attention,
-    "flash_attention_2_varlen": flash_varlen_alibi_attention,
-    "paged": paged_alibi_attention,
-    "paged_flash_attention_2": paged_flash_alibi_attention,
-    "sdpa_packed": packed_alibi_attention,
-}
+@torch.compiler.disable  # the plan's per-request host ints and the cache's views run eagerly (transformers' own
+def paged_attention(cache, query, key, value, plan: AlibiAttentionPlan, scaling: float, layer: int, heads=None):
+    """One layer under continuous batching: write its new keys and values to the paged cache, then attend every
+    request's rows to its own keys. Returns ((1, T, H', D) output, None).
 
-# The plan's path -> the function that builds its payload once per forward (the route's variant goes into it)
-PREPARE_PATHS = {
-    "eager": prepare_eager,
-    "sdpa_split": prepare_sdpa_split,
-    "sdpa_split_certified": prepare_sdpa_split_certified,
-    "sdpa_bank": prepare_sdpa_bank,
-    "sdpa_decode_certified": prepare_sdpa_decode_certified,
-    "sdpa_mask": prepare_sdpa_mask,
-    "flex_attention": prepare_flex_attention,
-    "flex_attention_certified": prepare_flex_attention_certified,
-    "flash_attention_2": prepare_flash_attention_2,
-    "flash_attention_2_varlen": prepare_flash_attention_2_varlen,
-    "paged": prepare_paged,
-    "paged_flash_attention_2": prepare_paged,
-    "sdpa_packed": prepare_sdpa_packed,
-}
-assert tuple(ALIBI_ATTENTION_FUNCTIONS) == PATHS == tuple(PREPARE_PATHS), "every path has one function and one prepare"
+    Like transformers' `PagedAttentionCache.update` (`torch.compiler.disable`), it runs outside compiled graphs:
+    the plan it carries out holds each request's boundaries as host ints, which a graph would bake in.
+    """
+    key, value, plan = plan.payload.update_cache(cache, key, value, layer, plan)  # (1, H', K, D)
+    return alibi_attention(query, key, value, plan, scaling, heads=heads, layer=layer)
 
 
 class AlibiAttentionBackends(SwitchableAttention):

@@ -20,35 +20,20 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from .attention_cpu_flash import _SplitAttention, attend_diagonals
 from .attention_flex import flex_block_mask, flex_over_blocks
 from .attention_plan import AUTO_EPS, AlibiAttentionPlan, Preparation, mask_in_dtype  # noqa: F401
 from .attention_sdpa import BiasBank, bias_bank, decode_in_ranges
 from .attention_sdpa_split import SplitPlan, split_plan
 from .attention_sdpa_split_calls import shared_key_windows
-from .attention_skip import (
+from .attention_skip import (  # noqa: F401  (KeyRanges: the certified paths' ranges, imported from here too)
+    KeyRanges,
     certified_decode_start,
     certified_key_starts,
     kernel_lse_lower_bound,
     key_block_norms,
     upper_norms,
 )
-
-
-@dataclass(frozen=True, eq=False)
-class KeyRanges:
-    """The first key each (head, block of `rows` queries) attends to: keys before it are skipped (and for an
-    encoder's bidirectional rows the end key: keys from it on are skipped too).
-
-    `first_key` is (H, ceil(q / rows)) int64 of absolute key indices; block `b` covers query rows
-    [b * rows, (b + 1) * rows). A block's first key never lies past the block's first query position, so every row
-    keeps at least its own diagonal block. All-zero ranges are dense attention.
-    """
-
-    rows: int
-    first_key: torch.Tensor  # (H, blocks) int64
-    end_key: torch.Tensor | None = None  # (H, blocks) int64: a bidirectional block's keys from it on are skipped
-
+from .cpu_flash_kernels import _SplitAttention, attend_diagonals
 
 # Query rows per block of the certificate, and the split's one level of blocks when skipping. Finer blocks follow
 # steep heads more closely; 256 rows keep the kernel's calls large enough (measured on the demo checkpoint at 8k:

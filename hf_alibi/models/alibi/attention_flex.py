@@ -5,17 +5,14 @@ kernel, for a model that runs eagerly on a GPU.
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from .attention_plan import AlibiAttentionPlan
-
-if TYPE_CHECKING:  # a certified layer's ranges (`attention_certified` imports this module)
-    from .attention_certified import KeyRanges
+from .attention_skip import KeyRanges
 
 
-def flex_block_mask(plan: AlibiAttentionPlan, ranges: "KeyRanges | None" = None):
+def flex_block_mask(plan: AlibiAttentionPlan, ranges: KeyRanges | None = None):
     """Causal, padding- and document-aware (and key-range-aware: certified `ranges`, per head): blocks no query of a
     block can see are skipped.
 

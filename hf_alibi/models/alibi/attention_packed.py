@@ -9,7 +9,7 @@ queries, same keys, same distances. Each document therefore gets the plan of an 
 certificate that covers an unpacked row covers the document (its bound moves each output by at most
 2 * eps * max|v| over the document's own keys, which are all the keys it attends). Documents are contiguous, so the
 row's output is the concatenation of theirs; autograd flows through each document's call. The document index of a
-packed row (from restarting positions or `cu_seq_lens`), which every path's masks read, is found here too.
+packed row (from restarting positions or `cu_seq_lens`), which every path's masks read, is `packed_documents.py`'s.
 """
 
 from __future__ import annotations
@@ -18,36 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .transformers_compat import find_packed_sequence_indices
-
-
-def packed_documents(position_ids: torch.Tensor, batch: int) -> torch.Tensor | None:
-    """Document index of each token of rows whose `position_ids` restart (packed rows), as (B, L) int64, or None.
-
-    transformers' own rule (`masking_utils.find_packed_sequence_indices`, which every model of theirs uses): a new
-    document starts wherever a position is not its predecessor + 1. Plain positions (0, 1, 2, ...) give None in eager
-    mode; a traced graph keeps the (all-zero) indices rather than branch on data.
-    """
-    if position_ids.dim() == 1:
-        position_ids = position_ids[None]
-    if position_ids.dim() != 2:
-        raise ValueError(f"position_ids must be (batch, length) or (length,), got shape {tuple(position_ids.shape)}")
-    return find_packed_sequence_indices(position_ids.expand(batch, -1))  # positions may be given for one row only
-
-
-def documents_from_cu_seq_lens(cu_seq_lens: torch.Tensor, length: int, tracing: bool = False) -> torch.Tensor:
-    """Document index (1, L) of a flattened row from flash-attention's cumulative lengths `[0, l1, l1 + l2, ...]`."""
-    if cu_seq_lens.dim() != 1 or (not tracing and int(cu_seq_lens[-1]) != length):
-        raise ValueError(
-            f"cu_seq_lens must be 1-D cumulative lengths ending at the row length {length}, got {cu_seq_lens.tolist()}"
-        )
-    positions = torch.arange(length, device=cu_seq_lens.device)  # (L,)
-    return torch.searchsorted(cu_seq_lens[1:].to(positions.dtype), positions, right=True)[None]  # (1, L)
-
-
-def document_lengths(documents: torch.Tensor) -> list[list[int]]:
-    """Each packed row's document lengths, in order, from its (B, L) document index (one host read)."""
-    return [torch.unique_consecutive(row, return_counts=True)[1].tolist() for row in documents]
+from .packed_documents import document_lengths
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,21 +37,22 @@ def prepare_sdpa_packed(plan, preparation) -> PackedDocuments:
         start = 0
         for length in lengths:
             if length not in plans:
-                plans[length] = preparation.plan_part(length)
+                plans[length] = preparation.plan_row(preparation.implementation, length, length)
             parts.append((row, start, start + length, plans[length]))
             start += length
     return PackedDocuments(tuple(parts))
 
 
-def packed_alibi_attention(query, key, value, plan, scaling, layer=None):
-    """Each document of each packed row through its own plan; the rows' outputs concatenated, (B, q, H, D)."""
-    from .attention_alibi import alibi_attention  # the table's entry point (it imports this module)
+def packed_alibi_attention(query, key, value, plan, scaling, layer=None, *, attend):
+    """Each document of each packed row through its own plan; the rows' outputs concatenated, (B, q, H, D).
 
+    A composite route: `attend(query, key, value, plan, scaling, layer)` (the dispatcher's, passed down by it) runs
+    each document on the route its own plan chose."""
     rows = [[] for _ in range(query.shape[0])]
     for row, start, end, part in plan.payload.parts:
         tokens, batch = slice(start, end), slice(row, row + 1)
-        out, _ = alibi_attention(
-            query[batch, :, tokens], key[batch, :, tokens], value[batch, :, tokens], part, scaling, layer=layer
+        out, _ = attend(
+            query[batch, :, tokens], key[batch, :, tokens], value[batch, :, tokens], part, scaling, layer
         )  # (1, l, H, D)
         rows[row].append(out)
     return torch.cat([torch.cat(outputs, dim=1) for outputs in rows], dim=0), None  # (B, q, H, D)

@@ -20,6 +20,9 @@ so attention within it is exactly a batch-1 cached forward with query offset k_r
 FlashAttention-2 needs none of this: its varlen and paged kernels take the boundaries and `alibi_slopes` directly.
 With the length-dependent `alibi_scaling` each request's slopes are those of its own key count k_r, as alone (the
 segments' plans, the decoding rows' bias, FlashAttention-2's per-sequence `alibi_slopes`).
+The model's one planner plans it (`plan_alibi_attention(paged_kwargs=...)`): `paged_facts` checks the call, the
+route's prepare (`prepare_paged`, `prepare_paged_flash`) plans each request through the `plan_row` it is handed, and
+`paged_alibi_attention`, a composite route, runs each part through the dispatcher's `attend=`.
 """
 
 from dataclasses import dataclass, replace
@@ -28,16 +31,9 @@ import torch
 
 from .alibi_bias import length_scaled_slopes
 from .attention_certified import skipping_pays
-from .attention_plan import (
-    PAGED_PREFIX,
-    SDPA_QUERY_CHUNK,
-    AlibiAttentionPlan,
-    choose_path,
-    mask_in_dtype,
-    plan_facts,
-)
+from .attention_plan import PAGED_PREFIX, AlibiAttentionPlan, choose_path, mask_in_dtype, plan_facts
 from .attention_sdpa import BiasBank
-from .attention_sdpa_split import split_kernels_work
+from .cpu_flash_kernels import split_kernels_work
 from .transformers_compat import PagedAttentionCache, check_continuous_batching
 
 # What transformers' continuous batching hands the model beside `position_ids` (continuous_batching/input_outputs.py)
@@ -92,6 +88,7 @@ class PagedPlan:
     kernel_cache: tuple | None = None  # (k_cache, v_cache, block_table, cu_seq_lens_k) of the decode fast path
     kvcache: bool = False  # paged_flash_attention_2's decode fast path (`Route.kvcache`): the kernel reads the blocks
     train_seq_len: int | None = None  # the length-dependent `alibi_scaling`: FlashAttention-2's slopes per request
+    key_length: int | None = None  # `paged`: every request's keys together (the plan's key length)
 
     def update_cache(self, cache, key, value, layer_idx: int, plan: AlibiAttentionPlan):
         """Write this layer's new keys and values; return every request's keys (1, H', K, D) and the layer's plan.
@@ -113,26 +110,10 @@ class PagedPlan:
         return replace(self, segments=segments, decode=decode)
 
 
-@torch.compiler.disable  # host reads of the boundaries: kept out of compiled graphs, as transformers keeps its cache's
-def plan_paged_attention(
-    implementation: str,
-    slopes: torch.Tensor,
-    query_length: int,
-    position_ids: torch.Tensor | None,
-    paged_kwargs: dict,
-    dtype: torch.dtype = torch.float32,
-    sdpa_split: bool = True,
-    query_chunk: int = SDPA_QUERY_CHUNK,
-    skip_eps: float | str = 0.0,
-    train_seq_len: int | None = None,
-) -> AlibiAttentionPlan:
-    """The plan of one continuous-batching forward over `query_length` flattened tokens (module docstring).
-
-    `paged_kwargs` are the keyword arguments transformers passed with the paged cache (`PAGED_KWARGS`);
-    `position_ids` (1, T), each request's positions, are checked against the boundaries they must agree with.
-    `train_seq_len` (the length-dependent `alibi_scaling`): each request's slopes are scaled by its own key count,
-    as if it ran alone; the flattened plan keeps the unscaled `slopes`.
-    """
+def paged_facts(implementation: str, slopes: torch.Tensor, query_length: int, paged_kwargs: dict):
+    """The backend each request runs on and the facts of one continuous-batching forward over `query_length`
+    flattened tokens (module docstring), its arguments checked: `paged_kwargs` are the keyword arguments
+    transformers passed with the paged cache (`PAGED_KWARGS`). `plan_alibi_attention(paged_kwargs=...)` plans it."""
     check_continuous_batching()
     implementation = implementation.removeprefix(PAGED_PREFIX)
     if implementation not in PAGED_IMPLEMENTATIONS:
@@ -140,36 +121,37 @@ def plan_paged_attention(
             f"continuous batching runs ALiBi GPT-2 on {PAGED_IMPLEMENTATIONS}, not attn_implementation="
             f"{implementation!r}: load the model with one of those"
         )
-    cache_kwargs, cu_k = _cache_kwargs(paged_kwargs)
-    slopes = slopes.float()
-    facts = AlibiAttentionPlan("", slopes, query_length, query_length, 0)  # one flattened row
-    route = choose_path(
-        implementation,
-        facts,
-        slopes.device.type,
-        tracing=False,
-        paged=True,
-        block_table=paged_kwargs.get("block_table") is not None,
-    )
-    if route.path != "paged":  # FlashAttention-2 takes the boundaries as they are
-        paged = PagedPlan(
-            cache_kwargs,
-            query_length,
-            cu_seq_lens_q=cache_kwargs["cu_seq_lens_q"],
-            max_length_q=int(paged_kwargs.get("max_length_q") or query_length),
-            train_seq_len=train_seq_len,
-            kvcache=route.kvcache,
-        )
-        return replace(facts, path=route.path, payload=paged)
+    _cache_kwargs(paged_kwargs)  # checked before anything is chosen
+    return implementation, AlibiAttentionPlan("", slopes.float(), query_length, query_length, 0)  # one flattened row
 
+
+def prepare_paged_flash(plan, preparation) -> "PagedPlan":
+    """`paged_flash_attention_2`: FlashAttention-2 takes the boundaries as they are."""
+    cache_kwargs, _ = _cache_kwargs(preparation.paged_kwargs)
+    return PagedPlan(
+        cache_kwargs,
+        plan.query_length,
+        cu_seq_lens_q=cache_kwargs["cu_seq_lens_q"],
+        max_length_q=int(preparation.paged_kwargs.get("max_length_q") or plan.query_length),
+        train_seq_len=preparation.options.train_seq_len,
+        kvcache=preparation.paged_kwargs.get("block_table") is not None,
+    )
+
+
+@torch.compiler.disable  # host reads of the boundaries: kept out of compiled graphs, as transformers keeps its cache's
+def prepare_paged(plan, preparation) -> "PagedPlan":
+    """`paged`: each request's own batch-1 plan (through `preparation.plan_row`, the one planner) or its place in
+    the batched decoding call. `position_ids` (1, T), each request's positions, are checked against the boundaries
+    they must agree with. With the length-dependent `alibi_scaling` each request's slopes are scaled by its own key
+    count, as if it ran alone; the flattened plan keeps the unscaled slopes."""
+    cache_kwargs, cu_k = _cache_kwargs(preparation.paged_kwargs)
     cu_q_list, cu_k_list = cache_kwargs["cu_seq_lens_q"].tolist(), cu_k.tolist()  # one host read per forward
-    _check_boundaries(cu_q_list, cu_k_list, query_length, position_ids)
-    base = "eager" if implementation == "eager" else "sdpa"
-    options = dict(dtype=dtype, sdpa_split=sdpa_split, query_chunk=query_chunk, skip_eps=skip_eps)
-    segments, decoding = _request_plans(base, slopes, cu_q_list, cu_k_list, train_seq_len, **options)
-    decode = _decode_group(base, slopes, decoding, dtype, train_seq_len) if decoding else None
-    paged = PagedPlan(cache_kwargs, query_length, tuple(segments), decode)
-    return replace(facts, path=route.path, key_length=cu_k_list[-1], payload=paged)
+    _check_boundaries(cu_q_list, cu_k_list, plan.query_length, preparation.position_ids)
+    base = "eager" if preparation.implementation == "eager" else "sdpa"
+    options = preparation.options
+    segments, decoding = _request_plans(base, plan.slopes, cu_q_list, cu_k_list, options, preparation.plan_row)
+    decode = _decode_group(base, plan.slopes, decoding, options.dtype, options.train_seq_len) if decoding else None
+    return PagedPlan(cache_kwargs, plan.query_length, tuple(segments), decode, key_length=cu_k_list[-1])
 
 
 def _cache_kwargs(paged_kwargs: dict) -> tuple[dict, torch.Tensor]:
@@ -188,11 +170,9 @@ def _cache_kwargs(paged_kwargs: dict) -> tuple[dict, torch.Tensor]:
     return cache_kwargs, cu_k
 
 
-def _request_plans(base, slopes, cu_q_list, cu_k_list, train_seq_len, *, dtype, sdpa_split, query_chunk, skip_eps):
+def _request_plans(base, slopes, cu_q_list, cu_k_list, options, plan_row):
     """Each request's own batch-1 plan (`PagedSegment`), except dense decoding rows, returned as (row, (key start,
     key end)) for one batched call (`_decode_group`)."""
-    from .attention_alibi import plan_alibi_attention  # the entry imports this module
-
     segments, decoding = [], []
     for request in range(len(cu_q_list) - 1):
         rows = (cu_q_list[request], cu_q_list[request + 1])
@@ -200,39 +180,12 @@ def _request_plans(base, slopes, cu_q_list, cu_k_list, train_seq_len, *, dtype, 
         q_len, k_len = rows[1] - rows[0], keys[1] - keys[0]
         if q_len == 0:  # a padding entry (static shapes): no rows
             continue
-        request_slopes = length_scaled_slopes(slopes, k_len, train_seq_len)  # (H,): its own K, as alone
-        if q_len == 1 and _decodes_dense(base, request_slopes, k_len, sdpa_split, skip_eps):
+        request_slopes = length_scaled_slopes(slopes, k_len, options.train_seq_len)  # (H,): its own K, as alone
+        if q_len == 1 and _decodes_dense(base, request_slopes, k_len, options.sdpa_split, options.skip_eps):
             decoding.append((rows[0], keys))  # dense decoding rows share one batched call
             continue
-        plan = plan_alibi_attention(
-            base,
-            slopes,
-            1,
-            q_len,
-            k_len,
-            k_len - q_len,
-            dtype=dtype,
-            sdpa_split=sdpa_split,
-            query_chunk=query_chunk,
-            skip_eps=skip_eps,
-            train_seq_len=train_seq_len,
-        )
-        segments.append(PagedSegment(*rows, *keys, plan))
+        segments.append(PagedSegment(*rows, *keys, plan_row(base, q_len, k_len)))
     return segments, decoding
-
-
-@torch.compiler.disable  # the plan's per-request host ints and the cache's views run eagerly (transformers' own
-def paged_attention(cache, query, key, value, plan: AlibiAttentionPlan, scaling: float, layer: int, heads=None):
-    """One layer under continuous batching: write its new keys and values to the paged cache, then attend every
-    request's rows to its own keys. Returns ((1, T, H', D) output, None).
-
-    Like transformers' `PagedAttentionCache.update` (`torch.compiler.disable`), it runs outside compiled graphs:
-    the plan it carries out holds each request's boundaries as host ints, which a graph would bake in.
-    """
-    from .attention_alibi import alibi_attention  # the entry imports this module
-
-    key, value, plan = plan.payload.update_cache(cache, key, value, layer, plan)  # (1, H', K, D)
-    return alibi_attention(query, key, value, plan, scaling, heads=heads, layer=layer)
 
 
 def _decodes_dense(implementation: str, slopes, key_length: int, sdpa_split: bool, skip_eps) -> bool:
@@ -303,20 +256,20 @@ def _decode_group(implementation: str, slopes, decoding: list, dtype, train_seq_
     return PagedDecode(rows, key_index.reshape(-1), plan)
 
 
-def paged_alibi_attention(query, key, value, plan, scaling, layer=None):
+def paged_alibi_attention(query, key, value, plan, scaling, layer=None, *, attend):
     """A continuous-batching forward: query (1, H, T, D) holds every request's new rows, key
     and value (1, H, K, D) every request's keys. Each prefill segment attends its own key slice through its own
-    batch-1 plan; the decoding rows attend their gathered keys in one batched call."""
-    from .attention_alibi import ALIBI_ATTENTION_FUNCTIONS, alibi_attention  # the entry imports this module
+    batch-1 plan; the decoding rows attend their gathered keys in one batched call. A composite route:
+    `attend(query, key, value, plan, scaling, layer)` (the dispatcher's, passed down by it) runs each part."""
 
     paged = plan.payload
     batch, heads, _, head_dim = query.shape
     output = query.new_zeros(batch, paged.total_rows, heads, head_dim)  # (1, T, H, D): padding rows stay zero
     for segment in paged.segments:
         rows, keys = slice(segment.row_start, segment.row_end), slice(segment.key_start, segment.key_end)
-        output[:, rows] = alibi_attention(
-            query[:, :, rows], key[:, :, keys], value[:, :, keys], segment.plan, scaling, layer=layer
-        )[0]  # (1, q_r, H, D)
+        output[:, rows] = attend(query[:, :, rows], key[:, :, keys], value[:, :, keys], segment.plan, scaling, layer)[
+            0
+        ]  # (1, q_r, H, D)
     decode = paged.decode
     if decode is not None:
         n, longest = decode.rows.shape[0], decode.plan.key_length
@@ -324,10 +277,6 @@ def paged_alibi_attention(query, key, value, plan, scaling, layer=None):
         # The cache returns keys as (1, H, K, D) views of (K, H, D): gather whole (H, D) rows, then view per request
         gathered = [t[0].transpose(0, 1).index_select(0, decode.key_index) for t in (key, value)]  # 2 x (n K_max, H, D)
         k, v = (t.view(n, longest, heads, head_dim).transpose(1, 2) for t in gathered)  # 2 x (n, H, K_max, D)
-        out = ALIBI_ATTENTION_FUNCTIONS[decode.plan.path](rows, k, v, decode.plan, scaling, layer)[0]  # (n, 1, H, D)
+        out = attend(rows, k, v, decode.plan, scaling, layer)[0]  # (n, 1, H, D)
         output[0].index_copy_(0, decode.rows, out[:, 0])
     return output, None
-
-
-def prepare_paged(plan, preparation):
-    raise ValueError(f"the paged paths ({plan.path!r}) are planned by attention_paged.plan_paged_attention")

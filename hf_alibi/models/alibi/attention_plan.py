@@ -1,72 +1,35 @@
-"""One ALiBi attention plan per forward: the facts every layer shares, the one function that chooses the path, and
-the visibility every path's masks are built from (`visible_keys`).
+"""One ALiBi attention plan per forward: the facts every layer shares, the one function that chooses the route, and
+the visibility every route's masks are built from (`visible_keys`).
 
-The model plans once per forward (`attention_alibi.plan_alibi_attention`, or `attention_paged.plan_paged_attention`
-under continuous batching): `plan_facts` validates the raw inputs (the 2-D padding mask, packed-row `position_ids` or
-`cu_seq_lens`, the cache length) and derives the masking facts; `choose_path` decides the whole `Route` from those
-facts (the path, its variant, the eps it skips with, whether a static cache's count is read to the host;
-`output_attentions` and `"auto"` included); that path's `prepare_<path>` builds its small frozen payload (never sized
-by a maximum length, never per layer, already in the layers' compute dtype). Every layer hands the frozen plan to
-`alibi_attention`, which looks its path up in `ALIBI_ATTENTION_FUNCTIONS`, the way transformers'
-`ALL_ATTENTION_FUNCTIONS` works.
+The model plans once per forward (`attention_alibi.plan_alibi_attention`, continuous batching included):
+`plan_facts` validates the raw inputs (the 2-D padding mask, packed-row `position_ids` or `cu_seq_lens`, the cache
+length) and derives the masking facts; `choose_path`, a pure function of those facts, decides the whole `Route` (the
+path, its variant, the eps it skips with, whether a static cache's count is read to the host, and the reason;
+`output_attentions` and `"auto"` included); that route's `prepare` builds its small frozen payload (never sized by a
+maximum length, never per layer, already in the layers' compute dtype). Every layer hands the frozen plan to
+`alibi_attention`, which looks its route up in `attention_routes.ROUTES` (the one registry of routes: each route's
+name, when `choose_path` picks it, its prepare and its call), the way transformers' `ALL_ATTENTION_FUNCTIONS` works.
 
 Query row `r` sits at absolute position `query_offset + r`, where `query_offset` is the number of cached tokens (a
 0-d tensor for static caches, so compiled decoding neither syncs nor recompiles). A key `j` is visible to query `i`
 when `j <= i` (any `j` in a bidirectional plan, `AlibiAttentionPlan.causal` False: an encoder's `-m |i - j|`), it is
 not padding, and it belongs to the same document (packed rows); the certified paths also leave
 out, per head and block of query rows, the keys before the layer's own certified first key (and in a bidirectional
-plan those from its certified end key on: `attention_certified.KeyRanges`). ALiBi
+plan those from its certified end key on: `attention_skip.KeyRanges`). ALiBi
 depends on `i - j` alone, so left padding needs no position shift and a packed document sees exactly the distances
 it would see alone: masking is all it takes.
-
-The paths (`PATHS`; `choose_path` is the only place that picks one, and a `Route`'s variant flags pick within one):
-
-| path | when `choose_path` picks it | file |
-|---|---|---|
-| `eager` | `attn_implementation="eager"` or `output_attentions`: the fp32 reference, the only one with weights | attention_eager.py |
-| `sdpa_split` | sdpa, CPU, > 1 query row ending at the last key, no dropout, no tracing, probe passed | attention_sdpa_split.py |
-| `sdpa_split_certified` | the same with `alibi_skip_eps` (a number, or `"auto"` where `skipping_pays`); encoders too | attention_certified.py |
-| `sdpa_bank` | sdpa otherwise: decoding rows, dropout, GPUs, traced graphs, `alibi_sdpa_split=False` | attention_sdpa.py |
-| `sdpa_packed` | packed rows on the split: each document alone, on its own route (dense or certified) | attention_packed.py |
-| `sdpa_decode_certified` | one decoding row that skips; `segmented`: CPU, batch 1, no dropout, probe passed | attention_certified.py |
-| `sdpa_mask` | sdpa, queries not ending at the last key as plain ints (static cache compiled, export) | attention_eager.py |
-| `flex_attention` | flex_attention; `compiled`: on a GPU outside tracing (the fused kernel) | attention_flex.py |
-| `flex_attention_certified` | flex_attention with skipping, outside tracing; `compiled` as above | attention_certified.py |
-| `flash_attention_2` | flash_attention_2 without padding or packed rows (flash-attn's `alibi_slopes`) | attention_flash.py |
-| `flash_attention_2_varlen` | flash_attention_2 with padding or packed rows: the real tokens only | attention_flash.py |
-| `paged` | continuous batching (a `PagedAttentionCache`): each request through its own route | attention_paged.py |
-| `paged_flash_attention_2` | the same on flash_attention_2; `kvcache`: transformers hands the block tables | attention_flash.py |
-
-The split and its certified form run on PyTorch's private CPU flash kernels with no (q, kv) bias; the bias bank
-slices one (H, chunk, kv) bias per query chunk; the certified paths compute each layer's key ranges from its own
-queries and keys (`attention_certified.py`); the paged paths are planned by `attention_paged.plan_paged_attention`,
-each request a batch-1 cached forward of its own (the dense decoding rows share one batched call).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from .attention_packed import document_lengths, documents_from_cu_seq_lens, packed_documents
+from .packed_documents import document_lengths, documents_from_cu_seq_lens, packed_documents
 
+# The attn_implementation names the model runs (the one list: the configs, `hf_alibi.serving` and the chooser read it)
 SUPPORTED_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2")
-PATHS = (
-    "eager",
-    "sdpa_split",
-    "sdpa_split_certified",
-    "sdpa_bank",
-    "sdpa_decode_certified",
-    "sdpa_mask",
-    "flex_attention",
-    "flex_attention_certified",
-    "flash_attention_2",
-    "flash_attention_2_varlen",
-    "paged",
-    "paged_flash_attention_2",
-    "sdpa_packed",
-)
 PAGED_PREFIX = "paged|"  # continuous batching's implementations (transformers names eager models "paged|eager")
 # Rows per query chunk of the bias bank (the config's `alibi_sdpa_query_chunk`)
 SDPA_QUERY_CHUNK = 256
@@ -80,10 +43,10 @@ class AlibiAttentionPlan:
 
     Built once per forward (and once per tensor-parallel rank, `for_heads`) and never changed afterwards. The
     payload is the path's own frozen data (a bias, a bank, the split's calls, a block mask, varlen boundaries, the
-    paged batch), built by its `prepare_<path>`; a path reads no other path's data.
+    paged batch), built by its route's `prepare`; a route reads no other route's data.
     """
 
-    path: str  # a key of ALIBI_ATTENTION_FUNCTIONS (module docstring); "" for facts not yet given a path
+    path: str  # a key of `attention_routes.ROUTES`; "" for facts not yet given a route
     slopes: torch.Tensor  # (H,) fp32, the heads the layers' queries hold
     query_length: int
     key_length: int  # keys the layers read: a static cache's filled part outside compilation
@@ -104,6 +67,7 @@ class AlibiAttentionPlan:
     # CPU flex template cannot lower a score_mod reading a tensor computed inside the graph, as the divided slopes
     # are there; outside one, flex's own compilation would make the number symbolic, which it refuses)
     scaled_from: tuple[torch.Tensor, float] | None = None
+    route: "Route | None" = None  # what `choose_path` chose: `path`, its eps and variant, and why (`Route.reason`)
 
     def for_heads(self, heads: slice) -> "AlibiAttentionPlan":
         """The plan for the global heads `heads` only (a tensor-parallel rank's): slopes, ranges and the payload for
@@ -117,16 +81,37 @@ class AlibiAttentionPlan:
         return subset if self.payload is None else replace(subset, payload=self.payload.for_heads(heads, subset))
 
 
+@dataclass(frozen=True)
+class PlanOptions:
+    """How a forward asks to be planned beside its inputs: the config's switches and the model's state
+    (`attention_alibi.plan_alibi_attention` documents each)."""
+
+    dtype: torch.dtype = torch.float32  # the layers' compute dtype (autocast's, else the weights')
+    dropout: float = 0.0  # attention-probability dropout (the model's, in training)
+    sdpa_split: bool = True  # the config's `alibi_sdpa_split`
+    query_chunk: int = SDPA_QUERY_CHUNK  # the config's `alibi_sdpa_query_chunk`
+    skip_eps: float | str = 0.0  # the config's `alibi_skip_eps`: a number or "auto"
+    output_attentions: bool = False  # weights asked for: the eager route
+    train_seq_len: int | None = None  # the length-dependent `alibi_scaling`
+    causal: bool = True  # False: an encoder's bidirectional ALiBi
+
+
 class Preparation(NamedTuple):
-    """What a path's `prepare_<path>(plan, preparation)` may read beside the plan's facts."""
+    """What a route's `prepare(plan, preparation)` may read beside the plan's facts."""
 
     dtype: torch.dtype = torch.float32  # the layers' compute dtype: SDPA masks are cast to it once
     query_chunk: int = SDPA_QUERY_CHUNK  # sdpa_bank: rows per chunk
     skip_eps: float = 0.0  # the certified paths' eps
     key_norms: object | None = None  # certified decoding: a zero-argument function giving the cache's summary
-    plan_part: object | None = None  # sdpa_packed: `plan_part(length)` plans one uncached row (a document) alone
+    # sdpa_packed, paged: `plan_row(query_length, key_length)` plans one batch-1 row alone (a packed row's document,
+    # a continuous batch's request) with the forward's options, through the one planner (passed down by it)
+    plan_row: object | None = None
     segmented: bool = False  # sdpa_decode_certified: long key runs in segments on the CPU flash kernel
     compiled: bool = False  # flex_attention(_certified): FlexAttention's fused kernel
+    implementation: str = "sdpa"  # paged: the backend each request is planned on
+    options: PlanOptions | None = None  # paged: the forward's options (its decoding rows' rule and bias)
+    paged_kwargs: dict | None = None  # paged: what transformers' continuous batching passed with the paged cache
+    position_ids: torch.Tensor | None = None  # paged: checked against the requests' boundaries
 
 
 def plan_facts(
@@ -195,15 +180,17 @@ def _settled(plan: AlibiAttentionPlan) -> AlibiAttentionPlan:
 @dataclass(frozen=True)
 class Route:
     """Everything `choose_path` decides for one forward (or one request, one document): the path, the eps it skips
-    with, whether the plan needs a static cache's 0-d count on the host first (`with_host_offset`), and the path's
-    variant (its payload carries it; the path's one function reads it)."""
+    with, whether the plan needs a static cache's 0-d count on the host first (`with_host_offset`), the path's
+    variant (its payload carries it; the path's one function reads it), and why it was chosen (`reason`, not part of
+    a route's identity)."""
 
-    path: str  # a key of ALIBI_ATTENTION_FUNCTIONS
+    path: str  # a key of `attention_routes.ROUTES`
     eps: float = 0.0  # certified skipping's eps; 0.0 on every path that does not skip
     host_offset: bool = False
     segmented: bool = False  # sdpa_decode_certified: one row of batch 1 spread over threads in key segments
     compiled: bool = False  # flex_attention(_certified): FlexAttention's fused kernel (an eager model on a GPU)
     kvcache: bool = False  # paged_flash_attention_2: the paged kernel reads the cache's blocks (decode fast path)
+    reason: str = field(default="", compare=False)
 
 
 def choose_path(
@@ -213,22 +200,22 @@ def choose_path(
     tracing: bool,
     sdpa_split: bool = True,
     skip_eps: float | str = 0.0,
-    kernels_work=lambda: False,
+    kernels_work=None,
     paged: bool = False,
     block_table: bool = False,
-    skip_pays=lambda slopes, query_length, key_length: False,
+    skip_pays=None,
     output_attentions: bool = False,
 ) -> Route:
-    """The route for a backend and a plan's facts (module docstring): the only function that chooses one.
+    """The route for a backend and a plan's facts (module docstring): the only function that chooses one, and a pure
+    one (it reads its arguments alone).
 
-    `skip_eps > 0` (the config's `alibi_skip_eps`) asks for certified key skipping; it applies outside tracing,
-    without caller-given key ranges, on the split (training too: its gradient is that of the attention computed),
-    on packed rows (each document as a row of its own), on FlexAttention and on one-row steps over plain-int
-    positions. `"auto"` skips on the `sdpa` backend on CPU where `skip_pays(slopes, query_length, key_length)` (the
+    `skip_eps > 0` (the config's `alibi_skip_eps`) asks for certified key skipping; it applies outside tracing, on
+    the split (training too), on packed rows (each document alone), on FlexAttention and on one-row plain-int steps. `"auto"` skips on the `sdpa` backend on CPU where `skip_pays(slopes, query_length, key_length)` (the
     measured rule, `attention_certified.skipping_pays`) says so for this shape, in training as at inference; a
     packed row's shape is each document's. The same rule holds for a decoding row under `generate()` and for each
     request of a continuous batch (`attention_paged.py` asks per request). `kernels_work` (the split's probe) is
-    called only when it matters. `paged`: continuous batching's flattened row of requests; `block_table`:
+    called only when it matters; None (no probe) and `skip_pays` None (no rule) mean "not applicable": no split,
+    `"auto"` never skips. `paged`: continuous batching's flattened row of requests; `block_table`:
     transformers hands the paged kernel its block tables (the FlashAttention-2 decode fast path).
     `output_attentions`: weights come from the eager path alone. A bidirectional plan (`plan.causal` False: an
     encoder) refuses continuous batching, and skips on the split alone (each document of packed rows too), with a
@@ -239,8 +226,11 @@ def choose_path(
         raise ValueError("continuous batching (a paged cache) serves causal decoders; this plan is bidirectional")
     if paged:
         if implementation != "flash_attention_2":
-            return Route("paged")
-        return Route("paged_flash_attention_2", kvcache=block_table)
+            return Route("paged", reason="continuous batching (a paged cache): each request through its own route")
+        fast = " with the block tables (decode fast path)" if block_table else ""
+        return Route(
+            "paged_flash_attention_2", kvcache=block_table, reason=f"continuous batching on FlashAttention-2{fast}"
+        )
     if implementation not in SUPPORTED_ATTENTION:
         raise ValueError(
             f"attn_implementation={implementation!r} is not supported by ALiBi GPT-2; choose one of "
@@ -256,7 +246,9 @@ def choose_path(
     )
     if host:
         plan = with_host_offset(plan)
-    path = _path(implementation, plan, device, tracing, sdpa_split, eps > 0, kernels_work)
+    path, reason = _path(implementation, plan, device, tracing, sdpa_split, eps > 0, kernels_work)
+    if output_attentions:
+        reason = "output_attentions: weights come from the eager path alone"
     skipping = "certified" in path or path == "sdpa_packed"
     compiled = path.startswith("flex_attention") and device == "cuda" and not tracing
     # one row of batch 1 cannot spread over threads (the kernel splits work by batch, heads and query rows)
@@ -265,9 +257,13 @@ def choose_path(
         and device == "cpu"
         and plan.dropout == 0.0
         and plan.batch == 1
+        and kernels_work is not None
         and (kernels_work())
     )
-    return Route(path, eps if skipping else 0.0, host and isinstance(plan.query_offset, int), segmented, compiled)
+    if skipping and eps > 0:  # the reason names the eps (and "auto": the measured rule said it pays)
+        reason += f" (skip eps {eps:g}{', alibi_skip_eps=auto: the rule says it pays' if skip_eps == 'auto' else ''})"
+    host_offset = host and isinstance(plan.query_offset, int)
+    return Route(path, eps if skipping else 0.0, host_offset, segmented, compiled, reason=reason)
 
 
 def _skip_eps(implementation, plan, device, tracing, skip_eps, skip_pays) -> float:
@@ -276,7 +272,7 @@ def _skip_eps(implementation, plan, device, tracing, skip_eps, skip_pays) -> flo
         return 0.0
     if skip_eps != "auto":
         return float(skip_eps)
-    if implementation != "sdpa" or device != "cpu":
+    if implementation != "sdpa" or device != "cpu" or skip_pays is None:
         return 0.0
     rule = skip_pays if plan.causal else lambda slopes, q, kv: skip_pays(slopes, q, kv, False)
     if plan.documents is not None:  # packed rows: each document is a row of its own
@@ -290,18 +286,22 @@ def _skip_eps(implementation, plan, device, tracing, skip_eps, skip_pays) -> flo
     return AUTO_EPS if pays else 0.0
 
 
-def _path(implementation, plan, device, tracing, sdpa_split, skip, kernels_work) -> str:
+def _path(implementation, plan, device, tracing, sdpa_split, skip, kernels_work) -> tuple[str, str]:
+    """The path, and why."""
     if implementation == "eager":
-        return "eager"
+        return "eager", "attn_implementation='eager': the fp32 reference"
     if implementation == "flash_attention_2":
-        dense = plan.key_padding is None and plan.documents is None
-        return "flash_attention_2" if dense else "flash_attention_2_varlen"
+        if plan.key_padding is None and plan.documents is None:
+            return "flash_attention_2", "flash_attention_2 without padding or packed rows"
+        return "flash_attention_2_varlen", "flash_attention_2 with padding or packed rows: the real tokens only"
     if implementation == "flex_attention":
         if tracing and device == "cpu" and plan.documents is not None:
             # torch 2.13's CPU inductor lowers a mask_mod over document indices the graph computed itself, but on
             # AVX2 (AMD EPYC) the fused kernel it builds returns wrong rows; a compiled packed row takes the one mask
-            return "sdpa_mask"
-        return "flex_attention_certified" if skip and plan.causal else "flex_attention"
+            return "sdpa_mask", "flex_attention on packed rows in a compiled CPU graph: the one mask"
+        if skip and plan.causal:
+            return "flex_attention_certified", "flex_attention with certified skipping"
+        return "flex_attention", "attn_implementation='flex_attention'"
     bottom_right = (  # plain ints and queries that end at the last key: no cache, dynamic, static outside compile
         isinstance(plan.query_offset, int)
         and _is_static(plan.query_length)
@@ -309,20 +309,30 @@ def _path(implementation, plan, device, tracing, sdpa_split, skip, kernels_work)
         and plan.query_offset + plan.query_length == plan.key_length
     )
     if not bottom_right:
-        return "sdpa_mask"
+        return "sdpa_mask", "sdpa with queries that do not end at the last key as plain ints (static cache, export)"
     if plan.query_length == 1:  # a decoding row: its bank row is already a per-key bias, one public call
-        return "sdpa_decode_certified" if skip else "sdpa_bank"
-    split = (
-        sdpa_split
-        and plan.dropout == 0.0  # the CPU flash kernel has no dropout
-        and device == "cpu"
-        and not tracing  # compiled and exported graphs keep to public ops
-    )
-    if not (split and kernels_work()):
-        return "sdpa_bank"
+        if skip:
+            return "sdpa_decode_certified", "sdpa, one decoding row with certified skipping"
+        return "sdpa_bank", "sdpa, one decoding row: its per-key bias in one call"
+    no_split = [why for why, bar in _NO_SPLIT if bar(plan, device, tracing, sdpa_split)]
+    if no_split:
+        return "sdpa_bank", f"sdpa, several rows, {no_split[0]}: the bias bank"
+    if not (kernels_work is not None and kernels_work()):
+        return "sdpa_bank", "sdpa, several rows, the CPU flash kernels' probe failed: the bias bank"
     if plan.documents is not None:  # packed rows: each document alone (its keys only, not a mask over the whole row)
-        return "sdpa_packed"
-    return "sdpa_split_certified" if skip else "sdpa_split"
+        return "sdpa_packed", "sdpa on CPU, packed rows: each document alone on its own route"
+    if skip:
+        return "sdpa_split_certified", "sdpa on CPU, several rows ending at the last key, with certified skipping"
+    return "sdpa_split", "sdpa on CPU, several rows ending at the last key, no dropout: the bias-free split"
+
+
+# What keeps a multi-row sdpa step off the split (the CPU flash kernel has no dropout; traced graphs keep to public ops)
+_NO_SPLIT = (
+    ("alibi_sdpa_split=False", lambda plan, device, tracing, sdpa_split: not sdpa_split),
+    ("dropout", lambda plan, device, tracing, sdpa_split: plan.dropout != 0.0),
+    ("not on CPU", lambda plan, device, tracing, sdpa_split: device != "cpu"),
+    ("a traced graph", lambda plan, device, tracing, sdpa_split: tracing),
+)
 
 
 def _is_static(length) -> bool:

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from .alibi_bias import alibi_bidirectional_bias, alibi_causal_bias
-from .attention_cpu_flash import _flash
 from .attention_eager import FullBias
 from .attention_plan import AlibiAttentionPlan, mask_in_dtype, visible_keys
 from .attention_sdpa_split_calls import head_runs
+from .cpu_flash_kernels import _flash
 
 
 @dataclass(frozen=True, eq=False)

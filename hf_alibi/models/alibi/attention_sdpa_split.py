@@ -42,9 +42,9 @@ import dataclasses
 import torch
 
 from .alibi_bias import alibi_block_bias
-from .attention_cpu_flash import _blocks, _SplitAttention, split_kernels_work  # noqa: F401  (the probe: this path's)
 from .attention_sdpa_split_calls import CallGroup, _cover, _group, _in_key_ranges, head_runs
 from .attention_sdpa_split_floor import bias_floors, floored
+from .cpu_flash_kernels import _blocks, _SplitAttention, split_kernels_work  # noqa: F401  (the probe: this path's)
 
 # Rows per query chunk on the split path, coarse to fine (see `SplitPlan`). Measured on one call (B=1, H=8, D=64,
 # fp32, `python -m benchmarks.bench_attention_call --threads 1 --clock cpu`, 2026-11-30): against SDPA is_causal,

@@ -64,9 +64,26 @@ cache extends step by step: `torch.maximum(old, new_norm)`) is all it needs befo
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass(frozen=True, eq=False)
+class KeyRanges:
+    """The first key each (head, block of `rows` queries) attends to: keys before it are skipped (and for an
+    encoder's bidirectional rows the end key: keys from it on are skipped too).
+
+    `first_key` is (H, ceil(q / rows)) int64 of absolute key indices; block `b` covers query rows
+    [b * rows, (b + 1) * rows). A block's first key never lies past the block's first query position, so every row
+    keeps at least its own diagonal block. All-zero ranges are dense attention.
+    """
+
+    rows: int
+    first_key: torch.Tensor  # (H, blocks) int64
+    end_key: torch.Tensor | None = None  # (H, blocks) int64: a bidirectional block's keys from it on are skipped
+
 
 # Nats subtracted from log(eps) before comparing: float64 rounding of the bound's log-sum-exps (at most ~1e-12 nats at
 # these sizes) must never turn a bound just above eps into one just below it.

@@ -38,19 +38,21 @@ from .transformers_compat import (
 # transformers before 5.10 copies into its module cache only the files a remote-code entry file imports itself, not
 # what those import in turn: the attention core's other modules are named here, so that a saved folder loads on 4.57-5.9
 # too (tests/models/alibi/test_hub.py checks that this file imports its whole closure directly).
-from .attention_certified import KeyRanges  # noqa: F401
-from .attention_cpu_flash import split_kernels_work  # noqa: F401
+from .attention_certified import skipping_pays  # noqa: F401
 from .attention_eager import FullBias  # noqa: F401
 from .attention_flash import FlashVarlen  # noqa: F401
 from .attention_flex import FlexBlocks  # noqa: F401
-from .attention_packed import packed_documents  # noqa: F401
+from .attention_packed import PackedDocuments  # noqa: F401
 from .attention_paged import is_paged_cache  # noqa: F401
+from .attention_routes import ROUTES  # noqa: F401
 from .attention_sdpa import BiasBank  # noqa: F401
 from .attention_sdpa_split import split_plan  # noqa: F401
 from .attention_sdpa_split_calls import SplitCall  # noqa: F401
 from .attention_sdpa_split_floor import bias_floors  # noqa: F401
-from .attention_skip import upper_norms  # noqa: F401
+from .attention_skip import KeyRanges  # noqa: F401
 from .configuration_alibi_gpt2 import AlibiGPT2Config  # noqa: F401
+from .cpu_flash_kernels import split_kernels_work  # noqa: F401
+from .packed_documents import packed_documents  # noqa: F401
 
 # Flash-attention style descriptions of one flattened row of documents (transformers' DataCollatorWithFlattening)
 FLATTENED_BATCH_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
@@ -315,7 +317,25 @@ class AlibiBertModel(AlibiBertPreTrainedModel):
         pooled = self.pooler(hidden_states) if self.pooler is not None else None  # (B, C)
         return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=pooled)
 
-    def _plan(self, hidden_states, attention_mask, position_ids, output_attentions, cu_seq_lens):
+    @torch.no_grad()
+    def attention_route_plan(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        output_attentions=None,
+        **kwargs,
+    ) -> AlibiAttentionPlan:
+        """The route plan (`path`, `reason` and the facts; no payload) a forward with these inputs takes, without
+        running its layers: the forward's own planning call with `prepare=False` (`hf_alibi.attention_route`)."""
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        hidden_states = self.embeddings(input_ids, token_type_ids, inputs_embeds)  # (B, L, C)
+        cu_seq_lens = kwargs.get("cu_seq_lens_q")
+        return self._plan(hidden_states, attention_mask, position_ids, output_attentions, cu_seq_lens, prepare=False)
+
+    def _plan(self, hidden_states, attention_mask, position_ids, output_attentions, cu_seq_lens, prepare=True):
         """The forward's one bidirectional attention plan, validated and built once; every layer only reads it."""
         batch, length = hidden_states.shape[:2]
         device = hidden_states.device.type
@@ -334,6 +354,7 @@ class AlibiBertModel(AlibiBertPreTrainedModel):
             output_attentions=output_attentions,
             skip_eps=self.config.alibi_skip_eps,
             causal=AlibiBertSelfAttention.is_causal,
+            prepare=prepare,
         )
 
 

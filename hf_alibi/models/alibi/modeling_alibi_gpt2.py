@@ -22,10 +22,10 @@ from transformers.utils import logging
 
 from .activations import mlp_activation
 from .alibi_bias import slopes_from_config
-from .attention_alibi import AlibiAttentionBackends, alibi_attention, plan_alibi_attention
+from .attention_alibi import AlibiAttentionBackends, alibi_attention, paged_attention, plan_alibi_attention
 from .attention_key_norms import KeyNormSummaries, RunningKeyNorms
-from .attention_paged import PAGED_KWARGS, is_paged_cache, paged_attention, plan_paged_attention
-from .attention_plan import AlibiAttentionPlan
+from .attention_paged import PAGED_KWARGS, is_paged_cache
+from .attention_plan import AlibiAttentionPlan, PlanOptions
 from .configuration_alibi_gpt2 import AlibiGPT2Config, train_seq_len
 from .normalization import AlibiRMSNorm, norm_layer
 from .tensor_parallel_alibi_gpt2 import check_sharding_request  # importing it registers the TP plan's styles
@@ -50,17 +50,19 @@ from .transformers_compat import (
 # transformers before 5.10 copies into its module cache only the files a remote-code entry file imports itself, not
 # what those import in turn: the attention core's other modules are named here, so that a saved folder loads on 4.57-5.9
 # too (tests/models/alibi/test_hub.py checks that this file imports its whole closure directly).
-from .attention_certified import KeyRanges  # noqa: F401
-from .attention_cpu_flash import split_kernels_work  # noqa: F401
+from .attention_certified import skipping_pays  # noqa: F401
 from .attention_eager import FullBias  # noqa: F401
 from .attention_flash import FlashVarlen  # noqa: F401
 from .attention_flex import FlexBlocks  # noqa: F401
-from .attention_packed import packed_documents  # noqa: F401
+from .attention_packed import PackedDocuments  # noqa: F401
+from .attention_routes import ROUTES  # noqa: F401
 from .attention_sdpa import BiasBank  # noqa: F401
 from .attention_sdpa_split import split_plan  # noqa: F401
 from .attention_sdpa_split_calls import SplitCall  # noqa: F401
 from .attention_sdpa_split_floor import bias_floors  # noqa: F401
-from .attention_skip import upper_norms  # noqa: F401
+from .attention_skip import KeyRanges  # noqa: F401
+from .cpu_flash_kernels import split_kernels_work  # noqa: F401
+from .packed_documents import packed_documents  # noqa: F401
 
 logger = logging.get_logger(__name__)
 
@@ -269,30 +271,17 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         if is_paged_cache(cache):  # transformers' continuous batching: one flattened row of requests
             if output_attentions:
                 raise ValueError("output_attentions is not available under continuous batching (a paged cache)")
-            plan = plan_paged_attention(
-                self.config._attn_implementation or "sdpa",
-                self.alibi_slopes,
-                query_length,
-                position_ids,
-                kwargs,
-                dtype=_compute_dtype(inputs_embeds),
-                sdpa_split=self.config.alibi_sdpa_split,
-                query_chunk=self.config.alibi_sdpa_query_chunk,
-                skip_eps=self.config.alibi_skip_eps,
-                train_seq_len=train_seq_len(self.config.alibi_scaling),
-            )
-        else:
-            cache, plan = self._plan(
-                cache,
-                batch,
-                query_length,
-                inputs_embeds,
-                attention_mask,
-                position_ids,
-                use_cache,
-                output_attentions,
-                kwargs,
-            )
+        elif use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        arguments = self.attention_plan_arguments(
+            inputs_embeds, cache, attention_mask, position_ids, output_attentions, kwargs
+        )
+        if not is_paged_cache(
+            cache
+        ):  # the cache's running key-norm summary, told of this forward's keys (before writes)
+            offset = arguments["query_offset"]
+            arguments["key_norms"] = RunningKeyNorms.for_forward(self.key_norms, cache, offset, query_length)
+        plan = plan_alibi_attention(**arguments)  # validated and built once; every layer only reads it
 
         rank_heads = self.h[0].attn.heads if len(self.h) else None  # every layer of a tensor-parallel rank: the same
         if rank_heads is not None:
@@ -306,46 +295,66 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         hidden_states = self.ln_f(hidden_states)
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, **with_cache(cache if use_cache else None))
 
-    def _plan(
-        self,
-        cache,
-        batch,
-        query_length,
-        inputs_embeds,
-        attention_mask,
-        position_ids,
-        use_cache,
-        output_attentions,
-        kwargs,
-    ) -> tuple[Cache | None, AlibiAttentionPlan]:
-        """The cache this forward uses (a new dynamic one if asked for) and its one attention plan, validated and
-        built once; every layer only reads it (attention_plan.py)."""
-        if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
-        query_offset = cache.get_seq_length() if cache is not None else 0  # a 0-d tensor for static caches
-        if isinstance(query_offset, torch.Tensor):
-            query_offset = query_offset.clone()  # the cache advances it in place during this forward
-        key_length = cache_key_length(cache, query_length, query_offset) if cache is not None else query_length
-        plan = plan_alibi_attention(
-            self.config._attn_implementation or "sdpa",
-            self.alibi_slopes,
-            batch,
-            query_length,
-            key_length,
-            query_offset,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cu_seq_lens=kwargs.get("cu_seq_lens_q"),
+    def attention_plan_arguments(
+        self, inputs_embeds, cache, attention_mask, position_ids, output_attentions, kwargs
+    ) -> dict:
+        """The arguments of this forward's one `plan_alibi_attention` call (attention_plan.py) but the cache's key-norm
+        summary: from its embedded inputs (their shape and compute dtype), its cache (a dynamic or static `Cache`, a
+        continuous batch's `PagedAttentionCache` with its `kwargs`, or None) and its other inputs."""
+        batch, query_length = inputs_embeds.shape[:2]
+        options = PlanOptions(
             dtype=_compute_dtype(inputs_embeds),
             dropout=self.config.attn_pdrop if self.training else 0.0,
             sdpa_split=self.config.alibi_sdpa_split,
             query_chunk=self.config.alibi_sdpa_query_chunk,
             skip_eps=self.config.alibi_skip_eps,
-            train_seq_len=train_seq_len(self.config.alibi_scaling),
-            key_norms=RunningKeyNorms.for_forward(self.key_norms, cache, query_offset, query_length),  # before writes
             output_attentions=output_attentions,  # weights: the eager path in every layer, planned once
+            train_seq_len=train_seq_len(self.config.alibi_scaling),
         )
-        return cache, plan
+        arguments = dict(
+            implementation=self.config._attn_implementation or "sdpa",
+            slopes=self.alibi_slopes,
+            batch=batch,
+            query_length=query_length,
+            position_ids=position_ids,
+            options=options,
+        )
+        if is_paged_cache(cache):  # one flattened row of requests, described by the continuous-batching kwargs
+            return dict(arguments, key_length=query_length, paged_kwargs=kwargs)
+        query_offset = cache.get_seq_length() if cache is not None else 0  # a 0-d tensor for static caches
+        if isinstance(query_offset, torch.Tensor):
+            query_offset = query_offset.clone()  # the cache advances it in place during this forward
+        key_length = cache_key_length(cache, query_length, query_offset) if cache is not None else query_length
+        return dict(
+            arguments,
+            key_length=key_length,
+            query_offset=query_offset,
+            attention_mask=attention_mask,
+            cu_seq_lens=kwargs.get("cu_seq_lens_q"),
+        )
+
+    @torch.no_grad()
+    def attention_route_plan(
+        self,
+        input_ids=None,
+        cache=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        output_attentions=None,
+        **kwargs,
+    ) -> AlibiAttentionPlan:
+        """The route plan (`path`, `reason` and the facts; no payload) a forward with these inputs takes, without
+        running its layers: the forward's own planning call with `prepare=False` (`hf_alibi.attention_route`)."""
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        if is_paged_cache(cache) and output_attentions:
+            raise ValueError("output_attentions is not available under continuous batching (a paged cache)")
+        inputs_embeds = self.ln_embd(self._embed(input_ids, inputs_embeds, token_type_ids))  # (B, q, C)
+        arguments = self.attention_plan_arguments(
+            inputs_embeds, cache, attention_mask, position_ids, output_attentions, kwargs
+        )
+        return plan_alibi_attention(**arguments, prepare=False)
 
     def _embed(self, input_ids, inputs_embeds, token_type_ids) -> torch.Tensor:
         """Token (plus segment) embeddings, after checking the input shapes with errors that name them."""

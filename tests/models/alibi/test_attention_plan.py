@@ -8,13 +8,10 @@ import torch
 
 from alibi_reference import reference_attention
 from hf_alibi import get_alibi_slopes
-from hf_alibi.models.alibi.attention_alibi import (
-    ALIBI_ATTENTION_FUNCTIONS,
-    PREPARE_PATHS,
-    alibi_attention,
-    plan_alibi_attention,
-)
-from hf_alibi.models.alibi.attention_plan import PATHS, choose_path, plan_facts
+from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
+from hf_alibi.models.alibi.attention_plan import choose_path, plan_facts
+from hf_alibi.models.alibi.attention_routes import PATHS
+from hf_alibi.models.alibi.attention_routes import ROUTES as REGISTRY
 
 HEADS, DIM = 12, 8
 SCALE = DIM**-0.5
@@ -120,15 +117,38 @@ def test_the_route_holds_every_decision_path_eps_and_host_offset():
     assert choose_path("sdpa", demo(4196, 4196, documents=small), skip_eps="auto", **cpu) == Route("sdpa_packed")
 
 
-def test_every_path_has_one_function_and_one_prepare_in_the_tables():
-    assert tuple(ALIBI_ATTENTION_FUNCTIONS) == PATHS == tuple(PREPARE_PATHS)
+def test_every_route_is_declared_once_with_its_name_description_and_call():
+    assert tuple(REGISTRY) == PATHS
+    for name, route in REGISTRY.items():
+        assert route.name == name and route.when and callable(route.call)
+        assert route.prepare is None or callable(route.prepare)
+    assert {name for name, route in REGISTRY.items() if route.composite} == {"paged", "sdpa_packed"}
+
+
+def test_the_chosen_route_says_why():
+    facts = plan_facts(SLOPES, 1, 9, 9)
+    cpu = dict(device="cpu", tracing=False, kernels_work=lambda: True)
+    assert "split" in choose_path("sdpa", facts, **cpu).reason
+    assert "alibi_sdpa_split=False" in choose_path("sdpa", facts, sdpa_split=False, **cpu).reason
+    assert "output_attentions" in choose_path("sdpa", facts, output_attentions=True, **cpu).reason
+    assert "probe" in choose_path("sdpa", facts, device="cpu", tracing=False).reason  # no probe: not applicable
+    assert plan_alibi_attention("eager", SLOPES, 1, 9, 9).route.reason == choose_path("eager", facts, **cpu).reason
+
+
+def test_planner_options_group_and_keywords_agree():
+    from hf_alibi.models.alibi.attention_plan import PlanOptions
+
+    grouped = plan_alibi_attention("sdpa", SLOPES, 1, 9, 9, options=PlanOptions(sdpa_split=False))
+    assert grouped.path == plan_alibi_attention("sdpa", SLOPES, 1, 9, 9, sdpa_split=False).path == "sdpa_bank"
+    with pytest.raises(TypeError):
+        plan_alibi_attention("sdpa", SLOPES, 1, 9, 9, no_such_option=1)
 
 
 def test_no_function_outside_choose_path_reads_the_backend_or_the_skip_eps():
     """Every choice of path is made in `choose_path`: the functions of the table and the prepares read the plan."""
     import inspect
 
-    for function in {*ALIBI_ATTENTION_FUNCTIONS.values(), *PREPARE_PATHS.values()}:
+    for function in {route.call for route in REGISTRY.values()} | {r.prepare for r in REGISTRY.values() if r.prepare}:
         source = inspect.getsource(function)
         for name in ("skip_eps >", "is_grad_enabled", "is_compiling", "split_kernels_work()", "device.type =="):
             assert name not in source, f"{function.__name__} chooses by {name!r}"

@@ -274,7 +274,7 @@ def test_backward_keeps_the_callers_denormal_mode_and_gives_float64_gradients_ei
 def test_a_one_head_calls_backward_cut_into_row_parts_for_the_threads_is_the_kernels_own(threads):
     """`_flash_backward` cuts a one-head call's rows into parts stacked on the batch dimension (the kernel spreads
     its backward over batch x heads only); the gradients are the uncut kernel's, to fp32 rounding."""
-    from hf_alibi.models.alibi.attention_cpu_flash import _flash, _flash_backward
+    from hf_alibi.models.alibi.cpu_flash_kernels import _flash, _flash_backward
 
     if not split_kernels_work():
         pytest.skip("the CPU flash kernels are not usable here")

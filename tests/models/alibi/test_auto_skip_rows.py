@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from conftest import CONTINUOUS_BATCHING, NO_CONTINUOUS_BATCHING
-from hf_alibi import get_alibi_slopes
+from hf_alibi import attention_route, get_alibi_slopes
 from hf_alibi.models.alibi.attention_alibi import alibi_attention, plan_alibi_attention
-from hf_alibi.models.alibi.attention_paged import plan_paged_attention
 from hf_alibi.models.alibi.attention_plan import AUTO_EPS
 
 sys.path.insert(0, str(Path(__file__).parents[3] / "tests"))  # tests/: the skipping tests' steep model
@@ -33,7 +32,7 @@ def test_a_long_requests_decoding_row_skips_in_the_paged_plan_and_short_ones_sta
     generator = torch.Generator().manual_seed(0)
     query = 3 * torch.randn(1, 4, 3, 16, generator=generator)
     key, value = 3 * torch.randn(2, 1, 4, int(cu_k[-1]), 16, generator=generator)
-    plan = plan_paged_attention("sdpa", DEMO_SLOPES, 3, None, kwargs, skip_eps="auto")
+    plan = plan_alibi_attention("sdpa", DEMO_SLOPES, 1, 3, 3, paged_kwargs=kwargs, skip_eps="auto")
     (segment,) = plan.payload.segments
     assert segment.plan.path.startswith("sdpa_decode_certified") and segment.plan.payload.eps == AUTO_EPS
     assert plan.payload.decode.rows.tolist() == [1, 2]  # the short requests share the batched dense call
@@ -100,15 +99,17 @@ def test_a_packed_rows_long_document_skips_and_every_document_equals_its_own_for
     with torch.no_grad(), record_plans(model) as plans:
         skipping = model(ids, position_ids=positions).logits[0]  # (total, V)
         alone = torch.cat([model(d[None]).logits[0] for d in documents])
-    parts = plans[0].payload.parts
-    assert plans[0].path == "sdpa_packed"
-    assert [p.path for _, _, _, p in parts] == ["sdpa_split_certified", "sdpa_split", "sdpa_bank", "sdpa_split"]
+    route = attention_route(model, ids, position_ids=positions)
+    assert {plan.path for plan in plans[:1]} == {route.name} == {"sdpa_packed"}
+    expected = ["sdpa_split_certified", "sdpa_split", "sdpa_bank", "sdpa_split"]
+    assert [route.document_routes[n] for n in DOCUMENTS] == expected
     torch.testing.assert_close(skipping, alone, atol=1e-6, rtol=0)  # the same calls on the same tokens
     model.config.alibi_skip_eps = 0.0
     with torch.no_grad(), record_plans(model) as plans:
         dense = model(ids, position_ids=positions).logits[0]
-    assert plans[0].path == "sdpa_packed"  # dense too: each document alone, not one mask over the whole row
-    assert {p.path for _, _, _, p in plans[0].payload.parts} <= {"sdpa_split", "sdpa_bank"}
+    dense_route = attention_route(model, ids, position_ids=positions)
+    assert plans[0].path == dense_route.name == "sdpa_packed"  # dense too: each document alone, not one mask
+    assert set(dense_route.document_routes.values()) <= {"sdpa_split", "sdpa_bank"}
     assert_close_to_dense(skipping, dense)
     reference = model.double()
     with torch.no_grad():

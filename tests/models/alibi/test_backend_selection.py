@@ -4,18 +4,14 @@ config's `alibi_sdpa_split`, and clear errors for backends it cannot run."""
 import pytest
 import torch
 
-from hf_alibi import AlibiGPT2LMHeadModel
+from hf_alibi import AlibiGPT2LMHeadModel, attention_route
 from hf_alibi.models.alibi.transformers_compat import output_cache
 
 
 def paths_used_by(model, ids, **inputs):
-    """The plan path every attention layer reads in one forward."""
-    from conftest import recorded_plans
-
-    with recorded_plans(model) as plans, torch.no_grad():
-        model(ids, **inputs)
-    assert len(plans) == model.config.n_layer
-    return {plan.path for plan in plans}
+    """The route a forward on these inputs takes (`hf_alibi.attention_route`, held to the forward's own plans by
+    tests/test_route_inspection.py)."""
+    return {attention_route(model, ids, **inputs).name}
 
 
 EXPECTED_PATH = {"eager": "eager", "sdpa": "sdpa_split", "flex_attention": "flex_attention"}

@@ -20,12 +20,19 @@ from transformers import (
 )
 
 from hf_alibi import convert
-from hf_alibi.models.alibi.attention_paged import plan_paged_attention
+from hf_alibi.models.alibi.attention_alibi import plan_alibi_attention as _plan
 
 NEW_TOKENS = 12
 PROMPT_LENGTHS = (5, 17, 40, 1, 64)
 # A small paged cache: by default transformers sizes it from free memory (GiBs on a CPU), seconds of zeroing a call
 SMALL_CACHE = dict(page_size=16, num_blocks=64, max_batch_tokens=256)
+
+
+def paged_plan(implementation, slopes, length, position_ids, paged_kwargs, **options):
+    """The one planner's plan of a continuous-batching forward over `length` flattened tokens."""
+    return _plan(
+        implementation, slopes, 1, length, length, position_ids=position_ids, paged_kwargs=paged_kwargs, **options
+    )
 
 
 def greedy_config(max_new_tokens: int = NEW_TOKENS) -> GenerationConfig:
@@ -209,7 +216,7 @@ def test_paged_attention_gives_each_request_its_own_distances(make_model, train_
     key, value = torch.randn(2, 1, heads, int(cu_k[-1]), dim)
     kwargs = {"cu_seq_lens_q": cu_q, "cu_seq_lens_k": {"full_attention": cu_k}, "read_index": [], "write_index": []}
     for backend in ("sdpa", "eager"):
-        plan = plan_paged_attention(backend, slopes, query.shape[2], positions, kwargs, train_seq_len=train_seq_len)
+        plan = paged_plan(backend, slopes, query.shape[2], positions, kwargs, train_seq_len=train_seq_len)
         assert plan.payload.decode is not None and plan.payload.decode.rows.numel() == 3
         got, _ = alibi_attention(query, key, value, plan, dim**-0.5)  # (1, T, H, D)
         for r, (q, k) in enumerate(requests):
@@ -237,17 +244,17 @@ def test_paged_plans_refuse_what_they_cannot_run_by_name(make_model):
     cu = torch.tensor([0, 3])
     kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": {"full_attention": cu}, "read_index": [], "write_index": []}
     with pytest.raises(ValueError, match="flex_attention"):
-        plan_paged_attention("flex_attention", slopes, 3, None, kwargs)
+        paged_plan("flex_attention", slopes, 3, None, kwargs)
     with pytest.raises(ValueError, match="read_index"):
-        plan_paged_attention("sdpa", slopes, 3, None, {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu})
+        paged_plan("sdpa", slopes, 3, None, {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu})
     with pytest.raises(ValueError, match="position_ids"):
-        plan_paged_attention("sdpa", slopes, 3, torch.tensor([[0, 1, 5]]), kwargs)
+        paged_plan("sdpa", slopes, 3, torch.tensor([[0, 1, 5]]), kwargs)
     with pytest.raises(ValueError, match="keys"):
         short = dict(kwargs, cu_seq_lens_k={"full_attention": torch.tensor([0, 2])})
-        plan_paged_attention("sdpa", slopes, 3, None, short)
+        paged_plan("sdpa", slopes, 3, None, short)
     with pytest.raises(ValueError, match="sliding_attention"):
         hybrid = dict(kwargs, cu_seq_lens_k={"full_attention": cu, "sliding_attention": cu})
-        plan_paged_attention("sdpa", slopes, 3, None, hybrid)
+        paged_plan("sdpa", slopes, 3, None, hybrid)
 
 
 @pytest.mark.gpu

@@ -24,7 +24,7 @@ LOAD = "from transformers import AutoTokenizer; AutoTokenizer.from_pretrained({f
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    from hf_alibi.experiments.tokenization import train_tokenizer
+    from hf_alibi.experiments.data.tokenization import train_tokenizer
 
     folder = tmp_path_factory.mktemp("tokenizer") / "alibi-tiny"
     tokenizer = train_tokenizer(["def add(x, y):\n    return x + y\n"] * 8, vocab_size=300)
