@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .models.alibi.attention_routes import ROUTES
+
 __all__ = ["AttentionRouteReport", "attention_route"]
 
 
@@ -72,8 +74,6 @@ def attention_route(
 
 
 def _report(base, plan) -> AttentionRouteReport:
-    from .models.alibi.attention_routes import ROUTES
-
     offset = plan.query_offset
     cached = int(offset) if not isinstance(offset, torch.Tensor) or not torch.compiler.is_compiling() else None
     parts = getattr(plan.payload, "parts", None)  # sdpa_packed: (row, start, end, the document's route-only plan)
