@@ -66,8 +66,17 @@ class ComparisonArguments:
     )
     all_models: bool = field(default=False, metadata={"help": "Train every position encoding in BASELINES."})
     train_length: int = field(default=256, metadata={"help": "Training sequence length (tokens per block)."})
+    model_max_steps: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "MODEL=STEPS: model MODEL trains STEPS steps (its schedule stretched over them) instead of "
+            "max_steps; the other models keep max_steps. For a model the experiment shows needs longer (say why in "
+            "the run's notes), e.g. nope=32000. Entries may name models this run does not train."
+        },
+    )
 
     def __post_init__(self):
+        self.model_steps()  # a bad entry fails here, by name
         if self.all_models:
             self.models = list(BASELINES)
         if not self.models:
@@ -82,6 +91,23 @@ class ComparisonArguments:
     def model_specs(self) -> dict[str, tuple[str, int]]:
         """`{model: (position encoding, training length)}` in the order given."""
         return {spec: parse_model_spec(spec, self.train_length) for spec in self.models}
+
+    def model_steps(self) -> dict[str, int]:
+        """`{model: its own max_steps}` from `model_max_steps` (`ValueError` naming a bad entry)."""
+        steps: dict[str, int] = {}
+        for entry in self.model_max_steps:
+            spec, _, count = (part.strip() for part in entry.partition("="))
+            if not count.isdigit() or int(count) <= 0:
+                raise ValueError(f"model_max_steps entry {entry!r} is not MODEL=STEPS with STEPS a positive integer")
+            parse_model_spec(spec, 1)  # a known position encoding, or ValueError
+            if spec in steps:
+                raise ValueError(f"model_max_steps names {spec!r} twice: {self.model_max_steps}")
+            steps[spec] = int(count)
+        return steps
+
+    def max_steps_of(self, name: str) -> int | None:
+        """Model `name`'s own `max_steps`; None: it trains the run's `max_steps`."""
+        return self.model_steps().get(name)
 
     def train_lengths(self) -> list[int]:
         return sorted({length for _, length in self.model_specs().values()})

@@ -19,6 +19,7 @@ class RunShape(Protocol):
 
     train_length: int
     models: list[str]
+    model_max_steps: list[str]
 
     def model_specs(self) -> dict[str, tuple[str, int]]: ...
 
@@ -58,6 +59,7 @@ def apply_smoke(experiment: RunShape, training: TrainingArguments) -> None:
         else:
             models.append(f"{encoding}@{length * new // old}")
     experiment.models = models
+    experiment.model_max_steps = []  # every model trains the smoke budget
     for key, value in SMOKE_OVERRIDES["experiment"].items():
         setattr(experiment, key, value)
     for key, value in SMOKE_OVERRIDES["training"].items():

@@ -26,6 +26,7 @@ RECORDED_ORDER = [
     "models",
     "all_models",
     "train_length",
+    "model_max_steps",
     "eval_factors",
     "eval_stride",
     "eval_max_documents",
@@ -139,6 +140,10 @@ def test_help_lists_the_options_grouped_by_concern(capsys):
     [
         (ComparisonArguments, {"models": ["alibi", "alibi"]}, "twice"),
         (ComparisonArguments, {"train_length": 0}, "train_length must be positive, got 0"),
+        (ComparisonArguments, {"model_max_steps": ["nope:32000"]}, "entry 'nope:32000' is not MODEL=STEPS"),
+        (ComparisonArguments, {"model_max_steps": ["nope=0"]}, "entry 'nope=0' is not MODEL=STEPS"),
+        (ComparisonArguments, {"model_max_steps": ["rope=100"]}, "unknown model name 'rope'"),
+        (ComparisonArguments, {"model_max_steps": ["nope=1", "nope=2"]}, "names 'nope' twice"),
         (EvaluationArguments, {"window_eps": 1.5}, "window_eps must be in \\(0, 1\\), got 1.5"),
         (EvaluationArguments, {"eval_factors": [1, 0]}, "eval_factors"),
         (RunArguments, {"tp_size": 0}, "tp_size must be a positive integer, got 0"),
@@ -213,3 +218,18 @@ def test_hf_alibi_train_with_tp_size_on_an_old_transformers_prints_one_line_and_
     error = capsys.readouterr().err
     assert error.startswith("hf-alibi: error: tp_size=2, fsdp_size=1") and error.count("\n") == 1, error
     assert "transformers>=5.24" in error and not out.exists()
+
+
+def test_model_max_steps_gives_only_the_named_model_its_own_schedule_and_smoke_clears_it(tmp_path):
+    from hf_alibi.experiments.setup.token_budget import apply_smoke
+    from hf_alibi.experiments.training.train_model import model_training_args
+
+    experiment, training = parse_args(
+        ["--config", "retrieval", "--output_dir", str(tmp_path), "--model_max_steps", "nope=32000", "learned@128=5"],
+        ExperimentArguments,
+    )
+    assert experiment.model_steps() == {"nope": 32000, "learned@128": 5}  # learned@128 is not trained: allowed
+    steps = {name: model_training_args(name, experiment, training)[3].max_steps for name in experiment.models}
+    assert steps == {name: 32000 if name == "nope" else training.max_steps for name in experiment.models}
+    apply_smoke(experiment, training)
+    assert experiment.model_max_steps == [] and model_training_args("nope", experiment, training)[3].max_steps == 8
