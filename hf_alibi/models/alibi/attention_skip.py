@@ -48,7 +48,8 @@ for what the analysis misses, ~1e-4 nats in all). Padded keys enter the kernel a
 exactly 0. On the demo checkpoint at 8k this LB (256-row diagonal blocks) certifies 0.382 of causal work against
 0.399 with the diagonal logit alone, and costs nothing: the split computes those blocks first (`certified_split`).
 
-Cost. Norms O(L H D); per (group of rows, key block) one bound: O(L (L / block) H) exps. Norms are computed in the inputs' precision (at least float32) and
+Cost. Norms O(L H D); per (group of rows, key block within the head's reach) one bound, the blocks further back
+bounded at once by a geometric tail (`_grouped_starts`): O(L (reach / block) H) exps, linear in L. Norms are computed in the inputs' precision (at least float32) and
 rounded up by their error bound (`upper_norms`); everything else is float64, so the certificate holds for exact
 arithmetic on the inputs as given; `_ROUNDING_MARGIN` absorbs float64's own rounding. (The max shift of Theorem 4's
 exps adds at most u |z_j - max z| <= u (2 |s| |q_i| N + m n) per logit, inside its gamma_{D+2} term for D >= 1.)
@@ -266,7 +267,7 @@ def kernel_lse_lower_bound(
 
 
 def _grouped_starts(
-    a, lse, norms, slopes, query_offset, eps, row_block, key_block, key_padding, row_group, chunk: int = 16
+    a, lse, norms, slopes, query_offset, eps, row_block, key_block, key_padding, row_group, terms: int = 1 << 22
 ):
     """`certified_key_starts` with Cauchy-Schwarz, vectorised over row blocks, for groups of `row_group` rows.
 
@@ -274,7 +275,12 @@ def _grouped_starts(
     and c_i = -m i - LB_i (Theorem 3 rearranged). For a group of rows, a = max a_i and c = max c_i bound every
     member's terms from above (N_K >= 0), so a start certified for the group holds for each of its rows. Rows are
     sorted by a_i within a row block before grouping, so a group's rows have nearly the same query norm and the
-    group's bound is nearly each row's. `chunk` row blocks at a time bound the memory.
+    group's bound is nearly each row's.
+
+    Linear in the length: each head sums block by block only the `_reach` blocks nearest each row block; the blocks
+    before them are bounded at once by their tail (`_tail_bound`), which that reach makes < eps 2^-20. So the bound
+    may exceed the all-blocks one by that much (a start is never later: still certified). `terms` bounds the
+    float64 terms held at once.
     """
     batch, heads, q_len = a.shape
     device = a.device
@@ -295,17 +301,73 @@ def _grouped_starts(
     a = a.gather(-1, order).unflatten(-1, (groups, row_group)).amax(-1)  # (B, H, R, groups)
     c = c.gather(-1, order).unflatten(-1, (groups, row_group)).amax(-1)  # (B, H, R, groups)
     b = _block_decay(tuple(slopes.tolist()), key_block, n_blocks, str(device))[1]  # (H, nb): m e_K + log G_K
-    empty = norms == -math.inf  # (B, H, nb): blocks without real keys carry no mass
     first_row = query_offset + torch.arange(n_row_blocks, device=device) * row_block  # (R,)
-    beyond = torch.arange(n_blocks, device=device) >= (first_row // key_block)[:, None]  # (R, nb) not droppable
+    ends = first_row // key_block  # (R,) blocks wholly before each row block: the only droppable ones
+    reach = _reach(a, c, norms, m, first_row, eps, key_block)  # (H,) blocks summed one by one
     starts = torch.empty(batch, heads, n_row_blocks, groups, dtype=torch.long, device=device)
-    for first in range(0, n_row_blocks, chunk):
-        part = slice(first, min(first + chunk, n_row_blocks))
-        log_terms = a[:, :, part, :, None] * norms[:, :, None, None, :] + b[None, :, None, None, :]  # (B, H, r, g, nb)
-        log_terms = log_terms.masked_fill(empty[:, :, None, None, :], -math.inf) + c[:, :, part, :, None]
-        log_terms = log_terms.masked_fill(beyond[None, None, part, None, :], math.inf)  # the cumulative stops there
-        starts[:, :, part] = _passing_blocks(log_terms, eps) * key_block  # (B, H, r, g)
+    for head, width in enumerate(reach):
+        step = max(1, terms // (batch * groups * (width + 1)))  # row blocks at a time
+        for first in range(0, n_row_blocks, step):
+            part = slice(first, min(first + step, n_row_blocks))
+            lo = (ends[part] - width).clamp(min=0)  # (r,) the first block summed one by one
+            window = lo[:, None] + torch.arange(width, device=device)  # (r, w)
+            index = window.clamp(max=max(n_blocks - 1, 0))
+            near = norms[:, head, index]  # (B, r, w)
+            log_terms = a[:, head, part, :, None] * near[:, :, None] + b[head, index][None, :, None]  # (B, r, g, w)
+            log_terms = log_terms.masked_fill((near == -math.inf)[:, :, None], -math.inf)  # no real keys: no mass
+            log_terms = log_terms + c[:, head, part, :, None]
+            log_terms = log_terms.masked_fill((window >= ends[part, None])[None, :, None], math.inf)  # stop there
+            tail = _tail_bound(a[:, head, part], c[:, head, part], norms[:, head], m[head], lo, key_block)  # (B,r,g)
+            passing = _passing_blocks(torch.cat([tail[..., None], log_terms], dim=-1), eps)  # (B, r, g)
+            # the tail fails only if the reach was too short: then nothing is certified (dense is always valid)
+            starts[:, head, part] = torch.where(passing > 0, lo[:, None] + passing - 1, 0) * key_block
     return starts.amin(dim=(0, 3))  # (H, R)
+
+
+# Nats below log(eps) the tail of the blocks beyond a head's reach is held to: the bound exceeds the all-blocks one by
+# at most eps 2^-20, which moves a start only where that bound is within a millionth of eps
+_TAIL_NATS = 20 * math.log(2)
+
+
+def _reach(a, c, norms, m, first_row, eps: float, key_block: int) -> list[int]:
+    """Per head, how many blocks before each row block to sum one by one so that the blocks before those bound to
+    < eps 2^-20 for every row group (`_tail_bound` with the largest key norm): the slope's reach, independent of the
+    length once it is passed. All the blocks for a flat head (m = 0), which has no reach."""
+    n_blocks = norms.shape[-1]
+    largest = norms.amax(-1)[..., None, None]  # (B, H, 1, 1) N_K <= this for every block
+    # a N + c + m first_row bounds a N_K - m (i - first_row) - LB_i for every row i of the group
+    x = a * largest + c + m[:, None, None] * first_row[:, None].double()  # (B, H, R, g)
+    x = x.masked_fill((largest == -math.inf) | (c == -math.inf), -math.inf).amax(dim=(0, 2, 3))  # (H,)
+    reach = []
+    for head_x, slope in zip(x.tolist(), m.tolist()):
+        if head_x == -math.inf:  # no real key or row: no mass anywhere
+            reach.append(min(1, n_blocks))
+            continue
+        if slope <= 0 or not math.isfinite(head_x):
+            reach.append(n_blocks)
+            continue
+        # tail <= exp(x + log G + log(1 / (1 - e^{-m B})) - m (w B + 1)) over the blocks w and more blocks back
+        log_g = float(_log_geometric(torch.tensor(slope, dtype=torch.float64), key_block))
+        spread = log_g - math.log(-math.expm1(-slope * key_block))
+        need = head_x + spread - math.log(eps) + _ROUNDING_MARGIN + _TAIL_NATS - slope
+        reach.append(min(n_blocks, max(1, math.ceil(need / (slope * key_block)) + 1)))
+    return reach
+
+
+def _tail_bound(a, c, norms, m, lo, key_block: int) -> torch.Tensor:
+    """log of an upper bound on the sum of a head's terms over the blocks before `lo` (r,), for row groups `a`, `c`
+    (B, r, g): every N_K <= their largest (a prefix maximum of `norms` (B, nb)) and sum_K e^{m e_K} is geometric,
+    e^{m e_{lo - 1}} sum_{k < lo} e^{-m B k}. -inf where there are no blocks or no real keys before `lo`."""
+    prefix = F.pad(norms.cummax(-1).values, (1, 0), value=-math.inf)[:, lo]  # (B, r): largest N_K, K < lo
+    count = lo.double()
+    if float(m) > 0:
+        spread = torch.log(-torch.expm1(-m * key_block * count)) - math.log(-math.expm1(-float(m) * key_block))
+    else:
+        spread = torch.log(count)  # -inf where lo = 0
+    log_g = _log_geometric(m, key_block)
+    ends = m * (count * key_block - 1) + spread + log_g  # (r,)
+    tail = a * prefix[..., None] + c + ends[None, :, None]  # (B, r, g)
+    return tail.masked_fill(((prefix == -math.inf)[..., None]) | (lo == 0)[None, :, None], -math.inf)
 
 
 def decode_inputs(query, block_norms, slopes, query_offset, eps: float, block: int, lse_lower):
