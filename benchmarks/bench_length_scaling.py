@@ -1,0 +1,257 @@
+"""Does the default path grow linearly with the context? Forward and one decoding step of a trained checkpoint at
+doubling lengths, each length in a fresh process, and the largest context a machine of `--memory-gib` runs.
+
+    python -m benchmarks.bench_length_scaling --checkpoint runs/cpu_demo/alibi/final \
+        --lengths 16384,32768,65536,131072,262144 --out results/length_scaling/demo
+    python -m benchmarks.bench_length_scaling --checkpoint runs/cpu_demo/alibi/final --lengths 2048,4096 \
+        --repeats 1 --decode-steps 2 --shape-lengths 0 --out /tmp/length_smoke                 # smoke, ~30 s
+
+Per length L, two fresh processes (no allocator state carries over): real held-out text of L tokens in the
+checkpoint's tokenizer (`measure_kept_fraction.heldout_stream`), the model as `from_pretrained` gives it (the default
+`alibi_skip_eps="auto"`, SDPA), batch 1, no grad, the forward `model(ids, attention_mask=ones, logits_to_keep=1)` (the
+all-ones mask `generate()` and Trainer send), warmed up once:
+- working memory: the growth of the resident set's high-water mark over the state just before one forward
+  (`measure.peak_memory`), in a process whose allocator returns every block of 64 KiB or more to the system when it is
+  freed (`LIVE_ALLOCATOR`), so that the figure is the live tensors' peak, not what glibc's heap kept from before;
+- time: the min of `--repeats` forwards (and the same growth under the default allocator, for reference); then a
+  prefill of L tokens into the `DynamicCache` `generate()` uses (untimed) and `--decode-steps` greedy steps, one token
+  each, timed one by one (min and median): one token at L of context.
+Each doubling's ratio is reported beside the figures: linear is 2.0.
+
+Memory (`--memory-gib`, default 24): the largest context the machine runs, from the process at rest (interpreter,
+torch, the model: VmRSS before any forward) plus the working memory per token, fitted over the two longest lengths
+measured (a line through them: the forward's memory is linear once the certificate bounds the keys each query reads).
+Generation also holds the cache, 2 x layers x width x 4 bytes a token (fp32) on top of its prefill's memory. The same
+for a 1.3B-shaped model (`--shape`: width 2048, 24 layers, 16 heads, GPT-2's 50,257 tokens; random weights, no
+checkpoint of that size here): its weights are counted, not loaded, and its per-token working memory is measured on
+one of its layers (no grad, no cache: layers run one after another, so the working memory is one layer's, whatever
+the depth) at `--shape-lengths`.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+GIB = 1 << 30
+SHAPE_1_3B = dict(n_embd=2048, n_layer=24, n_head=16, vocab_size=50257)
+
+
+def child(args) -> dict:
+    """One length in this process: the forward's working memory (`--memory`, under `LIVE_ALLOCATOR`), or its time
+    and a decoding step's; `--shape`: the 1.3B shape's one layer."""
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    import hf_alibi  # noqa: F401  (registers the ALiBi classes)
+    from benchmarks.measure import _status_kib, peak_memory, time_call, timed
+
+    torch.manual_seed(0)
+    if args.shape:
+        model, ids = shaped_layer(args.length), torch.randint(0, SHAPE_1_3B["vocab_size"], (1, args.length))
+    else:
+        from benchmarks.skip_worker import text_ids
+
+        model = AutoModelForCausalLM.from_pretrained(args.checkpoint).eval()
+        ids = text_ids(args.checkpoint, args.length)  # (1, L)
+    result = {"length": args.length, "resting_bytes": _status_kib("VmRSS") * 1024}
+    with torch.no_grad():
+        ones = torch.ones(1, args.length + args.decode_steps + 1, dtype=torch.long)  # what generate/Trainer send
+        forward = lambda: model(ids, attention_mask=ones[:, : args.length], logits_to_keep=1)  # noqa: E731
+        forward()  # warm-up
+        if args.memory:
+            result["forward_bytes"] = peak_memory(forward, "cpu")[0]
+            return result
+        result["forward_s"] = time_call(forward, repeats=args.repeats, warmup=0)
+        result["forward_bytes_default_allocator"] = peak_memory(forward, "cpu")[0]
+        cache = DynamicCache(config=model.config)
+        prefill = model(ids, attention_mask=ones[:, : args.length], cache=cache, logits_to_keep=1)
+        token = prefill.logits[:, -1:].argmax(-1)  # (1, 1)
+
+        def step():  # the same token each step, the mask as generate() extends it
+            return model(token, attention_mask=ones[:, : cache.get_seq_length() + 1], cache=cache, use_cache=True)
+
+        result["decode_s"] = [timed(step)[0] for _ in range(args.decode_steps)]  # the cache grows a token a step
+        result["threads"] = torch.get_num_threads()
+    return result
+
+
+def shaped_layer(length: int):
+    """A 1.3B-shaped ALiBi causal LM with one of its layers (random weights), for the per-token working memory."""
+    from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
+
+    config = AlibiGPT2Config(**{**SHAPE_1_3B, "n_layer": 1}, n_positions=length)
+    return AlibiGPT2LMHeadModel(config).eval()
+
+
+def shaped_weights_bytes() -> int:
+    """fp32 bytes of the whole 1.3B-shaped model's parameters, counted on the meta device."""
+    import torch
+
+    from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
+
+    with torch.device("meta"):
+        model = AlibiGPT2LMHeadModel(AlibiGPT2Config(**SHAPE_1_3B))
+    return 4 * sum(p.numel() for p in model.parameters())
+
+
+# The memory processes' allocator: glibc hands every block of 64 KiB or more to mmap and back to the system when
+# freed, so the resident set follows the live tensors (the default keeps up to 32 MiB blocks in its heap and reuses
+# them, which makes the high-water growth depend on what the process allocated before)
+LIVE_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def run_child(args, length: int, memory: bool, shape: bool = False) -> dict:
+    """One fresh process for one length: its JSON result."""
+    command = [sys.executable, "-m", "benchmarks.bench_length_scaling", "--child", "--length", str(length)]
+    command += ["--checkpoint", args.checkpoint, "--repeats", str(args.repeats)]
+    command += ["--decode-steps", str(args.decode_steps)] + (["--shape"] if shape else [])
+    command += ["--memory"] if memory else []
+    env = {**os.environ, **(LIVE_ALLOCATOR if memory else {})}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise RuntimeError(f"length {length}{' (shape)' if shape else ''} failed:\n{done.stderr[-3000:]}")
+    cell = json.loads(done.stdout.strip().splitlines()[-1])
+    print(json.dumps(cell), flush=True)
+    return cell
+
+
+def largest_context(resting: float, per_token: float, fixed: float, budget: float) -> int:
+    """Tokens that fit in `budget` bytes: `resting` + `fixed` + L x `per_token` <= budget."""
+    return max(0, int((budget - resting - fixed) // per_token)) if per_token > 0 else 0
+
+
+def per_token(cells: list[dict]) -> float:
+    """Working bytes per token: the slope through the two longest lengths."""
+    a, b = cells[-2], cells[-1]
+    return (b["forward_bytes"] - a["forward_bytes"]) / (b["length"] - a["length"])
+
+
+def memory_limits(cells, shaped, config, budget) -> dict:
+    """The largest forward and generation context of the checkpoint and of the 1.3B shape in `budget` bytes."""
+    cache = 2 * config["n_layer"] * config["n_embd"] * 4  # K and V, fp32, per token
+    demo_slope = per_token(cells)
+    limits = {
+        "checkpoint": {
+            "resting_bytes": cells[-1]["resting_bytes"],
+            "working_bytes_per_token": demo_slope,
+            "cache_bytes_per_token": cache,
+            "forward_tokens": largest_context(cells[-1]["resting_bytes"], demo_slope, 0, budget),
+            "generate_tokens": largest_context(cells[-1]["resting_bytes"], demo_slope + cache, 0, budget),
+        }
+    }
+    if shaped:
+        weights = shaped_weights_bytes()
+        slope = per_token(shaped)
+        layer_weights = shaped[-1]["resting_bytes"]  # the one-layer model's process at rest: torch + its weights
+        shape_cache = 2 * SHAPE_1_3B["n_layer"] * SHAPE_1_3B["n_embd"] * 4
+        limits["1.3B-shaped"] = {
+            **SHAPE_1_3B,
+            "weights_bytes": weights,
+            "resting_bytes_one_layer": layer_weights,
+            "working_bytes_per_token": slope,
+            "cache_bytes_per_token": shape_cache,
+            # at rest: the one-layer process, plus the other layers' weights (counted)
+            "forward_tokens": largest_context(layer_weights, slope, weights - one_layer_bytes(), budget),
+            "generate_tokens": largest_context(layer_weights, slope + shape_cache, weights - one_layer_bytes(), budget),
+        }
+    return limits
+
+
+def one_layer_bytes() -> int:
+    """fp32 bytes of the one-layer 1.3B-shaped model the memory was measured on."""
+    import torch
+
+    from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
+
+    with torch.device("meta"):
+        model = AlibiGPT2LMHeadModel(AlibiGPT2Config(**{**SHAPE_1_3B, "n_layer": 1}))
+    return 4 * sum(p.numel() for p in model.parameters())
+
+
+def doubling(cells: list[dict], value) -> list[float | None]:
+    """Each length's figure over the previous length's (None for the first)."""
+    figures = [value(c) for c in cells]
+    return [None] + [b / a if a else None for a, b in zip(figures, figures[1:])]
+
+
+def markdown(report: dict) -> str:
+    cells = report["cells"]
+    ratio = lambda r: "" if r is None else f" (x{r:.2f})"  # noqa: E731
+    forward = doubling(cells, lambda c: min(c["forward_s"]))
+    memory = doubling(cells, lambda c: c["forward_bytes"])
+    decode = doubling(cells, lambda c: min(c["decode_s"]))
+    lines = [
+        "# The default path by context length (each length a fresh process)",
+        "",
+        f'Checkpoint `{report["checkpoint_name"]}`, `alibi_skip_eps` as saved (`"auto"` by default), '
+        f"{cells[0]['threads']} threads; command: `{report['command']}`.",
+        "",
+        "| tokens | forward, min (s) | forward working memory (MiB) | the same, default allocator (MiB) |"
+        " one decoding step, min (s) | decoding step, median (s) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c, f, m, d in zip(cells, forward, memory, decode):
+        lines.append(
+            f"| {c['length']:,} | {min(c['forward_s']):.3f}{ratio(f)} | {c['forward_bytes'] / 2**20:,.0f}{ratio(m)} "
+            f"| {c['forward_bytes_default_allocator'] / 2**20:,.0f} | {min(c['decode_s']):.4f}{ratio(d)} "
+            f"| {statistics.median(c['decode_s']):.4f} |"
+        )
+    budget = report["memory_gib"]
+    lines += ["", f"## The largest context in {budget} GiB", ""]
+    for name, limit in report["limits"].items():
+        lines.append(
+            f"- {name}: forward (`logits_to_keep=1`, no cache) **{limit['forward_tokens']:,} tokens**; generation "
+            f"(a `DynamicCache` of {limit['cache_bytes_per_token']:,} bytes a token, fp32) "
+            f"**{limit['generate_tokens']:,} tokens**; working memory {limit['working_bytes_per_token']:,.0f} bytes a "
+            "token."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", default="runs/cpu_demo/alibi/final")
+    parser.add_argument("--lengths", default="16384,32768,65536,131072,262144")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--decode-steps", type=int, default=8)
+    parser.add_argument("--shape-lengths", default="4096,8192", help="1.3B-shaped memory lengths; 0: none")
+    parser.add_argument("--memory-gib", type=float, default=24.0)
+    parser.add_argument("--out", default="results/length_scaling/bench")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)))
+        return
+    lengths = [int(n) for n in args.lengths.split(",")]
+    if len(lengths) < 2 or lengths != sorted(lengths):
+        raise SystemExit(f"--lengths must name at least two increasing lengths, got {args.lengths}")
+    cells = [{**run_child(args, n, memory=True), **run_child(args, n, memory=False)} for n in lengths]
+    shape_lengths = [int(n) for n in args.shape_lengths.split(",") if int(n)]
+    shaped = [run_child(args, n, memory=True, shape=True) for n in shape_lengths] if len(shape_lengths) > 1 else []
+    config = json.loads((Path(args.checkpoint) / "config.json").read_text())
+    report = {
+        "checkpoint_name": Path(args.checkpoint).parent.name + "/" + Path(args.checkpoint).name,
+        "command": "python -m benchmarks.bench_length_scaling " + " ".join(sys.argv[1:] if argv is None else argv),
+        "memory_gib": args.memory_gib,
+        "cells": cells,
+        "shaped": shaped,
+        "limits": memory_limits(cells, shaped, config, args.memory_gib * GIB),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from hf_alibi.atomic_files import write_text_atomically
+
+    write_text_atomically(out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
+    write_text_atomically(out.with_suffix(".md"), markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

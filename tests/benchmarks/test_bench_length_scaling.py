@@ -1,0 +1,56 @@
+"""`bench_length_scaling`'s figures from its processes' results: the doubling ratios, the per-token working memory
+through the two longest lengths, and the largest context a memory budget holds (checkpoint and 1.3B shape)."""
+
+import pytest
+
+from benchmarks.bench_length_scaling import SHAPE_1_3B, doubling, main, markdown, memory_limits, shaped_weights_bytes
+
+MIB = 1 << 20
+
+
+def cell(length, seconds, working):
+    return {
+        "length": length,
+        "resting_bytes": 600 * MIB,
+        "forward_bytes": working,
+        "forward_bytes_default_allocator": working + MIB,
+        "forward_s": [seconds, seconds * 1.1],
+        "decode_s": [seconds / 100, seconds / 90],
+        "threads": 2,
+    }
+
+
+def test_doublings_are_each_length_over_the_previous_and_memory_fits_a_line_through_the_two_longest():
+    cells = [cell(1024, 1.0, 10 * MIB), cell(2048, 2.2, 18 * MIB), cell(4096, 4.4, 34 * MIB)]
+    assert doubling(cells, lambda c: min(c["forward_s"])) == [None, pytest.approx(2.2), pytest.approx(2.0)]
+    config = {"n_layer": 4, "n_embd": 128}
+    limits = memory_limits(cells, [], config, budget=1 << 30)["checkpoint"]
+    assert limits["working_bytes_per_token"] == 16 * MIB / 2048  # (34 - 18) MiB over 2048 more tokens
+    assert limits["cache_bytes_per_token"] == 2 * 4 * 128 * 4
+    assert limits["forward_tokens"] == (1024 - 600) * MIB // (8 * 1024)
+    assert limits["generate_tokens"] == (1024 - 600) * MIB // (8 * 1024 + 4096)
+    text = markdown(
+        {
+            "checkpoint_name": "alibi/final",
+            "command": "python -m x",
+            "memory_gib": 1.0,
+            "cells": cells,
+            "limits": {"checkpoint": limits},
+        }
+    )
+    assert "| 2,048 | 2.200 (x2.20) | 18 (x1.80) | 19 |" in text and f"**{limits['forward_tokens']:,} tokens**" in text
+
+
+def test_the_1_3b_shape_counts_its_weights_and_adds_every_other_layer_to_the_one_measured():
+    weights = shaped_weights_bytes()
+    assert 1.2e9 < weights / 4 < 1.5e9  # a 1.3B-parameter model, fp32
+    cells = [cell(1024, 1.0, 10 * MIB), cell(2048, 2.0, 18 * MIB)]
+    shaped = [cell(1024, 0, 100 * MIB), cell(2048, 0, 200 * MIB)]
+    limits = memory_limits(cells, shaped, {"n_layer": 4, "n_embd": 128}, budget=24 << 30)["1.3B-shaped"]
+    assert limits["cache_bytes_per_token"] == 2 * SHAPE_1_3B["n_layer"] * SHAPE_1_3B["n_embd"] * 4
+    assert 0 < limits["generate_tokens"] < limits["forward_tokens"]
+
+
+def test_lengths_must_be_two_or_more_increasing(capsys):
+    with pytest.raises(SystemExit, match="at least two increasing lengths"):
+        main(["--lengths", "4096,2048"])
