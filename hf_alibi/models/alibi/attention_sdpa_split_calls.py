@@ -8,6 +8,7 @@ import itertools
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 
 class SplitCall(NamedTuple):
@@ -74,16 +75,25 @@ def _in_key_ranges(call, first_keys, rows, last_keys=None, query_offset=0):
     ]
 
 
-def shared_key_windows(first_key: torch.Tensor, block_starts: torch.Tensor) -> torch.Tensor:
-    """First keys (H, blocks) no later than `first_key`'s, each head reading one window of keys left of every block.
+# Blocks that share one window (`shared_key_windows`): 16 blocks of 256 rows are 4,096 rows a call
+WINDOW_BLOCKS = 16
+
+
+def shared_key_windows(first_key: torch.Tensor, block_starts: torch.Tensor, segment: int = WINDOW_BLOCKS):
+    """First keys (H, blocks) no later than `first_key`'s, each head reading one window of keys left of every block
+    of each run of `segment` blocks.
 
     Certified skipping may keep more keys than it certified (each dropped set only shrinks). A head keeps, left of
-    each block starting at `block_starts` (blocks,), the longest reach any of its blocks needs; every block with that
-    many keys before it then has the same shape at the same stride, and `_group` runs them as one kernel call
-    instead of one per block. The per-block calls are what lost under load: each is a parallel region whose threads
-    wait for the slowest, and a preempted one holds them all.
+    each block starting at `block_starts` (blocks,), the longest reach any block of its run needs; every block of the
+    run then has the same shape at the same stride, and `_group` runs them as one kernel call instead of one per
+    block. The per-block calls are what lost under load: each is a parallel region whose threads wait for the
+    slowest, and a preempted one holds them all. Runs of a fixed number of blocks keep the calls few at any length
+    while the widening stays local: one reach for the whole sequence would be the largest of ever more blocks as
+    the input grows, and the work with it.
     """
-    reach = (block_starts[None] - first_key).amax(-1, keepdim=True)  # (H, 1) keys kept left of a block, at most
+    blocks = first_key.shape[1]
+    reach = F.pad(block_starts[None] - first_key, (0, -blocks % segment))  # (H, runs * segment) keys left of a block
+    reach = reach.unflatten(1, (-1, segment)).amax(-1).repeat_interleave(segment, dim=1)[:, :blocks]  # (H, blocks)
     return (block_starts[None] - reach).clamp(min=0)  # (H, blocks)
 
 

@@ -17,7 +17,7 @@ from hf_alibi.models.alibi.attention_sdpa_split import (
     sdpa_alibi_split,
     split_plan,
 )
-from hf_alibi.models.alibi.attention_sdpa_split_calls import shared_key_windows
+from hf_alibi.models.alibi.attention_sdpa_split_calls import WINDOW_BLOCKS, shared_key_windows
 
 
 def certified_like_starts(slopes, offset, q_len, rows, reach_per_slope, seed=0):
@@ -48,6 +48,17 @@ def test_shared_windows_keep_more_keys_and_one_reach_per_head():
         inside = windows[head] > 0  # past the leading blocks that read every key left of them
         assert reach[head, inside].unique().numel() <= 1, f"head {head} reads {reach[head].tolist()}"
         assert reach[head].max() == (blocks - starts[head]).max(), "the window is the head's longest certified reach"
+
+
+def test_windows_are_shared_within_runs_of_blocks_so_one_far_reaching_block_widens_only_its_own_run():
+    starts, blocks = certified_like_starts(get_alibi_slopes(4), 0, 64 * 1024, ROWS, 24.0)  # 256 blocks, 16 runs
+    starts[:, 200] = 0  # one block of run 12 reads every key left of it
+    windows = shared_key_windows(starts, blocks)
+    assert (windows <= starts).all() and (windows >= 0).all(), "a window may only keep more keys, never fewer"
+    longest = (blocks[None] - starts).unflatten(1, (-1, WINDOW_BLOCKS)).amax(-1)  # (H, runs) each run's reach
+    expected = (blocks[None] - longest.repeat_interleave(WINDOW_BLOCKS, dim=1)).clamp(min=0)
+    assert torch.equal(windows, expected), "each run of blocks reads its own longest reach"
+    assert (longest[:, 12] == blocks[200]).all() and (longest[:, 13] < blocks[200] // 4).all(), "run 13 keeps its own"
 
 
 @pytest.mark.parametrize("offset", [0, 300])
