@@ -58,6 +58,8 @@ def child(args) -> dict:
         model = AutoModelForCausalLM.from_pretrained(args.checkpoint).eval()
         ids = text_ids(args.checkpoint, args.length)  # (1, L)
     result = {"length": args.length, "resting_bytes": _status_kib("VmRSS") * 1024}
+    if args.exact:
+        return {"length": args.length, **exactness(model, ids)}
     with torch.no_grad():
         ones = torch.ones(1, args.length + args.decode_steps + 1, dtype=torch.long)  # what generate/Trainer send
         forward = lambda: model(ids, attention_mask=ones[:, : args.length], logits_to_keep=1)  # noqa: E731
@@ -77,6 +79,26 @@ def child(args) -> dict:
         result["decode_s"] = [timed(step)[0] for _ in range(args.decode_steps)]  # the cache grows a token a step
         result["threads"] = torch.get_num_threads()
     return result
+
+
+def exactness(model, ids) -> dict:
+    """Every position's logits under the default against dense attention (`alibi_skip_eps=0`): the largest
+    difference and the share of positions whose greedy token agrees."""
+    import torch
+
+    eps = model.config.alibi_skip_eps
+    with torch.no_grad():
+        default = model(ids).logits  # (1, L, V)
+        model.config.alibi_skip_eps = 0.0
+        try:
+            dense = model(ids).logits
+        finally:
+            model.config.alibi_skip_eps = eps
+    return {
+        "max_abs_logit_difference": float((default - dense).abs().max()),
+        "largest_logit": float(dense.abs().max()),
+        "greedy_agreement": float((default.argmax(-1) == dense.argmax(-1)).double().mean()),
+    }
 
 
 def shaped_layer(length: int):
@@ -104,12 +126,13 @@ def shaped_weights_bytes() -> int:
 LIVE_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
-def run_child(args, length: int, memory: bool, shape: bool = False) -> dict:
+def run_child(args, length: int, memory: bool, shape: bool = False, exact: bool = False) -> dict:
     """One fresh process for one length: its JSON result."""
     command = [sys.executable, "-m", "benchmarks.bench_length_scaling", "--child", "--length", str(length)]
     command += ["--checkpoint", args.checkpoint, "--repeats", str(args.repeats)]
     command += ["--decode-steps", str(args.decode_steps)] + (["--shape"] if shape else [])
     command += ["--memory"] if memory else []
+    command += ["--exact"] if exact else []
     env = {**os.environ, **(LIVE_ALLOCATOR if memory else {})}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
@@ -212,6 +235,31 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_exactness(args, cells: list[dict], argv) -> None:
+    """`<out>.json` and `.md`: the default's logits against dense, by length."""
+    from hf_alibi.atomic_files import write_text_atomically
+
+    command = "python -m benchmarks.bench_length_scaling " + " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [
+        "# The default's logits against dense attention, every position",
+        "",
+        f"Command: `{command}`.",
+        "",
+        "| tokens | largest logit difference | largest logit | greedy tokens equal |",
+        "|---:|---:|---:|---:|",
+    ]
+    for c in cells:
+        lines.append(
+            f"| {c['length']:,} | {c['max_abs_logit_difference']:.2e} | {c['largest_logit']:.1f} "
+            f"| {c['greedy_agreement']:.2%} |"
+        )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(out.with_suffix(".json"), json.dumps({"command": command, "cells": cells}, indent=2) + "\n")
+    write_text_atomically(out.with_suffix(".md"), "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default="runs/cpu_demo/alibi/final")
@@ -224,6 +272,10 @@ def main(argv=None) -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shape", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--exact", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--exactness", action="store_true", help="instead: every position's logits against dense at --lengths"
+    )
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -232,6 +284,9 @@ def main(argv=None) -> None:
     lengths = [int(n) for n in args.lengths.split(",")]
     if len(lengths) < 2 or lengths != sorted(lengths):
         raise SystemExit(f"--lengths must name at least two increasing lengths, got {args.lengths}")
+    if args.exactness:
+        write_exactness(args, [run_child(args, n, memory=False, exact=True) for n in lengths], argv)
+        return
     cells = [{**run_child(args, n, memory=True), **run_child(args, n, memory=False)} for n in lengths]
     shape_lengths = [int(n) for n in args.shape_lengths.split(",") if int(n)]
     shaped = [run_child(args, n, memory=True, shape=True) for n in shape_lengths] if len(shape_lengths) > 1 else []
