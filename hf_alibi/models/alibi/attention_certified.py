@@ -232,7 +232,8 @@ def certified_split(
        plan `certified_key_ends` its end key too, each side with eps / 2.
     3. Each block's keys from its first key to the block (and from the block to its end key), per run of heads
        sharing a first (end) key, merged in. With batch 1 each head's first keys are moved back to one window per
-       head (`shared_key_windows`: more keys kept, so still certified), which lets its blocks run as one kernel call.
+       run of 16 blocks (`shared_key_windows`: more keys kept, so still certified), which lets each run's blocks run
+       as one kernel call.
     `plan` is a `sdpa_split_certified` plan; `key`/`value` hold its keys (a static cache's filled part). `rows` and
     `key_block` size the blocks of query rows (None: the plan's `ROWS`) and of keys (the defaults are the measured
     ones).

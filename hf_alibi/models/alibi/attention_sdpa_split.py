@@ -30,8 +30,8 @@ Key ranges (`KeyRanges`, per head and block of query rows): keys before a block'
 block's calls for those heads, so skipped keys are never read. Blocks are then the chunks (one level); a head's
 leading blocks that read every key are covered as the dense split covers rows, and each later block's call over the
 keys left of it is made per run of heads that share a first key. Blocks that read as many keys back as each other
-run as one strided call: certified skipping gives each head one such window (`shared_key_windows`), so a layer makes
-a few calls, not one per (head, block).
+run as one strided call: certified skipping gives each head one such window per run of 16 blocks
+(`shared_key_windows`), so a layer makes a few calls, not one per (head, block).
 
 Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/test_attention_sdpa_split.py`
 """

@@ -1,5 +1,5 @@
 """How certified skipping runs its calls (`shared_key_windows`, `SplitPlan._ranged_calls`): with batch 1 each head
-reads one window of keys left of every block, and its leading blocks that read every key are covered as the dense
+reads one window of keys left of every block of a run of 16, and its leading blocks that read every key are covered as the dense
 split covers rows, so a layer makes a few kernel calls instead of one per (head, block). The grouped calls read
 exactly the keys of their ranges, and give the float64 reference's outputs and gradients over those keys (the windows
 overlap in keys: the backward adds them in pieces)."""
