@@ -29,6 +29,15 @@ them in the upper bound (summing over a superset) stays valid; padded keys are l
 which is also valid because their true mass is 0. A query row block's start is the minimum over its real rows (and
 the batch): padded query rows have no real diagonal and a meaningless output, so they are ignored.
 
+The far blocks at once (linear cost). For the blocks K < lo, all of width B and ending at e_K = (K + 1) B - 1, every
+N_K <= N* = max_{K < lo} N_K, so their terms sum to at most exp(|s| |q_i| N* - m i + log G - LB_i) sum_{K < lo}
+e^{m e_K} = exp(|s| |q_i| N* - m (i - e_{lo-1}) + log G - LB_i) (1 - e^{-m B lo}) / (1 - e^{-m B}) (lo times the
+first factor when m = 0). So B_i(t) <= T_i + sum_{lo <= K < t} (term_K) for t >= lo, with T_i that tail bound: a start
+certified with it is certified. Each head picks lo = (row block's first key block) - w with w its reach, the fewest
+blocks that make T_i < eps 2^-20 for every row with the largest key norm of the input (`_reach`): w depends on the
+slope and the norms, not on the length, so the work is O(L w) per head, and the start differs from the all-blocks
+sum's only where that sum lies within eps 2^-20 of eps.
+
 Packed documents need no mask at all, even in N. Row i of the document starting at s sees V_i = [s, i] (less padding).
 Let A be the part of sum_{j in N} exp(z_ij) from other documents' keys, all at j < s. If t <= s, no visible key is
 dropped. If t > s, those keys lie before t and are real, so the certified sum over [0, t) counts them: with D_v the
