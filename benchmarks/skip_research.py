@@ -25,11 +25,10 @@ from hf_alibi.models.alibi.attention_skip import (
     _check_eps,
     _check_positive,
     _check_slopes,
-    _log_geometric,
-    _passing_blocks,
     _real_keys,
     key_block_norms,
 )
+from hf_alibi.models.alibi.attention_skip_terms import _log_geometric, _passing_blocks
 
 
 def key_block_spheres(

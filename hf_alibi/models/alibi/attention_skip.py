@@ -34,9 +34,9 @@ N_K <= N* = max_{K < lo} N_K, so their terms sum to at most exp(|s| |q_i| N* - m
 e^{m e_K} = exp(|s| |q_i| N* - m (i - e_{lo-1}) + log G - LB_i) (1 - e^{-m B lo}) / (1 - e^{-m B}) (lo times the
 first factor when m = 0). So B_i(t) <= T_i + sum_{lo <= K < t} (term_K) for t >= lo, with T_i that tail bound: a start
 certified with it is certified. Each head picks lo = (row block's first key block) - w with w its reach, the fewest
-blocks that make T_i < eps 2^-20 for every row with the largest key norm of the input (`_reach`): w depends on the
-slope and the norms, not on the length, so the work is O(L w) per head, and the start differs from the all-blocks
-sum's only where that sum lies within eps 2^-20 of eps.
+blocks that make T_i < eps 2^-20 for every row with the largest key norm of the input (`attention_skip_terms._reach`):
+w depends on the slope and the norms, not on the length, so the work is O(L w) per head, and the start differs from
+the all-blocks sum's only where that sum lies within eps 2^-20 of eps.
 
 Packed documents need no mask at all, even in N. Row i of the document starting at s sees V_i = [s, i] (less padding).
 Let A be the part of sum_{j in N} exp(z_ij) from other documents' keys, all at j < s. If t <= s, no visible key is
@@ -58,9 +58,10 @@ exactly 0. On the demo checkpoint at 8k this LB (256-row diagonal blocks) certif
 0.399 with the diagonal logit alone, and costs nothing: the split computes those blocks first (`certified_split`).
 
 Cost. Norms O(L H D); per (group of rows, key block within the head's reach) one bound, the blocks further back
-bounded at once by a geometric tail (`_grouped_starts`): O(L (reach / block) H) exps, linear in L. Norms are computed in the inputs' precision (at least float32) and
-rounded up by their error bound (`upper_norms`); everything else is float64, so the certificate holds for exact
-arithmetic on the inputs as given; `_ROUNDING_MARGIN` absorbs float64's own rounding. (The max shift of Theorem 4's
+bounded at once by a geometric tail (`attention_skip_terms._grouped_starts`): O(L (reach / block) H) exps, linear in
+L. Norms are computed in the inputs' precision (at least float32) and rounded up by their error bound
+(`upper_norms`); everything else is float64, so the certificate holds for exact arithmetic on the inputs as given;
+`attention_skip_terms._ROUNDING_MARGIN` absorbs float64's own rounding. (The max shift of Theorem 4's
 exps adds at most u |z_j - max z| <= u (2 |s| |q_i| N + m n) per logit, inside its gamma_{D+2} term for D >= 1.)
 
 Bidirectional rows (an encoder's -m |i - j| over every key). Reversed, the keys right of row i are the keys left of
@@ -72,12 +73,12 @@ being filled always contains the current position and is never dropped, so a run
 cache extends step by step: `torch.maximum(old, new_norm)`) is all it needs before it completes.
 """
 
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+
+from .attention_skip_terms import _block_decay, _grouped_starts, _passing_blocks
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,11 +94,6 @@ class KeyRanges:
     rows: int
     first_key: torch.Tensor  # (H, blocks) int64
     end_key: torch.Tensor | None = None  # (H, blocks) int64: a bidirectional block's keys from it on are skipped
-
-
-# Nats subtracted from log(eps) before comparing: float64 rounding of the bound's log-sum-exps (at most ~1e-12 nats at
-# these sizes) must never turn a bound just above eps into one just below it.
-_ROUNDING_MARGIN = 1e-9
 
 
 def _check_eps(eps: float) -> None:
@@ -178,17 +174,6 @@ def diagonal_lse(
     keys = slice(query_offset, query_offset + q_len)
     lse = (query.double() * scaling * key[:, :, keys].double()).sum(-1)  # (B, H, q)
     return lse.masked_fill(~_real_keys(key, key_padding)[:, 0, None, keys], -math.inf)
-
-
-def _passing_blocks(log_terms: torch.Tensor, eps: float) -> torch.Tensor:
-    """How many leading blocks' bounds sum to at most eps (less the margin), along the last dim: int64 (...,).
-
-    The sum is nondecreasing, so the blocks that pass form a prefix. Summed as exp(term - log eps): overflow to inf
-    fails, as it should; underflow to 0 drops terms below 1e-308 of eps, which the margin covers; NaN (never on real
-    rows) fails.
-    """
-    threshold = math.log(eps) - _ROUNDING_MARGIN
-    return (torch.cumsum(torch.exp(log_terms - threshold), dim=-1) <= 1.0).sum(-1)
 
 
 def key_starts_inputs(query, key, slopes, query_offset, eps, row_block, key_block, row_group, key_padding, lse_lower):
@@ -275,110 +260,6 @@ def kernel_lse_lower_bound(
     return lse.double() - 4 * delta
 
 
-def _grouped_starts(
-    a, lse, norms, slopes, query_offset, eps, row_block, key_block, key_padding, row_group, terms: int = 1 << 22
-):
-    """`certified_key_starts` with Cauchy-Schwarz, vectorised over row blocks, for groups of `row_group` rows.
-
-    Row i's bound is the sum over blocks K of exp(a_i N_K + b_K + c_i), with a_i = |s| |q_i|, b_K = m e_K + log G_K
-    and c_i = -m i - LB_i (Theorem 3 rearranged). For a group of rows, a = max a_i and c = max c_i bound every
-    member's terms from above (N_K >= 0), so a start certified for the group holds for each of its rows. Rows are
-    sorted by a_i within a row block before grouping, so a group's rows have nearly the same query norm and the
-    group's bound is nearly each row's.
-
-    Linear in the length: each head sums block by block only the `_reach` blocks nearest each row block; the blocks
-    before them are bounded at once by their tail (`_tail_bound`), which that reach makes < eps 2^-20. So the bound
-    may exceed the all-blocks one by that much (a start is never later: still certified). `terms` bounds the
-    float64 terms held at once.
-    """
-    batch, heads, q_len = a.shape
-    device = a.device
-    n_row_blocks, n_blocks = -(-q_len // row_block), norms.shape[-1]
-    groups = -(-row_block // row_group)
-    m = slopes.double().to(device)  # (H,)
-    positions = query_offset + torch.arange(q_len, device=device)  # (q,)
-    c = -m[:, None] * positions.double() - lse  # (B, H, q); -inf on padded rows (no real diagonal)
-    if key_padding is not None:  # padded query rows never constrain the start
-        c = c.masked_fill(~key_padding[:, None, query_offset : query_offset + q_len].bool(), -math.inf)
-    pad_rows = n_row_blocks * row_block - q_len  # rows that constrain nothing: the last block's tail, and each
-    pad_group = groups * row_group - row_block  # block's tail up to whole groups
-    a, c = (
-        F.pad(F.pad(t, (0, pad_rows), value=fill).unflatten(2, (n_row_blocks, row_block)), (0, pad_group), value=fill)
-        for t, fill in ((a, 0.0), (c, -math.inf))
-    )  # (B, H, R, groups * row_group) each
-    order = a.argsort(dim=-1)  # (B, H, R, rows): each row block's rows by query norm
-    a = a.gather(-1, order).unflatten(-1, (groups, row_group)).amax(-1)  # (B, H, R, groups)
-    c = c.gather(-1, order).unflatten(-1, (groups, row_group)).amax(-1)  # (B, H, R, groups)
-    b = _block_decay(tuple(slopes.tolist()), key_block, n_blocks, str(device))[1]  # (H, nb): m e_K + log G_K
-    first_row = query_offset + torch.arange(n_row_blocks, device=device) * row_block  # (R,)
-    ends = first_row // key_block  # (R,) blocks wholly before each row block: the only droppable ones
-    reach = _reach(a, c, norms, m, first_row, eps, key_block)  # (H,) blocks summed one by one
-    starts = torch.empty(batch, heads, n_row_blocks, groups, dtype=torch.long, device=device)
-    for head, width in enumerate(reach):
-        step = max(1, terms // (batch * groups * (width + 1)))  # row blocks at a time
-        for first in range(0, n_row_blocks, step):
-            part = slice(first, min(first + step, n_row_blocks))
-            lo = (ends[part] - width).clamp(min=0)  # (r,) the first block summed one by one
-            window = lo[:, None] + torch.arange(width, device=device)  # (r, w)
-            index = window.clamp(max=max(n_blocks - 1, 0))
-            near = norms[:, head, index]  # (B, r, w)
-            log_terms = a[:, head, part, :, None] * near[:, :, None] + b[head, index][None, :, None]  # (B, r, g, w)
-            log_terms = log_terms.masked_fill((near == -math.inf)[:, :, None], -math.inf)  # no real keys: no mass
-            log_terms = log_terms + c[:, head, part, :, None]
-            log_terms = log_terms.masked_fill((window >= ends[part, None])[None, :, None], math.inf)  # stop there
-            tail = _tail_bound(a[:, head, part], c[:, head, part], norms[:, head], m[head], lo, key_block)  # (B,r,g)
-            passing = _passing_blocks(torch.cat([tail[..., None], log_terms], dim=-1), eps)  # (B, r, g)
-            # the tail fails only if the reach was too short: then nothing is certified (dense is always valid)
-            starts[:, head, part] = torch.where(passing > 0, lo[:, None] + passing - 1, 0) * key_block
-    return starts.amin(dim=(0, 3))  # (H, R)
-
-
-# Nats below log(eps) the tail of the blocks beyond a head's reach is held to: the bound exceeds the all-blocks one by
-# at most eps 2^-20, which moves a start only where that bound is within a millionth of eps
-_TAIL_NATS = 20 * math.log(2)
-
-
-def _reach(a, c, norms, m, first_row, eps: float, key_block: int) -> list[int]:
-    """Per head, how many blocks before each row block to sum one by one so that the blocks before those bound to
-    < eps 2^-20 for every row group (`_tail_bound` with the largest key norm): the slope's reach, independent of the
-    length once it is passed. All the blocks for a flat head (m = 0), which has no reach."""
-    n_blocks = norms.shape[-1]
-    largest = norms.amax(-1)[..., None, None]  # (B, H, 1, 1) N_K <= this for every block
-    # a N + c + m first_row bounds a N_K - m (i - first_row) - LB_i for every row i of the group
-    x = a * largest + c + m[:, None, None] * first_row[:, None].double()  # (B, H, R, g)
-    x = x.masked_fill((largest == -math.inf) | (c == -math.inf), -math.inf).amax(dim=(0, 2, 3))  # (H,)
-    reach = []
-    for head_x, slope in zip(x.tolist(), m.tolist()):
-        if head_x == -math.inf:  # no real key or row: no mass anywhere
-            reach.append(min(1, n_blocks))
-            continue
-        if slope <= 0 or not math.isfinite(head_x):
-            reach.append(n_blocks)
-            continue
-        # tail <= exp(x + log G + log(1 / (1 - e^{-m B})) - m (w B + 1)) over the blocks w and more blocks back
-        log_g = float(_log_geometric(torch.tensor(slope, dtype=torch.float64), key_block))
-        spread = log_g - math.log(-math.expm1(-slope * key_block))
-        need = head_x + spread - math.log(eps) + _ROUNDING_MARGIN + _TAIL_NATS - slope
-        reach.append(min(n_blocks, max(1, math.ceil(need / (slope * key_block)) + 1)))
-    return reach
-
-
-def _tail_bound(a, c, norms, m, lo, key_block: int) -> torch.Tensor:
-    """log of an upper bound on the sum of a head's terms over the blocks before `lo` (r,), for row groups `a`, `c`
-    (B, r, g): every N_K <= their largest (a prefix maximum of `norms` (B, nb)) and sum_K e^{m e_K} is geometric,
-    e^{m e_{lo - 1}} sum_{k < lo} e^{-m B k}. -inf where there are no blocks or no real keys before `lo`."""
-    prefix = F.pad(norms.cummax(-1).values, (1, 0), value=-math.inf)[:, lo]  # (B, r): largest N_K, K < lo
-    count = lo.double()
-    if float(m) > 0:
-        spread = torch.log(-torch.expm1(-m * key_block * count)) - math.log(-math.expm1(-float(m) * key_block))
-    else:
-        spread = torch.log(count)  # -inf where lo = 0
-    log_g = _log_geometric(m, key_block)
-    ends = m * (count * key_block - 1) + spread + log_g  # (r,)
-    tail = a * prefix[..., None] + c + ends[None, :, None]  # (B, r, g)
-    return tail.masked_fill(((prefix == -math.inf)[..., None]) | (lo == 0)[None, :, None], -math.inf)
-
-
 def decode_inputs(query, block_norms, slopes, query_offset, eps: float, block: int, lse_lower):
     """A decoding step's certificate inputs checked: (query (B, H, 1, D), lse_lower (B, H, 1), the number of key
     blocks wholly before the current position's block)."""
@@ -424,18 +305,3 @@ def certified_decode_start(
     a = (upper_norms(query[:, :, 0]) * abs(scaling)).clamp(min=1e-300)  # (B, H)
     terms = a[..., None] * block_norms[..., :n] + decay + (-m * query_offset - lse_lower)  # (B, H, n)
     return _passing_blocks(terms, eps) * block  # (B, H)
-
-
-def _log_geometric(m: torch.Tensor, block: int) -> torch.Tensor:
-    """log G of Theorem 3 for slopes `m` (float64, any shape): log sum_{d < block} e^{-m d}; log(block) where m = 0."""
-    return torch.where(m > 0, torch.log(-torch.expm1(-m * block)) - torch.log(-torch.expm1(-m)), math.log(block))
-
-
-@functools.lru_cache(maxsize=64)
-def _block_decay(slopes: tuple, block: int, n: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """m (H, 1) and m e_K + log G (H, n) of Theorem 3 for the first n blocks: the per-block part of every bound that
-    splits m (i - e_K) into per-row and per-block terms (grouped prefill rows, decoding steps)."""
-    m = torch.tensor(slopes, dtype=torch.float64, device=device)[:, None]  # (H, 1)
-    log_g = _log_geometric(m, block)  # (H, 1)
-    ends = torch.arange(1, n + 1, device=device, dtype=torch.float64) * block - 1  # (n,) e_K
-    return m, m * ends + log_g  # (H, 1), (H, n)

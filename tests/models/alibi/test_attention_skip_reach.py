@@ -1,5 +1,5 @@
 """The prefill certificate sums each head's bound block by block only within the slope's reach and bounds the blocks
-further back at once (`attention_skip._grouped_starts`): linear in the length. Held to Theorem 3 summed over every
+further back at once (`attention_skip_terms._grouped_starts`): linear in the length. Held to Theorem 3 summed over every
 block, written here row by row, and to the exact float64 softmax mass of the keys it drops."""
 
 import math
@@ -7,14 +7,8 @@ import math
 import torch
 
 from alibi_reference import reference_attention
-from hf_alibi.models.alibi.attention_skip import (
-    _ROUNDING_MARGIN,
-    _reach,
-    certified_key_starts,
-    diagonal_lse,
-    key_block_norms,
-    upper_norms,
-)
+from hf_alibi.models.alibi.attention_skip import certified_key_starts, diagonal_lse, key_block_norms, upper_norms
+from hf_alibi.models.alibi.attention_skip_terms import _ROUNDING_MARGIN, _reach
 
 SLOPES = torch.tensor([0.5, 2.0**-3, 2.0**-6, 0.0])  # steep to flat (no reach at all)
 
