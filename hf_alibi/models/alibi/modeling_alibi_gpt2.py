@@ -61,6 +61,7 @@ from .attention_sdpa_split import split_plan  # noqa: F401
 from .attention_sdpa_split_calls import SplitCall  # noqa: F401
 from .attention_sdpa_split_floor import bias_floors  # noqa: F401
 from .attention_skip import KeyRanges  # noqa: F401
+from .attention_skip_terms import _grouped_starts  # noqa: F401
 from .cpu_flash_kernels import split_kernels_work  # noqa: F401
 from .packed_documents import packed_documents  # noqa: F401
 
