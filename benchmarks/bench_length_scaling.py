@@ -109,14 +109,14 @@ def shaped_layer(length: int):
     return AlibiGPT2LMHeadModel(config).eval()
 
 
-def shaped_weights_bytes() -> int:
-    """fp32 bytes of the whole 1.3B-shaped model's parameters, counted on the meta device."""
+def shaped_weights_bytes(n_layer: int = SHAPE_1_3B["n_layer"]) -> int:
+    """fp32 bytes of the 1.3B-shaped model's parameters with `n_layer` layers, counted on the meta device."""
     import torch
 
     from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
 
     with torch.device("meta"):
-        model = AlibiGPT2LMHeadModel(AlibiGPT2Config(**SHAPE_1_3B))
+        model = AlibiGPT2LMHeadModel(AlibiGPT2Config(**{**SHAPE_1_3B, "n_layer": n_layer}))
     return 4 * sum(p.numel() for p in model.parameters())
 
 
@@ -168,6 +168,7 @@ def memory_limits(cells, shaped, config, budget) -> dict:
     }
     if shaped:
         weights = shaped_weights_bytes()
+        other_layers = weights - shaped_weights_bytes(n_layer=1)  # beside the one layer measured
         slope = per_token(shaped)
         layer_weights = shaped[-1]["resting_bytes"]  # the one-layer model's process at rest: torch + its weights
         shape_cache = 2 * SHAPE_1_3B["n_layer"] * SHAPE_1_3B["n_embd"] * 4
@@ -178,21 +179,10 @@ def memory_limits(cells, shaped, config, budget) -> dict:
             "working_bytes_per_token": slope,
             "cache_bytes_per_token": shape_cache,
             # at rest: the one-layer process, plus the other layers' weights (counted)
-            "forward_tokens": largest_context(layer_weights, slope, weights - one_layer_bytes(), budget),
-            "generate_tokens": largest_context(layer_weights, slope + shape_cache, weights - one_layer_bytes(), budget),
+            "forward_tokens": largest_context(layer_weights, slope, other_layers, budget),
+            "generate_tokens": largest_context(layer_weights, slope + shape_cache, other_layers, budget),
         }
     return limits
-
-
-def one_layer_bytes() -> int:
-    """fp32 bytes of the one-layer 1.3B-shaped model the memory was measured on."""
-    import torch
-
-    from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel
-
-    with torch.device("meta"):
-        model = AlibiGPT2LMHeadModel(AlibiGPT2Config(**{**SHAPE_1_3B, "n_layer": 1}))
-    return 4 * sum(p.numel() for p in model.parameters())
 
 
 def doubling(cells: list[dict], value) -> list[float | None]:

@@ -82,8 +82,9 @@ def model_training_args(name: str, experiment, training) -> tuple[str, int, int,
         "push_to_hub": False,
         "per_device_train_batch_size": batch,
     }
-    if experiment.max_steps_of(name) is not None:  # a model given a longer schedule than the others
-        overrides["max_steps"] = experiment.max_steps_of(name)
+    steps = experiment.max_steps_of(name)
+    if steps is not None:  # a model given a longer schedule than the others
+        overrides["max_steps"] = steps
     if experiment.sharded:  # Trainer 5.24-5.25 keeps no optimizer state of a model sharded at load time (it refuses)
         overrides["save_only_model"] = True
     return encoding, length, batch, TrainingArguments(**{**training.to_dict(), **overrides})

@@ -68,6 +68,7 @@ def _grouped_starts(
     first_row = query_offset + torch.arange(n_row_blocks, device=device) * row_block  # (R,)
     ends = first_row // key_block  # (R,) blocks wholly before each row block: the only droppable ones
     reach = _reach(a, c, norms, m, first_row, eps, key_block)  # (H,) blocks summed one by one
+    prefix = F.pad(norms.cummax(-1).values, (1, 0), value=-math.inf)  # (B, H, nb + 1): max N_K, K < index
     starts = torch.empty(batch, heads, n_row_blocks, groups, dtype=torch.long, device=device)
     for head, width in enumerate(reach):
         step = max(1, terms // (batch * groups * (width + 1)))  # row blocks at a time
@@ -81,7 +82,7 @@ def _grouped_starts(
             log_terms = log_terms.masked_fill((near == -math.inf)[:, :, None], -math.inf)  # no real keys: no mass
             log_terms = log_terms + c[:, head, part, :, None]
             log_terms = log_terms.masked_fill((window >= ends[part, None])[None, :, None], math.inf)  # stop there
-            tail = _tail_bound(a[:, head, part], c[:, head, part], norms[:, head], m[head], lo, key_block)  # (B,r,g)
+            tail = _tail_bound(a[:, head, part], c[:, head, part], prefix[:, head, lo], m[head], lo, key_block)
             passing = _passing_blocks(torch.cat([tail[..., None], log_terms], dim=-1), eps)  # (B, r, g)
             # the tail fails only if the reach was too short: then nothing is certified (dense is always valid)
             starts[:, head, part] = torch.where(passing > 0, lo[:, None] + passing - 1, 0) * key_block
@@ -118,11 +119,10 @@ def _reach(a, c, norms, m, first_row, eps: float, key_block: int) -> list[int]:
     return reach
 
 
-def _tail_bound(a, c, norms, m, lo, key_block: int) -> torch.Tensor:
+def _tail_bound(a, c, prefix, m, lo, key_block: int) -> torch.Tensor:
     """log of an upper bound on the sum of a head's terms over the blocks before `lo` (r,), for row groups `a`, `c`
-    (B, r, g): every N_K <= their largest (a prefix maximum of `norms` (B, nb)) and sum_K e^{m e_K} is geometric,
+    (B, r, g): every N_K <= `prefix` (B, r), their largest, and sum_K e^{m e_K} is geometric,
     e^{m e_{lo - 1}} sum_{k < lo} e^{-m B k}. -inf where there are no blocks or no real keys before `lo`."""
-    prefix = F.pad(norms.cummax(-1).values, (1, 0), value=-math.inf)[:, lo]  # (B, r): largest N_K, K < lo
     count = lo.double()
     if float(m) > 0:
         spread = torch.log(-torch.expm1(-m * key_block * count)) - math.log(-math.expm1(-float(m) * key_block))
