@@ -5,6 +5,8 @@ doubling lengths, each length in a fresh process, and the largest context a mach
         --lengths 16384,32768,65536,131072,262144 --out results/length_scaling/demo
     python -m benchmarks.bench_length_scaling --checkpoint runs/cpu_demo/alibi/final --lengths 2048,4096 \
         --repeats 1 --decode-steps 2 --shape-lengths 0 --out /tmp/length_smoke                 # smoke, ~30 s
+    python -m benchmarks.bench_length_scaling --train --checkpoint runs/cpu_demo/alibi/final \
+        --lengths 16384,32768,65536,131072,262144 --repeats 2 --out results/length_scaling/demo_training_step
 
 Per length L, two fresh processes (no allocator state carries over): real held-out text of L tokens in the
 checkpoint's tokenizer (`measure_kept_fraction.heldout_stream`), the model as `from_pretrained` gives it (the default
@@ -17,6 +19,11 @@ all-ones mask `generate()` and Trainer send), warmed up once:
   prefill of L tokens into the `DynamicCache` `generate()` uses (untimed) and `--decode-steps` greedy steps, one token
   each, timed one by one (min and median): one token at L of context.
 Each doubling's ratio is reported beside the figures: linear is 2.0.
+
+Training (`--train`, instead of the above): one step as Trainer runs it, the model in train mode (the checkpoint's
+dropouts are 0), `model(ids, attention_mask=ones, labels=ids)` and its backward, gradients zeroed before each step, no
+optimizer; its working memory (under `LIVE_ALLOCATOR`) and the min of `--repeats` steps, in the same two fresh
+processes per length.
 
 Memory (`--memory-gib`, default 24): the largest context the machine runs, from the process at rest (interpreter,
 torch, the model: VmRSS before any forward) plus the working memory per token, fitted over the two longest lengths
@@ -60,6 +67,8 @@ def child(args) -> dict:
     result = {"length": args.length, "resting_bytes": _status_kib("VmRSS") * 1024}
     if args.exact:
         return {"length": args.length, **exactness(model, ids)}
+    if args.train:
+        return {**result, **training_step(model, ids, args)}
     with torch.no_grad():
         ones = torch.ones(1, args.length + args.decode_steps + 1, dtype=torch.long)  # what generate/Trainer send
         forward = lambda: model(ids, attention_mask=ones[:, : args.length], logits_to_keep=1)  # noqa: E731
@@ -79,6 +88,25 @@ def child(args) -> dict:
         result["decode_s"] = [timed(step)[0] for _ in range(args.decode_steps)]  # the cache grows a token a step
         result["threads"] = torch.get_num_threads()
     return result
+
+
+def training_step(model, ids, args) -> dict:
+    """One training step's working memory (`--memory`) or its time (min of `--repeats`), warmed up once."""
+    import torch
+
+    from benchmarks.measure import peak_memory, time_call
+
+    model.train()
+    ones = torch.ones_like(ids)  # Trainer's all-ones mask
+
+    def step():
+        model.zero_grad(set_to_none=False)  # the gradients' memory is held from the warm-up on, as in training
+        model(ids, attention_mask=ones, labels=ids).loss.backward()
+
+    step()  # warm-up
+    if args.memory:
+        return {"step_bytes": peak_memory(step, "cpu")[0]}
+    return {"step_s": time_call(step, repeats=args.repeats, warmup=0), "threads": torch.get_num_threads()}
 
 
 def exactness(model, ids) -> dict:
@@ -133,6 +161,7 @@ def run_child(args, length: int, memory: bool, shape: bool = False, exact: bool 
     command += ["--decode-steps", str(args.decode_steps)] + (["--shape"] if shape else [])
     command += ["--memory"] if memory else []
     command += ["--exact"] if exact else []
+    command += ["--train"] if args.train else []
     env = {**os.environ, **(LIVE_ALLOCATOR if memory else {})}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
@@ -225,6 +254,33 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_training(args, cells: list[dict], argv) -> None:
+    """`<out>.json` and `.md`: a training step's time and working memory, by length, with each doubling's ratio."""
+    from hf_alibi.atomic_files import write_text_atomically
+
+    command = "python -m benchmarks.bench_length_scaling " + " ".join(sys.argv[1:] if argv is None else argv)
+    ratio = lambda r: "" if r is None else f" (x{r:.2f})"  # noqa: E731
+    seconds = doubling(cells, lambda c: min(c["step_s"]))
+    memory = doubling(cells, lambda c: c["step_bytes"])
+    lines = [
+        "# One training step by context length (each length a fresh process)",
+        "",
+        f"Forward with labels and backward, train mode, {cells[0]['threads']} threads; command: `{command}`.",
+        "",
+        "| tokens | step, min (s) | step working memory (MiB) |",
+        "|---:|---:|---:|",
+    ]
+    for c, t, m in zip(cells, seconds, memory):
+        lines.append(
+            f"| {c['length']:,} | {min(c['step_s']):.3f}{ratio(t)} | {c['step_bytes'] / 2**20:,.0f}{ratio(m)} |"
+        )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(out.with_suffix(".json"), json.dumps({"command": command, "cells": cells}, indent=2) + "\n")
+    write_text_atomically(out.with_suffix(".md"), "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def write_exactness(args, cells: list[dict], argv) -> None:
     """`<out>.json` and `.md`: the default's logits against dense, by length."""
     from hf_alibi.atomic_files import write_text_atomically
@@ -266,6 +322,7 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--exactness", action="store_true", help="instead: every position's logits against dense at --lengths"
     )
+    parser.add_argument("--train", action="store_true", help="instead: one training step's time and memory")
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -276,6 +333,10 @@ def main(argv=None) -> None:
         raise SystemExit(f"--lengths must name at least two increasing lengths, got {args.lengths}")
     if args.exactness:
         write_exactness(args, [run_child(args, n, memory=False, exact=True) for n in lengths], argv)
+        return
+    if args.train:
+        cells = [{**run_child(args, n, memory=True), **run_child(args, n, memory=False)} for n in lengths]
+        write_training(args, cells, argv)
         return
     cells = [{**run_child(args, n, memory=True), **run_child(args, n, memory=False)} for n in lengths]
     shape_lengths = [int(n) for n in args.shape_lengths.split(",") if int(n)]

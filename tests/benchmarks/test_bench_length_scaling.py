@@ -54,3 +54,19 @@ def test_the_1_3b_shape_counts_its_weights_and_adds_every_other_layer_to_the_one
 def test_lengths_must_be_two_or_more_increasing(capsys):
     with pytest.raises(SystemExit, match="at least two increasing lengths"):
         main(["--lengths", "4096,2048"])
+
+
+def test_the_training_step_table_gives_each_doubling_of_time_and_working_memory(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from benchmarks.bench_length_scaling import write_training
+
+    cells = [
+        {"length": 1024, "step_s": [1.1, 1.0], "step_bytes": 10 * MIB, "threads": 2},
+        {"length": 2048, "step_s": [2.1, 2.3], "step_bytes": 21 * MIB, "threads": 2},
+    ]
+    write_training(SimpleNamespace(out=str(tmp_path / "train")), cells, ["--train"])
+    text = (tmp_path / "train.md").read_text()
+    assert "| 1,024 | 1.000 | 10 |" in text
+    assert "| 2,048 | 2.100 (x2.10) | 21 (x2.10) |" in text
+    assert (tmp_path / "train.json").exists()
