@@ -13,6 +13,8 @@ rows grouped by 16) and four lower bounds on LSE_i (Theorems 2 and 4 of `hf_alib
 - `oracle`: no bound at all: each row's first 64-key boundary whose exact dropped mass is <= eps (what a certificate
   from norms could at most approach).
 Kept fraction = computed keys / causal keys, per head (mean over layers) and overall. Writes `<out>.json`/`.md`.
+Given several lengths, the kept work's growth per step too, (L2 / L1)^2 kept2 / kept1 (causal work is L^2 / 2): 2.0
+for twice the length is linear; the oracle's growth is the least any certificate can give.
 """
 
 import argparse
@@ -77,6 +79,36 @@ def measure(model, ids, eps):
     return [kept(name, table) for name, table in tables.items()]
 
 
+def work_growth(records: list[dict]) -> list[dict]:
+    """Per bound, each step between consecutive lengths: how many times the kept key work grows."""
+    steps = []
+    for bound in dict.fromkeys(r["bound"] for r in records):
+        mine = sorted((r for r in records if r["bound"] == bound), key=lambda r: r["length"])
+        for a, b in zip(mine, mine[1:]):
+            growth = (b["length"] / a["length"]) ** 2 * b["overall"] / a["overall"]
+            steps.append(dict(bound=bound, lengths=(a["length"], b["length"]), growth=growth))
+    return steps
+
+
+def markdown(command: str, checkpoint: str, eps: float, slopes: list[float], records: list[dict]) -> str:
+    lines = [
+        f"# Lower bounds on LSE: kept fraction of causal key work\n\n`{command.strip()}`\n\n",
+        f"Checkpoint `{checkpoint}`, eps {eps:g}, 256-row / 64-key blocks, Cauchy-Schwarz upper bound "
+        "with rows grouped by 16 (the oracle uses no bound). Per head (slope; mean over layers) and overall.\n\n",
+        "| length | lower bound | overall | " + " | ".join(f"1/{round(1 / m)}" for m in slopes) + " |\n",
+        "|" + "---|" * (3 + len(slopes)) + "\n",
+    ]
+    for r in records:
+        heads = " | ".join(f"{f:.3f}" for f in r["per_head"])
+        lines.append(f"| {r['length']} | {r['bound']} | **{r['overall']:.3f}** | {heads} |\n")
+    growth = work_growth(records)
+    if growth:
+        lines += ["\nKept key work, growth from one length to the next (2.00 per doubling is linear):\n\n"]
+        lines += ["| lower bound | lengths | growth |\n", "|---|---|---:|\n"]
+        lines += [f"| {g['bound']} | {g['lengths'][0]} -> {g['lengths'][1]} | x{g['growth']:.3f} |\n" for g in growth]
+    return "".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default="runs/cpu_demo/alibi/final")
@@ -99,19 +131,10 @@ def main(argv=None):
             print(json.dumps(records[-1]), flush=True)
     slopes = model.transformer.alibi_slopes.tolist()
     command = "python -m benchmarks.compare_lse_bounds " + " ".join(argv)
-    lines = [
-        f"# Lower bounds on LSE: kept fraction of causal key work\n\n`{command.strip()}`\n\n",
-        f"Checkpoint `{args.checkpoint}`, eps {args.eps:g}, 256-row / 64-key blocks, Cauchy-Schwarz upper bound "
-        "with rows grouped by 16 (the oracle uses no bound). Per head (slope; mean over layers) and overall.\n\n",
-        "| length | lower bound | overall | " + " | ".join(f"1/{round(1 / m)}" for m in slopes) + " |\n",
-        "|" + "---|" * (3 + len(slopes)) + "\n",
-    ]
-    for r in records:
-        heads = " | ".join(f"{f:.3f}" for f in r["per_head"])
-        lines.append(f"| {r['length']} | {r['bound']} | **{r['overall']:.3f}** | {heads} |\n")
+    report = dict(command=command, slopes=slopes, records=records, growth=work_growth(records))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(args.out.with_suffix(".json"), json.dumps(dict(command=command, records=records), indent=1))
-    write_text_atomically(args.out.with_suffix(".md"), "".join(lines))
+    write_text_atomically(args.out.with_suffix(".json"), json.dumps(report, indent=1))
+    write_text_atomically(args.out.with_suffix(".md"), markdown(command, args.checkpoint, args.eps, slopes, records))
 
 
 if __name__ == "__main__":
