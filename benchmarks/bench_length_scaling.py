@@ -23,7 +23,11 @@ Each doubling's ratio is reported beside the figures: linear is 2.0.
 Training (`--train`, instead of the above): one step as Trainer runs it, the model in train mode (the checkpoint's
 dropouts are 0), `model(ids, attention_mask=ones, labels=ids)` and its backward, gradients zeroed before each step, no
 optimizer; its working memory (under `LIVE_ALLOCATOR`) and the min of `--repeats` steps, in the same two fresh
-processes per length.
+processes per length. Two process-wide settings, off by default (they are the caller's, not the model's):
+`--native-flush` runs each step inside `hf_alibi.native_flush.flushing_denormals()` (the loss is a mean over L tokens,
+so each token's gradients shrink as 1/L and more of them fall in fp32's denormal range, where x86 arithmetic is
+slow); `--keep-heap` gives the timed processes `KEEP_HEAP` (glibc maps no block fresh from the system and trims
+nothing: without it, every tensor of 32 MiB or more is mapped, page-faulted and unmapped at each allocation).
 
 Memory (`--memory-gib`, default 24): the largest context the machine runs, from the process at rest (interpreter,
 torch, the model: VmRSS before any forward) plus the working memory per token, fitted over the two longest lengths
@@ -42,6 +46,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from benchmarks.length_training import training_step, write_training
 
 GIB = 1 << 30
 SHAPE_1_3B = dict(n_embd=2048, n_layer=24, n_head=16, vocab_size=50257)
@@ -90,25 +96,6 @@ def child(args) -> dict:
     return result
 
 
-def training_step(model, ids, args) -> dict:
-    """One training step's working memory (`--memory`) or its time (min of `--repeats`), warmed up once."""
-    import torch
-
-    from benchmarks.measure import peak_memory, time_call
-
-    model.train()
-    ones = torch.ones_like(ids)  # Trainer's all-ones mask
-
-    def step():
-        model.zero_grad(set_to_none=False)  # the gradients' memory is held from the warm-up on, as in training
-        model(ids, attention_mask=ones, labels=ids).loss.backward()
-
-    step()  # warm-up
-    if args.memory:
-        return {"step_bytes": peak_memory(step, "cpu")[0]}
-    return {"step_s": time_call(step, repeats=args.repeats, warmup=0), "threads": torch.get_num_threads()}
-
-
 def exactness(model, ids) -> dict:
     """Every position's logits under the default against dense attention (`alibi_skip_eps=0`): the largest
     difference and the share of positions whose greedy token agrees."""
@@ -152,6 +139,8 @@ def shaped_weights_bytes(n_layer: int = SHAPE_1_3B["n_layer"]) -> int:
 # freed, so the resident set follows the live tensors (the default keeps up to 32 MiB blocks in its heap and reuses
 # them, which makes the high-water growth depend on what the process allocated before)
 LIVE_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+# `--keep-heap`: every block from glibc's heap, which is never trimmed (no page faults once it has grown)
+KEEP_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
 
 
 def run_child(args, length: int, memory: bool, shape: bool = False, exact: bool = False) -> dict:
@@ -162,7 +151,9 @@ def run_child(args, length: int, memory: bool, shape: bool = False, exact: bool 
     command += ["--memory"] if memory else []
     command += ["--exact"] if exact else []
     command += ["--train"] if args.train else []
-    env = {**os.environ, **(LIVE_ALLOCATOR if memory else {})}
+    command += ["--native-flush"] if args.native_flush else []
+    command += ["--profile"] if args.profile and not memory else []
+    env = {**os.environ, **(LIVE_ALLOCATOR if memory else KEEP_HEAP if args.keep_heap else {})}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"length {length}{' (shape)' if shape else ''} failed:\n{done.stderr[-3000:]}")
@@ -254,33 +245,6 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_training(args, cells: list[dict], argv) -> None:
-    """`<out>.json` and `.md`: a training step's time and working memory, by length, with each doubling's ratio."""
-    from hf_alibi.atomic_files import write_text_atomically
-
-    command = "python -m benchmarks.bench_length_scaling " + " ".join(sys.argv[1:] if argv is None else argv)
-    ratio = lambda r: "" if r is None else f" (x{r:.2f})"  # noqa: E731
-    seconds = doubling(cells, lambda c: min(c["step_s"]))
-    memory = doubling(cells, lambda c: c["step_bytes"])
-    lines = [
-        "# One training step by context length (each length a fresh process)",
-        "",
-        f"Forward with labels and backward, train mode, {cells[0]['threads']} threads; command: `{command}`.",
-        "",
-        "| tokens | step, min (s) | step working memory (MiB) |",
-        "|---:|---:|---:|",
-    ]
-    for c, t, m in zip(cells, seconds, memory):
-        lines.append(
-            f"| {c['length']:,} | {min(c['step_s']):.3f}{ratio(t)} | {c['step_bytes'] / 2**20:,.0f}{ratio(m)} |"
-        )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(out.with_suffix(".json"), json.dumps({"command": command, "cells": cells}, indent=2) + "\n")
-    write_text_atomically(out.with_suffix(".md"), "\n".join(lines) + "\n")
-    print("\n".join(lines))
-
-
 def write_exactness(args, cells: list[dict], argv) -> None:
     """`<out>.json` and `.md`: the default's logits against dense, by length."""
     from hf_alibi.atomic_files import write_text_atomically
@@ -323,6 +287,9 @@ def main(argv=None) -> None:
         "--exactness", action="store_true", help="instead: every position's logits against dense at --lengths"
     )
     parser.add_argument("--train", action="store_true", help="instead: one training step's time and memory")
+    parser.add_argument("--native-flush", action="store_true", help="--train: denormals flushed on every thread")
+    parser.add_argument("--keep-heap", action="store_true", help="timed processes under KEEP_HEAP")
+    parser.add_argument("--profile", action="store_true", help="--train: one more step profiled, by operator")
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

@@ -59,14 +59,29 @@ def test_lengths_must_be_two_or_more_increasing(capsys):
 def test_the_training_step_table_gives_each_doubling_of_time_and_working_memory(tmp_path, capsys):
     from types import SimpleNamespace
 
-    from benchmarks.bench_length_scaling import write_training
+    from benchmarks.length_training import write_training
 
     cells = [
         {"length": 1024, "step_s": [1.1, 1.0], "step_bytes": 10 * MIB, "threads": 2},
         {"length": 2048, "step_s": [2.1, 2.3], "step_bytes": 21 * MIB, "threads": 2},
     ]
-    write_training(SimpleNamespace(out=str(tmp_path / "train")), cells, ["--train"])
+    write_training(
+        SimpleNamespace(out=str(tmp_path / "train"), native_flush=False, keep_heap=False), cells, ["--train"]
+    )
     text = (tmp_path / "train.md").read_text()
     assert "| 1,024 | 1.000 | 10 |" in text
     assert "| 2,048 | 2.100 (x2.10) | 21 (x2.10) |" in text
     assert (tmp_path / "train.json").exists()
+
+
+def test_the_profile_table_follows_the_longest_lengths_operators_with_each_doubling():
+    from benchmarks.length_training import profile_lines
+
+    cells = [
+        {"length": 1024, "profile": {"aten::mm": 1.0, "aten::gelu": 0.5}},
+        {"length": 2048, "profile": {"aten::mm": 2.6, "aten::cat": 0.1}},
+    ]
+    text = "\n".join(profile_lines(cells))
+    assert "| `aten::mm` | 1.000 | 2.600 (x2.60) |" in text
+    assert "| `aten::cat` | - | 0.100 |" in text
+    assert profile_lines([{"length": 1024}]) == []

@@ -1,0 +1,88 @@
+"""`bench_length_scaling --train`: one training step as Trainer runs it, its time, working memory and (`--profile`)
+its operators, and the table of each doubling. The command and what it measures: `bench_length_scaling`'s docstring.
+"""
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+# `--profile`: the operators kept per length (by self CPU time)
+PROFILE_OPERATORS = 12
+
+
+def training_step(model, ids, args) -> dict:
+    """One training step's working memory (`--memory`) or its time (min of `--repeats`), warmed up once."""
+    import torch
+
+    from benchmarks.measure import peak_memory, time_call
+    from hf_alibi.native_flush import flushing_denormals
+
+    model.train()
+    ones = torch.ones_like(ids)  # Trainer's all-ones mask
+
+    def step():
+        model.zero_grad(set_to_none=False)  # the gradients' memory is held from the warm-up on, as in training
+        model(ids, attention_mask=ones, labels=ids).loss.backward()
+
+    with flushing_denormals() if args.native_flush else contextlib.nullcontext():
+        step()  # warm-up
+        if args.memory:
+            return {"step_bytes": peak_memory(step, "cpu")[0]}
+        result = {"step_s": time_call(step, repeats=args.repeats, warmup=0), "threads": torch.get_num_threads()}
+        if args.profile:  # one more step, profiled: each operator's self CPU seconds
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as profiler:
+                step()
+            totals = {event.key: event.self_cpu_time_total / 1e6 for event in profiler.key_averages()}
+            result["profile"] = dict(sorted(totals.items(), key=lambda item: -item[1])[:PROFILE_OPERATORS])
+        return result
+
+
+def write_training(args, cells: list[dict], argv) -> None:
+    """`<out>.json` and `.md`: a training step's time and working memory, by length, with each doubling's ratio."""
+    from benchmarks.bench_length_scaling import doubling
+    from hf_alibi.atomic_files import write_text_atomically
+
+    command = "python -m benchmarks.bench_length_scaling " + " ".join(sys.argv[1:] if argv is None else argv)
+    ratio = lambda r: "" if r is None else f" (x{r:.2f})"  # noqa: E731
+    seconds = doubling(cells, lambda c: min(c["step_s"]))
+    memory = doubling(cells, lambda c: c["step_bytes"])
+    lines = [
+        "# One training step by context length (each length a fresh process)",
+        "",
+        f"Forward with labels and backward, train mode, {cells[0]['threads']} threads; command: `{command}`.",
+        f"Denormals flushed: {'yes' if args.native_flush else 'no'}; timed processes' heap kept: "
+        f"{'yes' if args.keep_heap else 'no'}.",
+        "",
+        "| tokens | step, min (s) | step working memory (MiB) |",
+        "|---:|---:|---:|",
+    ]
+    for c, t, m in zip(cells, seconds, memory):
+        lines.append(
+            f"| {c['length']:,} | {min(c['step_s']):.3f}{ratio(t)} | {c['step_bytes'] / 2**20:,.0f}{ratio(m)} |"
+        )
+    lines += profile_lines(cells)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(out.with_suffix(".json"), json.dumps({"command": command, "cells": cells}, indent=2) + "\n")
+    write_text_atomically(out.with_suffix(".md"), "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def profile_lines(cells: list[dict]) -> list[str]:
+    """`--profile`'s table: the longest length's top operators, their self CPU seconds at every length and each
+    doubling's ratio."""
+    if not all("profile" in c for c in cells):
+        return []
+    lines = ["", "One profiled step, self CPU seconds by operator (the longest length's top ones):", ""]
+    lines += ["| operator | " + " | ".join(f"{c['length']:,}" for c in cells) + " |", "|---|" + "---:|" * len(cells)]
+    for name in cells[-1]["profile"]:
+        seconds = [c["profile"].get(name) for c in cells]
+        text = [
+            "-" if t is None else f"{t:.3f}" + ("" if i == 0 or not seconds[i - 1] else f" (x{t / seconds[i - 1]:.2f})")
+            for i, t in enumerate(seconds)
+        ]
+        lines.append(f"| `{name}` | " + " | ".join(text) + " |")
+    return lines
