@@ -23,11 +23,11 @@ Each doubling's ratio is reported beside the figures: linear is 2.0.
 Training (`--train`, instead of the above): one step as Trainer runs it, the model in train mode (the checkpoint's
 dropouts are 0), `model(ids, attention_mask=ones, labels=ids)` and its backward, gradients zeroed before each step, no
 optimizer; its working memory (under `LIVE_ALLOCATOR`) and the min of `--repeats` steps, in the same two fresh
-processes per length. Two process-wide settings, off by default (they are the caller's, not the model's):
-`--native-flush` runs each step inside `hf_alibi.native_flush.flushing_denormals()` (the loss is a mean over L tokens,
-so each token's gradients shrink as 1/L and more of them fall in fp32's denormal range, where x86 arithmetic is
-slow); `--keep-heap` gives the timed processes `KEEP_HEAP` (glibc maps no block fresh from the system and trims
-nothing: without it, every tensor of 32 MiB or more is mapped, page-faulted and unmapped at each allocation).
+processes per length; `--profile`: one more step, profiled by operator. Two process-wide settings, off by default
+(the caller's, not the model's): `--native-flush` runs each step inside `hf_alibi.native_flush.flushing_denormals()`
+(denormal floats flushed to zero on every thread); `--keep-heap` gives the timed processes `KEEP_HEAP` (glibc maps no
+block fresh from the system and trims nothing: without it, every tensor of 32 MiB or more is mapped, page-faulted
+and unmapped at each allocation).
 
 Memory (`--memory-gib`, default 24): the largest context the machine runs, from the process at rest (interpreter,
 torch, the model: VmRSS before any forward) plus the working memory per token, fitted over the two longest lengths
