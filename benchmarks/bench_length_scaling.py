@@ -47,7 +47,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.length_training import training_step, write_training
+from benchmarks.length_training import doubling, training_markdown, training_step
 
 GIB = 1 << 30
 SHAPE_1_3B = dict(n_embd=2048, n_layer=24, n_head=16, vocab_size=50257)
@@ -205,12 +205,6 @@ def memory_limits(cells, shaped, config, budget) -> dict:
     return limits
 
 
-def doubling(cells: list[dict], value) -> list[float | None]:
-    """Each length's figure over the previous length's (None for the first)."""
-    figures = [value(c) for c in cells]
-    return [None] + [b / a if a else None for a, b in zip(figures, figures[1:])]
-
-
 def markdown(report: dict) -> str:
     cells = report["cells"]
     ratio = lambda r: "" if r is None else f" (x{r:.2f})"  # noqa: E731
@@ -245,11 +239,24 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_exactness(args, cells: list[dict], argv) -> None:
-    """`<out>.json` and `.md`: the default's logits against dense, by length."""
+def command_line(argv) -> str:
+    """The command that ran, as the reports quote it."""
+    return "python -m benchmarks.bench_length_scaling " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def write_report(out: str, report: dict, text: str) -> None:
+    """`<out>.json` (the report) and `<out>.md` (its text), each written whole; the text printed."""
     from hf_alibi.atomic_files import write_text_atomically
 
-    command = "python -m benchmarks.bench_length_scaling " + " ".join(sys.argv[1:] if argv is None else argv)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
+    write_text_atomically(out.with_suffix(".md"), text)
+    print(text)
+
+
+def exactness_markdown(cells: list[dict], command: str) -> str:
+    """The default's logits against dense, by length."""
     lines = [
         "# The default's logits against dense attention, every position",
         "",
@@ -263,11 +270,7 @@ def write_exactness(args, cells: list[dict], argv) -> None:
             f"| {c['length']:,} | {c['max_abs_logit_difference']:.2e} | {c['largest_logit']:.1f} "
             f"| {c['greedy_agreement']:.2%} |"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(out.with_suffix(".json"), json.dumps({"command": command, "cells": cells}, indent=2) + "\n")
-    write_text_atomically(out.with_suffix(".md"), "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
@@ -298,32 +301,29 @@ def main(argv=None) -> None:
     lengths = [int(n) for n in args.lengths.split(",")]
     if len(lengths) < 2 or lengths != sorted(lengths):
         raise SystemExit(f"--lengths must name at least two increasing lengths, got {args.lengths}")
+    if not args.train and (args.native_flush or args.profile):
+        raise SystemExit("--native-flush and --profile measure the training step: add --train")
+    command = command_line(argv)
     if args.exactness:
-        write_exactness(args, [run_child(args, n, memory=False, exact=True) for n in lengths], argv)
-        return
-    if args.train:
-        cells = [{**run_child(args, n, memory=True), **run_child(args, n, memory=False)} for n in lengths]
-        write_training(args, cells, argv)
+        cells = [run_child(args, n, memory=False, exact=True) for n in lengths]
+        write_report(args.out, {"command": command, "cells": cells}, exactness_markdown(cells, command))
         return
     cells = [{**run_child(args, n, memory=True), **run_child(args, n, memory=False)} for n in lengths]
+    if args.train:
+        write_report(args.out, {"command": command, "cells": cells}, training_markdown(args, cells, command))
+        return
     shape_lengths = [int(n) for n in args.shape_lengths.split(",") if int(n)]
     shaped = [run_child(args, n, memory=True, shape=True) for n in shape_lengths] if len(shape_lengths) > 1 else []
     config = json.loads((Path(args.checkpoint) / "config.json").read_text())
     report = {
         "checkpoint_name": Path(args.checkpoint).parent.name + "/" + Path(args.checkpoint).name,
-        "command": "python -m benchmarks.bench_length_scaling " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command,
         "memory_gib": args.memory_gib,
         "cells": cells,
         "shaped": shaped,
         "limits": memory_limits(cells, shaped, config, args.memory_gib * GIB),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    from hf_alibi.atomic_files import write_text_atomically
-
-    write_text_atomically(out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
-    write_text_atomically(out.with_suffix(".md"), markdown(report))
-    print(markdown(report))
+    write_report(args.out, report, markdown(report))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,8 @@
 """`bench_length_scaling --train`: one training step as Trainer runs it, its time, working memory and (`--profile`)
-its operators, and the table of each doubling. The command and what it measures: `bench_length_scaling`'s docstring.
+its operators, and the table of each doubling (`doubling`, which the forward's table uses too). The command and what it measures: `bench_length_scaling`'s docstring.
 """
 
 import contextlib
-import json
-import sys
-from pathlib import Path
 
 # `--profile`: the operators kept per length (by self CPU time)
 PROFILE_OPERATORS = 12
@@ -40,12 +37,9 @@ def training_step(model, ids, args) -> dict:
         return result
 
 
-def write_training(args, cells: list[dict], argv) -> None:
-    """`<out>.json` and `.md`: a training step's time and working memory, by length, with each doubling's ratio."""
-    from benchmarks.bench_length_scaling import doubling
-    from hf_alibi.atomic_files import write_text_atomically
-
-    command = "python -m benchmarks.bench_length_scaling " + " ".join(sys.argv[1:] if argv is None else argv)
+def training_markdown(args, cells: list[dict], command: str) -> str:
+    """A training step's time and working memory by length, each doubling's ratio beside them, and `--profile`'s
+    operators."""
     ratio = lambda r: "" if r is None else f" (x{r:.2f})"  # noqa: E731
     seconds = doubling(cells, lambda c: min(c["step_s"]))
     memory = doubling(cells, lambda c: c["step_bytes"])
@@ -63,12 +57,7 @@ def write_training(args, cells: list[dict], argv) -> None:
         lines.append(
             f"| {c['length']:,} | {min(c['step_s']):.3f}{ratio(t)} | {c['step_bytes'] / 2**20:,.0f}{ratio(m)} |"
         )
-    lines += profile_lines(cells)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(out.with_suffix(".json"), json.dumps({"command": command, "cells": cells}, indent=2) + "\n")
-    write_text_atomically(out.with_suffix(".md"), "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines + profile_lines(cells)) + "\n"
 
 
 def profile_lines(cells: list[dict]) -> list[str]:
@@ -86,3 +75,9 @@ def profile_lines(cells: list[dict]) -> list[str]:
         ]
         lines.append(f"| `{name}` | " + " | ".join(text) + " |")
     return lines
+
+
+def doubling(cells: list[dict], value) -> list[float | None]:
+    """Each length's figure over the previous length's (None for the first)."""
+    figures = [value(c) for c in cells]
+    return [None] + [b / a if a else None for a, b in zip(figures, figures[1:])]

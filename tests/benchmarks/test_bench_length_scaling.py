@@ -59,19 +59,24 @@ def test_lengths_must_be_two_or_more_increasing(capsys):
 def test_the_training_step_table_gives_each_doubling_of_time_and_working_memory(tmp_path, capsys):
     from types import SimpleNamespace
 
-    from benchmarks.length_training import write_training
+    from benchmarks.bench_length_scaling import write_report
+    from benchmarks.length_training import training_markdown
 
     cells = [
         {"length": 1024, "step_s": [1.1, 1.0], "step_bytes": 10 * MIB, "threads": 2},
         {"length": 2048, "step_s": [2.1, 2.3], "step_bytes": 21 * MIB, "threads": 2},
     ]
-    write_training(
-        SimpleNamespace(out=str(tmp_path / "train"), native_flush=False, keep_heap=False), cells, ["--train"]
-    )
+    text = training_markdown(SimpleNamespace(native_flush=False, keep_heap=False), cells, "python -m x --train")
+    write_report(str(tmp_path / "train"), {"command": "python -m x --train", "cells": cells}, text)
     text = (tmp_path / "train.md").read_text()
     assert "| 1,024 | 1.000 | 10 |" in text
     assert "| 2,048 | 2.100 (x2.10) | 21 (x2.10) |" in text
     assert (tmp_path / "train.json").exists()
+
+
+def test_flushing_and_profiling_are_refused_without_the_training_step():
+    with pytest.raises(SystemExit, match="add --train"):
+        main(["--lengths", "2048,4096", "--profile"])
 
 
 def test_the_profile_table_follows_the_longest_lengths_operators_with_each_doubling():
