@@ -2,27 +2,31 @@
 doubling lengths, each length in a fresh process, and the largest context a machine of `--memory-gib` runs.
 
     python -m benchmarks.bench_length_scaling --checkpoint runs/cpu_demo/alibi/final \
-        --lengths 16384,32768,65536,131072,262144 --out results/length_scaling/demo
+        --lengths 16384,32768,65536,131072,262144 --rounds 3 --out results/length_scaling/demo
     python -m benchmarks.bench_length_scaling --checkpoint runs/cpu_demo/alibi/final --lengths 2048,4096 \
         --repeats 1 --decode-steps 2 --shape-lengths 0 --out /tmp/length_smoke                 # smoke, ~30 s
     python -m benchmarks.bench_length_scaling --train --checkpoint runs/cpu_demo/alibi/final \
         --lengths 16384,32768,65536,131072,262144 --repeats 2 --out results/length_scaling/demo_training_step
 
-Per length L, two fresh processes (no allocator state carries over): real held-out text of L tokens in the
-checkpoint's tokenizer (`measure_kept_fraction.heldout_stream`), the model as `from_pretrained` gives it (the default
-`alibi_skip_eps="auto"`, SDPA), batch 1, no grad, the forward `model(ids, attention_mask=ones, logits_to_keep=1)` (the
-all-ones mask `generate()` and Trainer send), warmed up once:
+Per length L, fresh processes (no allocator state carries over): one for memory, `--rounds` for time (interleaved:
+every length once per round, shortest first, so that a slow spell of a shared machine falls on all lengths alike).
+Real held-out text of L tokens in the checkpoint's tokenizer (`measure_kept_fraction.heldout_stream`), the model as
+`from_pretrained` gives it (the default `alibi_skip_eps="auto"`, SDPA), batch 1, no grad, the forward
+`model(ids, attention_mask=ones, logits_to_keep=1)` (the all-ones mask `generate()` and Trainer send), warmed up once:
 - working memory: the growth of the resident set's high-water mark over the state just before one forward
   (`measure.peak_memory`), in a process whose allocator returns every block of 64 KiB or more to the system when it is
   freed (`LIVE_ALLOCATOR`), so that the figure is the live tensors' peak, not what glibc's heap kept from before;
-- time: the min of `--repeats` forwards (and the same growth under the default allocator, for reference); then a
-  prefill of L tokens into the `DynamicCache` `generate()` uses (untimed) and `--decode-steps` greedy steps, one token
-  each, timed one by one (min and median): one token at L of context.
+- time: the min of `--repeats` forwards per timed process, over its `--rounds` processes (and the same growth under
+  the default allocator, for reference); then a prefill of L tokens into the `DynamicCache` `generate()` uses
+  (untimed) and `--decode-steps` greedy steps, one token each, timed one by one (min and median over all rounds): one
+  token at L of context;
+- `--profile`: `--repeats` more forwards per timed process, profiled: each operator's self CPU seconds per forward,
+  its least over the rounds.
 Each doubling's ratio is reported beside the figures: linear is 2.0.
 
 Training (`--train`, instead of the above): one step as Trainer runs it, the model in train mode (the checkpoint's
 dropouts are 0), `model(ids, attention_mask=ones, labels=ids)` and its backward, gradients zeroed before each step, no
-optimizer; its working memory (under `LIVE_ALLOCATOR`) and the min of `--repeats` steps, in the same two fresh
+optimizer; its working memory (under `LIVE_ALLOCATOR`) and the min of `--repeats` steps, in the same fresh
 processes per length; `--profile`: one more step, profiled by operator. Two process-wide settings, off by default
 (the caller's, not the model's): `--native-flush` runs each step inside `hf_alibi.native_flush.flushing_denormals()`
 (denormal floats flushed to zero on every thread); `--keep-heap` gives the timed processes `KEEP_HEAP` (glibc maps no
@@ -47,7 +51,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.length_training import doubling, training_markdown, training_step
+from benchmarks.length_training import doubling, profile_lines, profiled, training_markdown, training_step
 
 GIB = 1 << 30
 SHAPE_1_3B = dict(n_embd=2048, n_layer=24, n_head=16, vocab_size=50257)
@@ -83,6 +87,8 @@ def child(args) -> dict:
             result["forward_bytes"] = peak_memory(forward, "cpu")[0]
             return result
         result["forward_s"] = time_call(forward, repeats=args.repeats, warmup=0)
+        if args.profile:  # `--repeats` more forwards, profiled: each operator's self CPU seconds per forward
+            result["profile"], result["profiled"] = profiled(forward, args.repeats), "forwards"
         result["forward_bytes_default_allocator"] = peak_memory(forward, "cpu")[0]
         cache = DynamicCache(config=model.config)
         prefill = model(ids, attention_mask=ones[:, : args.length], cache=cache, logits_to_keep=1)
@@ -162,6 +168,23 @@ def run_child(args, length: int, memory: bool, shape: bool = False, exact: bool 
     return cell
 
 
+def timed_cells(args, lengths: list[int]) -> list[dict]:
+    """Per length, its memory process and `--rounds` timed ones, the rounds interleaved (every length once per round,
+    shortest first), so that a slow spell of the machine falls on every length alike: the timed processes' lists of
+    seconds joined (their min is over rounds x repeats), their other figures the first round's."""
+    memory = [run_child(args, n, memory=True) for n in lengths]
+    rounds = [[run_child(args, n, memory=False) for n in lengths] for _ in range(args.rounds)]
+    cells = []
+    for index, first in enumerate(memory):
+        timed = [round_[index] for round_ in rounds]
+        joined = {key: sum((t[key] for t in timed), []) for key, value in timed[0].items() if isinstance(value, list)}
+        if "profile" in timed[0]:  # each operator's least over the rounds (those every round profiled)
+            names = [name for name in timed[0]["profile"] if all(name in t["profile"] for t in timed)]
+            joined["profile"] = {name: min(t["profile"][name] for t in timed) for name in names}
+        cells.append({**first, **timed[0], **joined, "rounds": args.rounds})
+    return cells
+
+
 def largest_context(resting: float, per_token: float, fixed: float, budget: float) -> int:
     """Tokens that fit in `budget` bytes: `resting` + `fixed` + L x `per_token` <= budget."""
     return max(0, int((budget - resting - fixed) // per_token)) if per_token > 0 else 0
@@ -215,7 +238,8 @@ def markdown(report: dict) -> str:
         "# The default path by context length (each length a fresh process)",
         "",
         f'Checkpoint `{report["checkpoint_name"]}`, `alibi_skip_eps` as saved (`"auto"` by default), '
-        f"{cells[0]['threads']} threads; command: `{report['command']}`.",
+        f"{cells[0]['threads']} threads, min over {cells[0].get('rounds', 1)} fresh process(es) per length x "
+        f"{report.get('repeats', '')} forwards; command: `{report['command']}`.",
         "",
         "| tokens | forward, min (s) | forward working memory (MiB) | the same, default allocator (MiB) |"
         " one decoding step, min (s) | decoding step, median (s) |",
@@ -236,7 +260,7 @@ def markdown(report: dict) -> str:
             f"**{limit['generate_tokens']:,} tokens**; working memory {limit['working_bytes_per_token']:,.0f} bytes a "
             "token."
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + profile_lines(cells)) + "\n"
 
 
 def command_line(argv) -> str:
@@ -278,6 +302,7 @@ def main(argv=None) -> None:
     parser.add_argument("--checkpoint", default="runs/cpu_demo/alibi/final")
     parser.add_argument("--lengths", default="16384,32768,65536,131072,262144")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1, help="timed fresh processes per length, interleaved")
     parser.add_argument("--decode-steps", type=int, default=8)
     parser.add_argument("--shape-lengths", default="4096,8192", help="1.3B-shaped memory lengths; 0: none")
     parser.add_argument("--memory-gib", type=float, default=24.0)
@@ -292,7 +317,7 @@ def main(argv=None) -> None:
     parser.add_argument("--train", action="store_true", help="instead: one training step's time and memory")
     parser.add_argument("--native-flush", action="store_true", help="--train: denormals flushed on every thread")
     parser.add_argument("--keep-heap", action="store_true", help="timed processes under KEEP_HEAP")
-    parser.add_argument("--profile", action="store_true", help="--train: one more step profiled, by operator")
+    parser.add_argument("--profile", action="store_true", help="more calls profiled, by operator")
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -301,14 +326,16 @@ def main(argv=None) -> None:
     lengths = [int(n) for n in args.lengths.split(",")]
     if len(lengths) < 2 or lengths != sorted(lengths):
         raise SystemExit(f"--lengths must name at least two increasing lengths, got {args.lengths}")
-    if not args.train and (args.native_flush or args.profile):
-        raise SystemExit("--native-flush and --profile measure the training step: add --train")
+    if args.rounds < 1 or args.repeats < 1:
+        raise SystemExit(f"--rounds and --repeats must be at least 1, got {args.rounds} and {args.repeats}")
+    if not args.train and args.native_flush:
+        raise SystemExit("--native-flush measures the training step: add --train")
     command = command_line(argv)
     if args.exactness:
         cells = [run_child(args, n, memory=False, exact=True) for n in lengths]
         write_report(args.out, {"command": command, "cells": cells}, exactness_markdown(cells, command))
         return
-    cells = [{**run_child(args, n, memory=True), **run_child(args, n, memory=False)} for n in lengths]
+    cells = timed_cells(args, lengths)
     if args.train:
         write_report(args.out, {"command": command, "cells": cells}, training_markdown(args, cells, command))
         return
@@ -319,6 +346,7 @@ def main(argv=None) -> None:
         "checkpoint_name": Path(args.checkpoint).parent.name + "/" + Path(args.checkpoint).name,
         "command": command,
         "memory_gib": args.memory_gib,
+        "repeats": args.repeats,
         "cells": cells,
         "shaped": shaped,
         "limits": memory_limits(cells, shaped, config, args.memory_gib * GIB),

@@ -7,8 +7,9 @@ Not a timing. The layers' queries and keys (one row of held-out standard-library
 `measure_kept_fraction` does) are certified with the same upper bound (Theorem 3: Cauchy-Schwarz per 64-key block,
 rows grouped by 16) and four lower bounds on LSE_i (Theorems 2 and 4 of `hf_alibi.models.alibi.attention_skip`):
 - `diagonal logit`: s q_i.k_i (FlexAttention's prefill, decoding);
-- `split (kernel diagonal LSE)`: what the split really uses, `certified_split`'s ranges: the fp32 kernel's
-  log-sum-exp over each 256-row block's own diagonal, less its rounding margin;
+- `split (kernel LSE)`: what the split really uses, `certified_split`'s ranges: the fp32 kernel's log-sum-exp over
+  each 256-row block's own diagonal and, for the heads that reach further back (`near_widths`), the 256 keys before
+  it, less its rounding margin (the ranges it reads: its shared windows included);
 - `exact LSE`: the float64 log-sum-exp over all of the row's keys (the best any lower bound can do);
 - `oracle`: no bound at all: each row's first 64-key boundary whose exact dropped mass is <= eps (what a certificate
   from norms could at most approach).
@@ -61,7 +62,7 @@ def measure(model, ids, eps):
 
     slopes, scaling = model.transformer.alibi_slopes.float(), model.transformer.h[0].attn.scaling
     length = ids.shape[1]
-    tables = {"diagonal logit": [], "split (kernel diagonal LSE)": [], "exact LSE": [], "oracle": []}
+    tables = {"diagonal logit": [], "split (kernel LSE)": [], "exact LSE": [], "oracle": []}
     for query, key in capture_queries_keys(model, ids):
         with torch.no_grad():
             plan = plan_alibi_attention("sdpa", slopes, 1, length, length, skip_eps=eps)
@@ -70,7 +71,7 @@ def measure(model, ids, eps):
         common = dict(row_block=ROWS, key_block=KEY_BLOCK, centroid=False, row_group=ROW_GROUP)
         starts = {
             "diagonal logit": certified_key_starts(query, key, slopes, scaling, 0, eps, near=1, **common),
-            "split (kernel diagonal LSE)": split_ranges,
+            "split (kernel LSE)": split_ranges,
             "exact LSE": certified_key_starts(query, key, slopes, scaling, 0, eps, lse_lower=lse, **common),
             "oracle": oracle,
         }

@@ -1,5 +1,6 @@
 """`bench_length_scaling --train`: one training step as Trainer runs it, its time, working memory and (`--profile`)
-its operators, and the table of each doubling (`doubling`, which the forward's table uses too). The command and what it measures: `bench_length_scaling`'s docstring.
+its operators, and the table of each doubling (`doubling`, which the forward's table uses too; and `profiled` and
+`profile_lines`, which its `--profile` uses). The command and what it measures: `bench_length_scaling`'s docstring.
 """
 
 import contextlib
@@ -27,14 +28,20 @@ def training_step(model, ids, args) -> dict:
         if args.memory:
             return {"step_bytes": peak_memory(step, "cpu")[0]}
         result = {"step_s": time_call(step, repeats=args.repeats, warmup=0), "threads": torch.get_num_threads()}
-        if args.profile:  # one more step, profiled: each operator's self CPU seconds
-            from torch.profiler import ProfilerActivity, profile
-
-            with profile(activities=[ProfilerActivity.CPU]) as profiler:
-                step()
-            totals = {event.key: event.self_cpu_time_total / 1e6 for event in profiler.key_averages()}
-            result["profile"] = dict(sorted(totals.items(), key=lambda item: -item[1])[:PROFILE_OPERATORS])
+        if args.profile:  # one more step, profiled
+            result["profile"] = profiled(step, calls=1)
         return result
+
+
+def profiled(call, calls: int) -> dict:
+    """`calls` more calls of `call`, profiled: each operator's self CPU seconds per call, the top `PROFILE_OPERATORS`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(calls):
+            call()
+    totals = {event.key: event.self_cpu_time_total / 1e6 / calls for event in profiler.key_averages()}
+    return dict(sorted(totals.items(), key=lambda item: -item[1])[:PROFILE_OPERATORS])
 
 
 def training_markdown(args, cells: list[dict], command: str) -> str:
@@ -65,7 +72,8 @@ def profile_lines(cells: list[dict]) -> list[str]:
     doubling's ratio."""
     if not all("profile" in c for c in cells):
         return []
-    lines = ["", "One profiled step, self CPU seconds by operator (the longest length's top ones):", ""]
+    lines = ["", f"Profiled {cells[0].get('profiled', 'step')}, self CPU seconds by operator (the longest length's", ""]
+    lines[1] += " top ones; with several rounds, each operator's least over them):"
     lines += ["| operator | " + " | ".join(f"{c['length']:,}" for c in cells) + " |", "|---|" + "---:|" * len(cells)]
     for name in cells[-1]["profile"]:
         seconds = [c["profile"].get(name) for c in cells]

@@ -74,9 +74,40 @@ def test_the_training_step_table_gives_each_doubling_of_time_and_working_memory(
     assert (tmp_path / "train.json").exists()
 
 
-def test_flushing_and_profiling_are_refused_without_the_training_step():
+def test_flushing_is_refused_without_the_training_step_and_rounds_and_repeats_must_be_positive():
     with pytest.raises(SystemExit, match="add --train"):
-        main(["--lengths", "2048,4096", "--profile"])
+        main(["--lengths", "2048,4096", "--native-flush"])
+    for option in ("--rounds", "--repeats"):
+        with pytest.raises(SystemExit, match="at least 1"):
+            main(["--lengths", "2048,4096", option, "0"])
+
+
+def test_rounds_interleave_the_lengths_and_join_their_times_and_keep_each_operators_least(monkeypatch):
+    from types import SimpleNamespace
+
+    from benchmarks import bench_length_scaling
+
+    order = []
+
+    def fake_child(args, length, memory, **_):
+        order.append((length, memory))
+        if memory:
+            return {"length": length, "forward_bytes": length}
+        round_ = sum(1 for n, m in order if n == length and not m)  # 1, 2, ... for this length
+        return {
+            "length": length,
+            "forward_s": [length / 1000 + round_],
+            "decode_s": [round_ / 10],
+            "profile": {"aten::mm": 1.0 / round_, f"only round {round_}": 1.0},
+            "threads": 2,
+        }
+
+    monkeypatch.setattr(bench_length_scaling, "run_child", fake_child)
+    cells = bench_length_scaling.timed_cells(SimpleNamespace(rounds=3), [1024, 2048])
+    assert order == [(1024, True), (2048, True)] + [(1024, False), (2048, False)] * 3, "shortest first, every round"
+    assert cells[1]["forward_s"] == [3.048, 4.048, 5.048] and cells[1]["decode_s"] == [0.1, 0.2, 0.3]
+    assert cells[0]["forward_bytes"] == 1024 and cells[0]["rounds"] == 3
+    assert cells[0]["profile"] == {"aten::mm": pytest.approx(1 / 3)}, "each operator's least, of those all rounds have"
 
 
 def test_the_profile_table_follows_the_longest_lengths_operators_with_each_doubling():

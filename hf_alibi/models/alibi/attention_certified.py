@@ -33,7 +33,7 @@ from .attention_skip import (  # noqa: F401  (KeyRanges: the certified paths' ra
     key_block_norms,
     upper_norms,
 )
-from .cpu_flash_kernels import _SplitAttention, attend_diagonals
+from .cpu_flash_kernels import _SplitAttention, attend, attend_diagonals
 
 # Query rows per block of the certificate, and the split's one level of blocks when skipping. Finer blocks follow
 # steep heads more closely; 256 rows keep the kernel's calls large enough (measured on the demo checkpoint at 8k:
@@ -100,6 +100,16 @@ def predicted_kept(slopes: torch.Tensor, query_length: int, key_length: int) -> 
         reach = min(ROWS + AUTO_REACH / max(slope, 1e-12), length)  # keys kept back from each row
         kept += reach / length if query_length == 1 else reach * (2 * length - reach) / length**2
     return kept / len(slopes)
+
+
+def near_widths(slopes: torch.Tensor, rows: int = ROWS) -> tuple[int, ...] | None:
+    """Per head, how many keys right before each block of `rows` query rows a causal `certified_split` reads with the
+    block's diagonal, before it certifies: `rows` for the heads whose predicted reach beyond the block
+    (`AUTO_REACH / slope`) is at least that, so they keep those keys anyway; 0 for the others; None when no head does.
+    Their log-sum-exp raises each row's lower bound (Theorem 4 over more keys): on the demo checkpoint nearly to the
+    exact log-sum-exp's (`python -m benchmarks.compare_lse_bounds`, results/length_scaling/lse_bounds.md)."""
+    widths = tuple(rows if rows * slope <= AUTO_REACH else 0 for slope in slopes.tolist())
+    return widths if any(widths) else None
 
 
 def skipping_pays(slopes: torch.Tensor, query_length: int, key_length: int, causal: bool = True) -> bool:
@@ -226,12 +236,14 @@ def certified_split(
     """The split with certified skipping: (output (B, H, q, D) in the query's dtype, the `KeyRanges` it read: the
     certified ones, or earlier).
 
-    1. Every `rows`-row block's own diagonal, on the kernel: the running output and log-sum-exp of each row.
+    1. Every `rows`-row block's own diagonal, on the kernel: the running output and log-sum-exp of each row; in a
+       causal plan, for the heads that reach further back (`near_widths`), the `rows` keys right before each
+       block too, merged in (keys every such row keeps: they are never skipped below).
     2. Those log-sum-exps, less their rounding (`kernel_lse_lower_bound`), bound each row's from below; with them,
-       `certified_key_starts` gives each (head, block) its first key (`_certified_windows`), and for a bidirectional
-       plan `certified_key_ends` its end key too, each side with eps / 2.
-    3. Each block's keys from its first key to the block (and from the block to its end key), per run of heads
-       sharing a first (end) key, merged in. With batch 1 each head's first keys are moved back to one window per
+       `certified_key_starts` gives each (head, block) its first key (`_certified_windows`; never after the near
+       keys), and for a bidirectional plan `certified_key_ends` its end key too, each side with eps / 2.
+    3. Each block's keys from its first key to the block, less the near keys step 1 merged (and from the block to
+       its end key), per run of heads sharing a first (end) key, merged in. With batch 1 each head's first keys are moved back to one window per
        run of 16 blocks (`shared_key_windows`: more keys kept, so still certified), which lets each run's blocks run
        as one kernel call.
     `plan` is a `sdpa_split_certified` plan; `key`/`value` hold its keys (a static cache's filled part). `rows` and
@@ -261,24 +273,36 @@ def certified_split(
         q, k, v = query.detach(), key.detach(), value.detach()
         norms = upper_norms(q), upper_norms(k)  # (B, H, q), (B, H, kv): the floors' and the certificate's, once
         dense = dense.with_floors(q, k, scaling, norms)  # this layer call's floored biases, if exact (fwd and bwd)
-        diagonals = dense.in_key_ranges(blocks.expand(heads, -1), ends)  # nothing left of any block either
+        near = near_widths(slopes, rows) if plan.causal else None  # (H,) keys read right before each block, or None
+        diagonals = dense.in_key_ranges(blocks.expand(heads, -1), ends, near)  # no other key left of any block
         output, lse = attend_diagonals(diagonals, q, k, v, scaling)  # (B, H, q, .)
-        starts, ends = _certified_windows(plan, norms, lse, scaling, rows, key_block, q, k)  # (H, R); ends None: causal
+        near_groups = [group for group in diagonals.groups[: diagonals.started] if not group.diagonal]
+        attend(diagonals, near_groups, q, k, v, scaling, output, lse)  # merged into the diagonals' results
+        seen = rows + max(near or (0,))  # the most keys a row's log-sum-exp is over
+        starts, ends = _certified_windows(plan, norms, lse, scaling, rows, key_block, q, k, seen)  # (H, R) each
+        if near is not None:  # the near keys are computed: every range keeps them
+            starts = torch.minimum(
+                starts, (blocks[None] - torch.tensor(near, device=blocks.device)[:, None]).clamp(min=0)
+            )
         if batch == 1:  # one call per head over all its blocks, not one per (head, block): `shared_key_windows`
             starts = shared_key_windows(starts, blocks)
             ends = None if ends is None else q_len - shared_key_windows(q_len - ends, q_len - block_ends)
-    output = _SplitAttention.apply(query, key, value, dense.in_key_ranges(starts, ends), scaling, (output, lse))
+    ranged = dense.in_key_ranges(starts, ends, near)
+    output = _SplitAttention.apply(query, key, value, ranged, scaling, (output, lse))
     return output, KeyRanges(rows, starts, ends)  # (B, H, q, D) in the query's dtype
 
 
-def _certified_windows(plan: AlibiAttentionPlan, norms, lse, scaling: float, rows: int, key_block: int, q, k):
+def _certified_windows(
+    plan: AlibiAttentionPlan, norms, lse, scaling: float, rows: int, key_block: int, q, k, seen=None
+):
     """Step 2 of `certified_split`: each (head, block)'s certified first key, and for a bidirectional plan its end
-    key (eps / 2 on each side), int64 (H, R) each (None: a causal plan's), from the diagonal blocks' log-sum-exps and
-    the `upper_norms` of `q` and `k` (`norms`: (B, H, q), (B, H, kv))."""
+    key (eps / 2 on each side), int64 (H, R) each (None: a causal plan's), from the log-sum-exps of step 1 (each row's
+    over at most `seen` keys, None: `rows`) and the `upper_norms` of `q` and `k` (`norms`: (B, H, q), (B, H, kv))."""
     padding, slopes, eps = plan.key_padding, plan.slopes, plan.payload.eps
     query_norms, key_norms = norms
     real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None], 0.0)
-    lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, rows, q.shape[-1])
+    seen = rows if seen is None else seen
+    lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, seen, q.shape[-1])
     side = eps if plan.causal else eps / 2
     bounds = dict(row_group=ROW_GROUP, lse_lower=lower, query_norms=query_norms, key_norms=key_norms)
     starts = certified_key_starts(q, k, slopes, scaling, plan.query_offset, side, rows, key_block, padding, **bounds)

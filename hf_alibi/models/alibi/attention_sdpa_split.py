@@ -31,7 +31,10 @@ block's calls for those heads, so skipped keys are never read. Blocks are then t
 leading blocks that read every key are covered as the dense split covers rows, and each later block's call over the
 keys left of it is made per run of heads that share a first key. Blocks that read as many keys back as each other
 run as one strided call: certified skipping gives each head one such window per run of 16 blocks
-(`shared_key_windows`), so a layer makes a few calls, not one per (head, block).
+(`shared_key_windows`), so a layer makes a few calls, not one per (head, block). With `near` widths, each head reads
+the keys right before every block in calls of their own (run with the diagonals, before the certificate), and its
+other keys left of the block end there; their frame is still the block's first row (bias m * (j - p), p that row's
+position), which the floor's proof and the row shift assume.
 
 Check: `HF_HUB_OFFLINE=1 python -m pytest -q tests/test_attention_sdpa_split.py`
 """
@@ -42,7 +45,7 @@ import dataclasses
 import torch
 
 from .alibi_bias import alibi_block_bias
-from .attention_sdpa_split_calls import CallGroup, _cover, _group, _in_key_ranges, head_runs
+from .attention_sdpa_split_calls import CallGroup, _cover, _group, _in_key_ranges, head_runs, near_calls
 from .attention_sdpa_split_floor import bias_floors, floored
 from .cpu_flash_kernels import _blocks, _SplitAttention, split_kernels_work  # noqa: F401  (the probe: this path's)
 
@@ -114,12 +117,12 @@ def split_attention(query, key, value, plan: "SplitPlan", scaling: float) -> tor
     dtype than the plan's masks gets the same calls with masks in its own (fp64 inputs: fp64 masks)."""
     dtype = torch.promote_types(query.dtype, torch.float32)
     if plan.dtype != dtype:
-        ranged, ends = plan.first_keys, plan.end_keys
+        ranged, ends, near = plan.first_keys, plan.end_keys, plan.near
         slopes = plan.slopes.to(query.device)
         facts = (plan.query_offset, plan.q_len, plan.key_padding, plan.chunks, plan.batch, dtype, plan.causal)
         plan = split_plan(slopes, *facts, plan.floor)
         if ranged is not None:
-            plan = plan.in_key_ranges(torch.tensor(ranged), None if ends is None else torch.tensor(ends))
+            plan = plan.in_key_ranges(torch.tensor(ranged), None if ends is None else torch.tensor(ends), near)
     return _SplitAttention.apply(query, key, value, plan.with_floors(query, key, scaling), scaling)
 
 
@@ -172,6 +175,7 @@ class SplitPlan:
         self.calls = _cover([], query_offset, 0, q_len, 0, chunks, (0, self.heads), key_end=key_end)
         self.first_keys = None  # (H, blocks) first keys as nested tuples once cut to key ranges (`in_key_ranges`)
         self.end_keys = None  # (H, blocks) end keys likewise, a bidirectional plan's keys right of each block
+        self.near = None  # (H,) keys right before each block read by calls of their own (`in_key_ranges`)
         self._set_calls(self.calls)
         distance = torch.arange(self.visible, device=slopes.device, dtype=slopes.dtype)  # (visible,)
         self.ramp = -slopes[:, None] * distance.flip(0)  # (H, visible): -m * (visible - 1 - j)
@@ -212,23 +216,32 @@ class SplitPlan:
         object.__setattr__(call, "floors", floors.to(self.dtype))
         return call
 
-    def in_key_ranges(self, first_key: torch.Tensor, end_key: torch.Tensor | None = None) -> "SplitPlan":
+    def in_key_ranges(self, first_key: torch.Tensor, end_key: torch.Tensor | None = None, near=None) -> "SplitPlan":
         """This plan's calls cut to `first_key` ((H, blocks) first key per head and block of `chunks[0]` rows), and
         for a bidirectional plan to `end_key` ((H, blocks): the keys from it on are left out), its masks shared: what
-        a layer that certifies its own key ranges needs (a one-level plan, one per forward)."""
+        a layer that certifies its own key ranges needs (a one-level plan, one per forward).
+
+        `near` ((H,) ints, causal plans): each head reads the `near[h]` keys right before every block (fewer at the
+        start) in calls of their own, which come right after the diagonal groups (`started` counts both: certified
+        skipping runs them first, to certify the rest), and its other keys left of the block end there. A block's
+        first key must then be at or before the block's start less its head's `near`."""
         if len(self.chunks) != 1:
             raise ValueError(f"key ranges cut a one-level plan (chunks = (rows,)), this one has {self.chunks}")
         if end_key is not None and self.causal:
             raise ValueError("end keys cut the keys right of a block's rows, which only a bidirectional plan reads")
+        if near is not None and (not self.causal or len(near) != self.heads or min(near) < 0):
+            raise ValueError(f"near must be {self.heads} widths >= 0 of a causal plan, got {near!r}")
         ranged = copy.copy(self)  # the masks shared; the calls its own
         object.__setattr__(ranged, "_frozen", False)
         ranged.first_keys = tuple(map(tuple, first_key.tolist()))
         ranged.end_keys = None if end_key is None else tuple(map(tuple, end_key.tolist()))
-        ranged._set_calls(self._ranged_calls(ranged.first_keys, ranged.end_keys))
+        ranged.near = None if near is None or not any(near) else tuple(int(width) for width in near)
+        first = ranged._ranged_calls(ranged.first_keys, ranged.end_keys, ranged.near)
+        ranged._set_calls(first, near_calls(self.query_offset, self.q_len, self.chunks[0], ranged.near or ()))
         ranged._frozen = True
         return ranged
 
-    def _ranged_calls(self, first_keys, end_keys=None):
+    def _ranged_calls(self, first_keys, end_keys=None, near=None):
         """The calls that read, for each head and block, exactly the keys from its first key on (and, given
         `end_keys`, a bidirectional plan's, up to its end key).
 
@@ -237,12 +250,21 @@ class SplitPlan:
         from its first-level call on (`_cover`), per run of heads with as many such blocks; a bidirectional head's
         trailing blocks that read every key right of them likewise, mirrored. Their sub-block calls repeat at a
         stride and group (`_group`): a few calls where one per block was made. Every other block has its own call
-        per run of heads that share its first (end) key (`_in_key_ranges`)."""
+        per run of heads that share its first (end) key (`_in_key_ranges`). `near` (`in_key_ranges`): each head's
+        keys left of a block end that many keys before it."""
         rows, query_offset, calls = self.chunks[0], self.query_offset, []
+        near = (0,) * self.heads if near is None else near
         leading = [next((b for b, first in enumerate(keys) if first > 0), len(keys)) for keys in first_keys]
-        for head, end, blocks in filter(lambda run: run[2], head_runs(leading)):
+        for head, end, (blocks, gap) in filter(lambda run: run[2][0], head_runs(list(zip(leading, near)))):
             cover = _cover(
-                [], query_offset, 0, min(blocks * rows, self.q_len), 0, (_PREFIX_BLOCKS * rows, rows), (head, end)
+                [],
+                query_offset,
+                0,
+                min(blocks * rows, self.q_len),
+                0,
+                (_PREFIX_BLOCKS * rows, rows),
+                (head, end),
+                gap=gap,
             )
             calls += [call for call in cover if not call.diagonal]  # (the one-level plan's diagonals run below)
         rest = [
@@ -250,7 +272,8 @@ class SplitPlan:
             for keys, n in zip(first_keys, leading)
         ]
         ends = None if end_keys is None else self._trailing_calls(calls, end_keys)
-        return calls + [ranged for call in self.calls for ranged in _in_key_ranges(call, rest, rows, ends)]
+        cut = [ranged for call in self.calls for ranged in _in_key_ranges(call, rest, rows, ends, near=near)]
+        return calls + cut
 
     def _trailing_calls(self, calls, end_keys):
         """`_ranged_calls`' mirror for a bidirectional plan (no cache): append the right-hand calls of each head's
@@ -268,13 +291,18 @@ class SplitPlan:
             for keys, n in zip(end_keys, trailing)
         ]
 
-    def _set_calls(self, calls):
-        self.calls = tuple(calls)
-        longest = max(end - start for start, end, *_ in calls)
+    def _set_calls(self, calls, near=()):
+        self.calls = tuple(calls) + tuple(near)
+        longest = max(end - start for start, end, *_ in self.calls)
         self.row_shift = self.slopes[:, None] * torch.arange(longest, device=self.slopes.device)  # (H, rows): m * a
-        groups = _group(calls) if self.batch == 1 else [CallGroup(1, 0, *call) for call in calls]
-        # Diagonal blocks first: together they cover every row of every head once, so they start the running results
-        self.groups = tuple(sorted(groups, key=lambda group: not group.diagonal))
+        grouped = [
+            _group(part) if self.batch == 1 else [CallGroup(1, 0, *call) for call in part] for part in (calls, near)
+        ]
+        # Diagonal blocks first: together they cover every row of every head once, so they start the running results;
+        # then the near calls (`in_key_ranges`): `started` groups are what certified skipping computes first
+        diagonals = [group for group in grouped[0] if group.diagonal]
+        self.groups = tuple(diagonals + grouped[1] + [group for group in grouped[0] if not group.diagonal])
+        self.started = len(diagonals) + len(grouped[1])
         # One diagonal call and nothing else (a short uncached prompt): the kernel's own result is the answer, and
         # its own backward the gradient
         self.one_call = len(self.groups) == 1 and self.groups[0].count == 1
@@ -323,8 +351,8 @@ class SplitPlan:
         elif key_start >= self.query_offset + end:  # bidirectional, keys right of the rows: -m * (j - (p + n - 1))
             mask = self.fall[None, heads, None, : key_end - key_start]  # (1, h, 1, keys)
             shift = self.row_shift[heads, :n].flip(-1)  # (h, n): true logit = frame logit - m * (n - 1 - a)
-        else:  # m * (j - p) for keys j < p = key_end; ramp entry visible - 1 - p + j holds -m * (p - j)
-            first = self.visible - 1 - key_end
+        else:  # m * (j - p) for keys j < p, the rows' first position; ramp entry visible - 1 - p + j holds -m * (p - j)
+            first = self.visible - 1 - (self.query_offset + start)
             mask = self.ramp[None, heads, None, first + key_start : first + key_end]  # (1, h, 1, keys)
             shift = self.row_shift[heads, :n]  # (h, n): true logit = chunk-frame logit - m * a
         if self.floors is not None:  # raised to -C per head; the causal upper triangle kept (padding comes next)

@@ -29,32 +29,51 @@ class SplitCall(NamedTuple):
 CallGroup = NamedTuple("CallGroup", [("count", int), ("stride", int), *SplitCall.__annotations__.items()])
 
 
-def _cover(calls, query_offset, first, last, key_start, chunks, heads, level=0, key_end=None):
+def _cover(calls, query_offset, first, last, key_start, chunks, heads, level=0, key_end=None, gap=0):
     """`calls` with the calls for rows [first, last) of heads [heads[0], heads[1]) over keys [key_start, query_offset +
     last) appended: per chunk of `chunks[level]` rows, the keys left of it, then the chunk cut by the next level.
     Bidirectional (`key_end`, the end of the keys these rows see): each chunk's keys right of it, up to `key_end`,
-    in one call too (the mirror image of the keys left of it)."""
+    in one call too (the mirror image of the keys left of it). `gap`: the `gap` keys right before each block of
+    `chunks[-1]` rows are read by calls of their own (`near_calls`), so the keys left of a chunk end `gap` before it,
+    and each block reads from there to `gap` before itself."""
     if last - first <= chunks[-1]:
-        if query_offset + first > key_start:
-            calls.append(SplitCall(first, last, key_start, query_offset + first, False, *heads))
+        if query_offset + first - gap > key_start:
+            calls.append(SplitCall(first, last, key_start, query_offset + first - gap, False, *heads))
         calls.append(SplitCall(first, last, query_offset + first, query_offset + last, True, *heads))
         if key_end is not None and query_offset + last < key_end:
             calls.append(SplitCall(first, last, query_offset + last, key_end, False, *heads))
         return calls
     for start in range(first, last, chunks[level]):
         end = min(start + chunks[level], last)
-        if query_offset + start > key_start:
-            calls.append(SplitCall(start, end, key_start, query_offset + start, False, *heads))
+        left_end = query_offset + start - gap
+        if left_end > key_start:
+            calls.append(SplitCall(start, end, key_start, left_end, False, *heads))
         inner_end = None if key_end is None else query_offset + end
-        _cover(calls, query_offset, start, end, query_offset + start, chunks, heads, level + 1, inner_end)
+        inner_start = max(key_start, left_end)
+        _cover(calls, query_offset, start, end, inner_start, chunks, heads, level + 1, inner_end, gap)
         if key_end is not None and query_offset + end < key_end:
             calls.append(SplitCall(start, end, query_offset + end, key_end, False, *heads))
     return calls
 
 
-def _in_key_ranges(call, first_keys, rows, last_keys=None, query_offset=0):
+def near_calls(query_offset: int, q_len: int, rows: int, near) -> list[SplitCall]:
+    """Per run of heads with the same `near` width w > 0 ((H,) ints) and per block of `rows` query rows, one call over
+    the w keys right before the block (fewer at the start): what certified skipping computes before it certifies."""
+    calls = []
+    for head, end, width in head_runs(near):
+        for start in range(0, q_len, rows) if width > 0 else ():
+            position = query_offset + start
+            if position > 0:
+                calls.append(
+                    SplitCall(start, min(start + rows, q_len), max(0, position - width), position, False, head, end)
+                )
+    return calls
+
+
+def _in_key_ranges(call, first_keys, rows, last_keys=None, query_offset=0, near=None):
     """A call cut to the key ranges of its block: one call per run of heads with the same first key (keys left of the
-    rows) or, given `last_keys`, the same end key (keys right of them: a bidirectional plan), if any keys remain."""
+    rows) or, given `last_keys`, the same end key (keys right of them: a bidirectional plan), if any keys remain.
+    `near` ((H,) ints): each head's keys left of the rows end that many keys before them (`near_calls` reads those)."""
     start, end, key_start, key_end, diagonal, _, heads = call
     if diagonal:  # a block's own diagonal is always kept (first keys never pass a block's first query)
         return [call]
@@ -67,11 +86,12 @@ def _in_key_ranges(call, first_keys, rows, last_keys=None, query_offset=0):
             for head, run_end, last in runs
             if key_start < min(key_end, last)
         ]
-    runs = head_runs([first_keys[head][start // rows] for head in range(heads)])
+    near = (0,) * heads if near is None else near
+    runs = head_runs([(first_keys[head][start // rows], key_end - near[head]) for head in range(heads)])
     return [
-        SplitCall(start, end, max(key_start, first), key_end, False, head, run_end)
-        for head, run_end, first in runs
-        if max(key_start, first) < key_end
+        SplitCall(start, end, max(key_start, first), last, False, head, run_end)
+        for head, run_end, (first, last) in runs
+        if max(key_start, first) < last
     ]
 
 

@@ -54,8 +54,12 @@ m n on n keys), and the max-shifted exps (relative error <= rho for a vectorised
 log add at most 2 (gamma_{n+2} + rho). So |l^_i - l_i| <= delta_i := gamma_{D+2} (|s| |q_i| N + m n) + 2 (gamma_{n+2}
 + rho), N the largest key norm, and LB_i = l^_i - 4 delta_i <= l_i <= LSE_i (`kernel_lse_lower_bound`: a factor of 4
 for what the analysis misses, ~1e-4 nats in all). Padded keys enter the kernel at the dtype's minimum and add
-exactly 0. On the demo checkpoint at 8k this LB (256-row diagonal blocks) certifies 0.382 of causal work against
-0.399 with the diagonal logit alone, and costs nothing: the split computes those blocks first (`certified_split`).
+exactly 0. When N is several calls' keys (a block's diagonal and the keys right before it), l^_i is their
+log-sum-exps shifted to the true frame and merged by fp32 `logaddexp`s: each of those roundings is within a few u |l|,
+which `kernel_lse_lower_bound` adds to delta_i as 4 u |l^_i| (n then counts all of N's keys). On the demo checkpoint
+at 8k this LB (256-row diagonal blocks) certifies 0.382 of causal work against 0.399 with the diagonal logit alone,
+and costs nothing: the split computes those blocks first (`certified_split`), and the 256 keys before each block for
+the heads that keep them anyway, which brings it near the exact log-sum-exp's bound.
 
 Cost. Norms O(L H D); per (group of rows, key block within the head's reach) one bound, the blocks further back
 bounded at once by a geometric tail (`attention_skip_terms._grouped_starts`): O(L (reach / block) H) exps, linear in
@@ -249,14 +253,15 @@ def kernel_lse_lower_bound(
     dim: int,
 ) -> torch.Tensor:
     """Theorem 4: LB_i = l^_i - 4 delta_i from a float32 kernel's log-sum-exp `lse` (B, H, q) of each row over at most
-    `keys` of its visible keys (with the ALiBi bias; padded keys at the dtype's minimum), head dim `dim`.
+    `keys` of its visible keys (one call's, or several calls' merged) (with the ALiBi bias; padded keys at the dtype's minimum), head dim `dim`.
     `query_norms` (B, H, q) bound the norms of the queries the kernel was given (`upper_norms`), `key_norm_max`
     (B|1, H) those of its keys. Returns float64 (B, H, q)."""
     _check_positive("keys", keys)
     unit = 2.0**-24  # the kernel's arithmetic is float32 whatever its inputs (bf16 and fp16 inputs are exact in it)
     m = slopes.double().to(lse.device)[:, None]  # (H, 1)
     logits = query_norms.double() * abs(scaling) * key_norm_max.double()[..., None] + m * keys  # (B, H, q)
-    delta = _gamma(dim + 2, unit) * logits + 2 * (_gamma(keys + 2, unit) + _KERNEL_EXP_ERROR)  # (B, H, q)
+    merges = 4 * unit * lse.double().abs()  # (B, H, q) the shifts and logaddexps that merged several calls' l
+    delta = _gamma(dim + 2, unit) * logits + 2 * (_gamma(keys + 2, unit) + _KERNEL_EXP_ERROR) + merges  # (B, H, q)
     return lse.double() - 4 * delta
 
 

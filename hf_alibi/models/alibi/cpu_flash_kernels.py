@@ -165,9 +165,10 @@ def attend(plan, groups, query, key, value, scaling, output, lse) -> None:
 class _SplitAttention(torch.autograd.Function):
     """The split on the CPU flash kernels, forward and backward; see the module docstring for the math.
 
-    `diagonals`, when given, are the running (output, log-sum-exp) of the plan's diagonal groups, already computed
-    (certified skipping computes them first to certify the rest): the forward then runs the other groups only. The
-    backward is the same either way: every call of the plan, differentiated with the final output and log-sum-exp.
+    `diagonals`, when given, are the running (output, log-sum-exp) of the plan's first `started` groups (its diagonal
+    groups, then its near calls if any), already computed (certified skipping computes them first to certify the
+    rest): the forward then runs the other groups only. The backward is the same either way: every call of the plan,
+    differentiated with the final output and log-sum-exp.
     """
 
     @staticmethod
@@ -184,8 +185,8 @@ class _SplitAttention(torch.autograd.Function):
         if diagonals is None:
             output = _like_kernel_output(query, plan.dtype)  # (B, H, q, D)
             lse = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
-        else:  # the diagonal groups' results, already computed: merged into in place
-            (output, lse), groups = diagonals, [group for group in groups if not group.diagonal]
+        else:  # the plan's `started` groups' results (its diagonals and near calls), already computed: merged into
+            (output, lse), groups = diagonals, groups[plan.started :]
         attend(plan, groups, query, key, value, scaling, output, lse)
         output = output.to(query.dtype)
         ctx.save_for_backward(query, key, value, output, lse)

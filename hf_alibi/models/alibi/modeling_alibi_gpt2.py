@@ -67,6 +67,15 @@ from .packed_documents import packed_documents  # noqa: F401
 
 logger = logging.get_logger(__name__)
 
+# Inference (no autograd, not traced) over more rows than this runs each block's norm and MLP, which act on each
+# position alone, this many rows at a time, added into the residual stream in place: the same numbers, but the MLP's
+# widest temporaries (4x the width, and the activation's) are this many rows instead of the whole input, so they stay
+# in the heap glibc reuses instead of being mapped and page-faulted afresh at each call. With certified skipping's
+# near keys (`attention_certified.near_widths`), on the demo checkpoint at 256k tokens the forward's working memory
+# went from 1,670 to 1,035 MiB and its time from 16.4 to 12.5 s (`python -m benchmarks.bench_length_scaling`,
+# results/length_scaling/demo.md); a 1.3B-shaped layer's from 115 to 64 KB a token.
+FEED_FORWARD_ROWS = 2048
+
 
 class AlibiGPT2Conv1D(Conv1D):
     """transformers' `Conv1D` (GPT-2's `(in, out)` weight layout) whose bias may be absent (`bias=False`, MPT)."""
@@ -160,8 +169,14 @@ class AlibiGPT2Block(GradientCheckpointingLayer):
 
     def forward(self, hidden_states, plan, cache=None, output_attentions=False):
         attn_output, weights = self.attn(self.ln_1(hidden_states), plan, cache, output_attentions)
-        hidden_states = hidden_states + attn_output
-        hidden_states = hidden_states + self.mlp(self.ln_2(hidden_states))
+        hidden_states = hidden_states + attn_output  # (B, q, C): this block's own tensor
+        length = hidden_states.shape[1]  # an int, or a symbol while torch.export traces a dynamic length
+        traced = torch.compiler.is_compiling() or not isinstance(length, int)
+        if torch.is_grad_enabled() or traced or length <= FEED_FORWARD_ROWS:  # (no guard on a traced length)
+            return hidden_states + self.mlp(self.ln_2(hidden_states)), weights
+        for start in range(0, length, FEED_FORWARD_ROWS):  # inference over a long input: in place, rows at a time
+            rows = hidden_states[:, start : start + FEED_FORWARD_ROWS]  # (B, r, C), a view
+            rows += self.mlp(self.ln_2(rows))
         return hidden_states, weights
 
 

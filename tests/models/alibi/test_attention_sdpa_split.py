@@ -61,7 +61,7 @@ def qkv(batch, q_len, kv_len, dtype=torch.float32, model_layout=False):
     return [base.transpose(1, 2) for base in bases]  # (B, H, L, D), strided
 
 
-def compare(scenario, chunks, dtype, atol, grad_atol, model_layout=False, single_row=False, key_ranges=None):
+def compare(scenario, chunks, dtype, atol, grad_atol, model_layout=False, single_row=False, key_ranges=None, near=None):
     """Outputs and gradients of the split against the float64 reference (`single_row`: batch 1, the padded row)."""
     q_len, kv_len, offset, key_padding = SCENARIOS[scenario]
     if single_row and key_padding is not None:
@@ -71,7 +71,7 @@ def compare(scenario, chunks, dtype, atol, grad_atol, model_layout=False, single
     plan, first_key = None, None
     if key_ranges is not None:  # the split's internal ranges (what certified skipping cuts a plan to); (H, q)
         plan = split_plan(SLOPES, offset, q_len, key_padding, (key_ranges.rows,), batch, query.dtype)
-        plan = plan.in_key_ranges(key_ranges.first_key)
+        plan = plan.in_key_ranges(key_ranges.first_key, near=near)
         first_key = key_ranges.first_key[:, torch.arange(q_len) // key_ranges.rows]
     output = sdpa_alibi_split(query, key, value, SLOPES, offset, key_padding, SCALE, chunks, plan=plan)
     expected, has_keys = reference(query, key, value, offset, key_padding, first_key)

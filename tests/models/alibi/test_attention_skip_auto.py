@@ -10,7 +10,14 @@ from test_attention_skip_ranges import assert_close_to_dense, steep_model
 
 from hf_alibi import AlibiGPT2Config, AlibiGPT2LMHeadModel, get_alibi_slopes
 from hf_alibi.models.alibi.attention_alibi import plan_alibi_attention
-from hf_alibi.models.alibi.attention_certified import AUTO_EPS, predicted_kept, skipping_pays
+from hf_alibi.models.alibi.attention_certified import (
+    AUTO_EPS,
+    AUTO_REACH,
+    ROWS,
+    near_widths,
+    predicted_kept,
+    skipping_pays,
+)
 
 DEMO_SLOPES = get_alibi_slopes(4)  # the demo checkpoint's: 1/4, 1/16, 1/64, 1/256
 
@@ -106,3 +113,13 @@ def test_a_saved_eps_is_kept_and_a_config_naming_none_gets_auto(tmp_path):
         tmp_path / "dense"
     )
     assert AlibiGPT2Config.from_pretrained(tmp_path / "dense").alibi_skip_eps == 0.0
+
+
+def test_near_keys_are_read_first_by_the_heads_predicted_to_keep_them_anyway():
+    """`near_widths`: a block's worth of keys before each block for the heads whose predicted reach beyond the block
+    (`AUTO_REACH / slope`) is at least that; none for a steep head, and None when no head qualifies."""
+    demo = torch.tensor([1 / 4, 1 / 16, 1 / 64, 1 / 256])  # reach 96, 384, 1536, 6144 keys beyond the block
+    assert near_widths(demo) == (0, ROWS, ROWS, ROWS)
+    assert near_widths(torch.tensor([0.0, 1 / 4])) == (ROWS, 0), "a flat head (slope 0) reads every key"
+    assert near_widths(torch.tensor([1.0, 0.5])) is None
+    assert near_widths(demo, rows=16) == (16, 16, 16, 16) and AUTO_REACH >= 16 / 4

@@ -122,3 +122,61 @@ def test_certified_split_of_one_row_reads_shared_windows_and_stays_within_the_bo
     assert (ranges.first_key[0, 1:] > 0).all(), "the steepest head still skips"
     bound = 2 * 1e-7 * float(value.abs().max()) + 1e-5  # Theorem 1, and fp32 rounding
     assert float((output - reference).abs().max()) <= bound
+
+
+@pytest.mark.parametrize("offset", [0, 300])
+def test_near_calls_and_the_rest_read_exactly_the_ranges_keys_and_the_near_calls_come_first(offset):
+    """With `near` widths, each head's keys right before a block are read by calls of their own, started with the
+    diagonals (`started`); with the other calls they still cover every (row, key) of the ranges once."""
+    q_len, rows = 1000, 16
+    starts, blocks = certified_like_starts(SLOPES, offset, q_len, rows, 8.0)
+    near = tuple(rows if head % 2 else 0 for head in range(HEADS))  # some heads with near calls, some without
+    widths = torch.tensor(near)[:, None]
+    starts = torch.minimum(shared_key_windows(starts, blocks), (blocks[None] - widths).clamp(min=0))
+    plan = SplitPlan(SLOPES.double(), offset, q_len, None, (rows,), 1).in_key_ranges(starts, near=near)
+    count = torch.zeros(HEADS, q_len, offset + q_len, dtype=torch.int64)
+    for start, end, key_start, key_end, diagonal, head_start, head_end in expanded(plan):
+        block = torch.ones(end - start, key_end - key_start, dtype=torch.int64)
+        count[head_start:head_end, start:end, key_start:key_end] += block.tril() if diagonal else block
+    positions, keys = offset + torch.arange(q_len)[:, None], torch.arange(offset + q_len)[None]  # (q, 1), (1, kv)
+    first = starts[:, torch.arange(q_len) // rows]  # (H, q)
+    expected = ((keys <= positions)[None] & (keys[None] >= first[:, :, None])).long()  # (H, q, kv)
+    assert torch.equal(count, expected)
+    done = plan.groups[: plan.started]
+    near_groups = [group for group in done if not group.diagonal]
+    assert near_groups and all(group.diagonal for group in plan.groups[: len(done) - len(near_groups)])
+    for group in near_groups:
+        start, key_start, key_end, head_start, head_end = (
+            group.start,
+            group.key_start,
+            group.key_end,
+            group.head_start,
+            group.head_end,
+        )
+        assert {near[head] for head in range(head_start, head_end)} == {rows}, "near calls only for near heads"
+        assert key_end == offset + start and key_end - key_start == min(rows, offset + start)
+    assert not any(group.diagonal for group in plan.groups[plan.started :])
+
+
+def test_near_widths_of_a_wrong_length_or_sign_or_on_a_bidirectional_plan_are_refused():
+    plan = SplitPlan(SLOPES.double(), 0, 64, None, (16,), 1)
+    first = torch.zeros(HEADS, 4, dtype=torch.long)
+    for near in [(16,) * (HEADS - 1), (-16,) + (0,) * (HEADS - 1)]:
+        with pytest.raises(ValueError, match="near must be"):
+            plan.in_key_ranges(first, near=near)
+    bidirectional = SplitPlan(SLOPES.double(), 0, 64, None, (16,), 1, causal=False)
+    with pytest.raises(ValueError, match="near must be"):
+        bidirectional.in_key_ranges(first, torch.full((HEADS, 4), 64), near=(16,) * HEADS)
+
+
+@pytest.mark.parametrize("scenario", ["self", "cache_offset", "left_padding_with_cache"])
+def test_ranges_with_near_calls_match_the_reference_and_its_gradients(scenario):
+    """The near calls and the calls over the keys before them, each in the block's frame: fp32, and exact in fp64."""
+    q_len, _, offset, _ = SCENARIOS[scenario]
+    rows = 4
+    starts, blocks = certified_like_starts(SLOPES, offset, q_len, rows, 4.0)
+    near = tuple(rows if head % 2 == 0 else 0 for head in range(HEADS))
+    starts = torch.minimum(starts, (blocks[None] - torch.tensor(near)[:, None]).clamp(min=0))
+    ranges = KeyRanges(rows, starts)
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+        compare(scenario, (rows,), dtype, tolerance, tolerance, key_ranges=ranges, near=near)
