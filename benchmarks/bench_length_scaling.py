@@ -88,7 +88,7 @@ def child(args) -> dict:
             return result
         result["forward_s"] = time_call(forward, repeats=args.repeats, warmup=0)
         if args.profile:  # `--repeats` more forwards, profiled: each operator's self CPU seconds per forward
-            result["profile"], result["profiled"] = profiled(forward, args.repeats), "forwards"
+            result["profile"] = profiled(forward, args.repeats)
         result["forward_bytes_default_allocator"] = peak_memory(forward, "cpu")[0]
         cache = DynamicCache(config=model.config)
         prefill = model(ids, attention_mask=ones[:, : args.length], cache=cache, logits_to_keep=1)
@@ -238,8 +238,8 @@ def markdown(report: dict) -> str:
         "# The default path by context length (each length a fresh process)",
         "",
         f'Checkpoint `{report["checkpoint_name"]}`, `alibi_skip_eps` as saved (`"auto"` by default), '
-        f"{cells[0]['threads']} threads, min over {cells[0].get('rounds', 1)} fresh process(es) per length x "
-        f"{report.get('repeats', '')} forwards; command: `{report['command']}`.",
+        f"{cells[0]['threads']} threads, min over {cells[0]['rounds']} fresh process(es) per length x "
+        f"{report['repeats']} forwards; command: `{report['command']}`.",
         "",
         "| tokens | forward, min (s) | forward working memory (MiB) | the same, default allocator (MiB) |"
         " one decoding step, min (s) | decoding step, median (s) |",
@@ -260,7 +260,7 @@ def markdown(report: dict) -> str:
             f"**{limit['generate_tokens']:,} tokens**; working memory {limit['working_bytes_per_token']:,.0f} bytes a "
             "token."
         )
-    return "\n".join(lines + profile_lines(cells)) + "\n"
+    return "\n".join(lines + profile_lines(cells, "forwards")) + "\n"
 
 
 def command_line(argv) -> str:

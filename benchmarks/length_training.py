@@ -64,16 +64,16 @@ def training_markdown(args, cells: list[dict], command: str) -> str:
         lines.append(
             f"| {c['length']:,} | {min(c['step_s']):.3f}{ratio(t)} | {c['step_bytes'] / 2**20:,.0f}{ratio(m)} |"
         )
-    return "\n".join(lines + profile_lines(cells)) + "\n"
+    return "\n".join(lines + profile_lines(cells, "step")) + "\n"
 
 
-def profile_lines(cells: list[dict]) -> list[str]:
+def profile_lines(cells: list[dict], profiled_calls: str) -> list[str]:
     """`--profile`'s table: the longest length's top operators, their self CPU seconds at every length and each
-    doubling's ratio."""
+    doubling's ratio; `profiled_calls` names what was profiled ("step", "forwards")."""
     if not all("profile" in c for c in cells):
         return []
-    lines = ["", f"Profiled {cells[0].get('profiled', 'step')}, self CPU seconds by operator (the longest length's", ""]
-    lines[1] += " top ones; with several rounds, each operator's least over them):"
+    heading = f"Profiled {profiled_calls}, self CPU seconds by operator (the longest length's top ones; with several"
+    lines = ["", heading + " rounds, each operator's least over them):", ""]
     lines += ["| operator | " + " | ".join(f"{c['length']:,}" for c in cells) + " |", "|---|" + "---:|" * len(cells)]
     for name in cells[-1]["profile"]:
         seconds = [c["profile"].get(name) for c in cells]

@@ -17,6 +17,7 @@ def cell(length, seconds, working):
         "forward_s": [seconds, seconds * 1.1],
         "decode_s": [seconds / 100, seconds / 90],
         "threads": 2,
+        "rounds": 1,
     }
 
 
@@ -34,6 +35,7 @@ def test_doublings_are_each_length_over_the_previous_and_memory_fits_a_line_thro
             "checkpoint_name": "alibi/final",
             "command": "python -m x",
             "memory_gib": 1.0,
+            "repeats": 2,
             "cells": cells,
             "limits": {"checkpoint": limits},
         }
@@ -117,7 +119,7 @@ def test_the_profile_table_follows_the_longest_lengths_operators_with_each_doubl
         {"length": 1024, "profile": {"aten::mm": 1.0, "aten::gelu": 0.5}},
         {"length": 2048, "profile": {"aten::mm": 2.6, "aten::cat": 0.1}},
     ]
-    text = "\n".join(profile_lines(cells))
+    text = "\n".join(profile_lines(cells, "step"))
     assert "| `aten::mm` | 1.000 | 2.600 (x2.60) |" in text
     assert "| `aten::cat` | - | 0.100 |" in text
-    assert profile_lines([{"length": 1024}]) == []
+    assert profile_lines([{"length": 1024}], "step") == []

@@ -243,9 +243,9 @@ def certified_split(
        `certified_key_starts` gives each (head, block) its first key (`_certified_windows`; never after the near
        keys), and for a bidirectional plan `certified_key_ends` its end key too, each side with eps / 2.
     3. Each block's keys from its first key to the block, less the near keys step 1 merged (and from the block to
-       its end key), per run of heads sharing a first (end) key, merged in. With batch 1 each head's first keys are moved back to one window per
-       run of 16 blocks (`shared_key_windows`: more keys kept, so still certified), which lets each run's blocks run
-       as one kernel call.
+       its end key), per run of heads sharing a first (end) key, merged in. With batch 1 each head's first keys are
+       moved back to one window per run of 16 blocks (`shared_key_windows`: more keys kept, so still certified),
+       which lets each run's blocks run as one kernel call.
     `plan` is a `sdpa_split_certified` plan; `key`/`value` hold its keys (a static cache's filled part). `rows` and
     `key_block` size the blocks of query rows (None: the plan's `ROWS`) and of keys (the defaults are the measured
     ones).
@@ -292,16 +292,13 @@ def certified_split(
     return output, KeyRanges(rows, starts, ends)  # (B, H, q, D) in the query's dtype
 
 
-def _certified_windows(
-    plan: AlibiAttentionPlan, norms, lse, scaling: float, rows: int, key_block: int, q, k, seen=None
-):
+def _certified_windows(plan: AlibiAttentionPlan, norms, lse, scaling: float, rows: int, key_block: int, q, k, seen):
     """Step 2 of `certified_split`: each (head, block)'s certified first key, and for a bidirectional plan its end
     key (eps / 2 on each side), int64 (H, R) each (None: a causal plan's), from the log-sum-exps of step 1 (each row's
-    over at most `seen` keys, None: `rows`) and the `upper_norms` of `q` and `k` (`norms`: (B, H, q), (B, H, kv))."""
+    over at most `seen` keys) and the `upper_norms` of `q` and `k` (`norms`: (B, H, q), (B, H, kv))."""
     padding, slopes, eps = plan.key_padding, plan.slopes, plan.payload.eps
     query_norms, key_norms = norms
     real_norms = key_norms if padding is None else key_norms.masked_fill(~padding[:, None], 0.0)
-    seen = rows if seen is None else seen
     lower = kernel_lse_lower_bound(lse, query_norms, real_norms.amax(-1), slopes, scaling, seen, q.shape[-1])
     side = eps if plan.causal else eps / 2
     bounds = dict(row_group=ROW_GROUP, lse_lower=lower, query_norms=query_norms, key_norms=key_norms)

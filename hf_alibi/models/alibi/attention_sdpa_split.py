@@ -291,12 +291,13 @@ class SplitPlan:
             for keys, n in zip(end_keys, trailing)
         ]
 
-    def _set_calls(self, calls, near=()):
-        self.calls = tuple(calls) + tuple(near)
+    def _set_calls(self, calls, near_part=()):
+        self.calls = tuple(calls) + tuple(near_part)
         longest = max(end - start for start, end, *_ in self.calls)
         self.row_shift = self.slopes[:, None] * torch.arange(longest, device=self.slopes.device)  # (H, rows): m * a
         grouped = [
-            _group(part) if self.batch == 1 else [CallGroup(1, 0, *call) for call in part] for part in (calls, near)
+            _group(part) if self.batch == 1 else [CallGroup(1, 0, *call) for call in part]
+            for part in (calls, near_part)
         ]
         # Diagonal blocks first: together they cover every row of every head once, so they start the running results;
         # then the near calls (`in_key_ranges`): `started` groups are what certified skipping computes first

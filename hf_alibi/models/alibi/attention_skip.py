@@ -253,7 +253,8 @@ def kernel_lse_lower_bound(
     dim: int,
 ) -> torch.Tensor:
     """Theorem 4: LB_i = l^_i - 4 delta_i from a float32 kernel's log-sum-exp `lse` (B, H, q) of each row over at most
-    `keys` of its visible keys (one call's, or several calls' merged) (with the ALiBi bias; padded keys at the dtype's minimum), head dim `dim`.
+    `keys` of its visible keys, one call's or several calls' merged (with the ALiBi bias; padded keys at the dtype's
+    minimum), head dim `dim`.
     `query_norms` (B, H, q) bound the norms of the queries the kernel was given (`upper_norms`), `key_norm_max`
     (B|1, H) those of its keys. Returns float64 (B, H, q)."""
     _check_positive("keys", keys)

@@ -39,6 +39,20 @@ def expanded(plan):
     ]
 
 
+def assert_reads_exactly_the_ranges(plan, first_keys):
+    """Expanded to single calls, `plan`'s groups cover every (row, key) from the row's block's first key
+    (`first_keys` (H, blocks)) to the row exactly once."""
+    offset, q_len, rows = plan.query_offset, plan.q_len, plan.chunks[0]
+    count = torch.zeros(HEADS, q_len, offset + q_len, dtype=torch.int64)
+    for start, end, key_start, key_end, diagonal, head_start, head_end in expanded(plan):
+        block = torch.ones(end - start, key_end - key_start, dtype=torch.int64)
+        count[head_start:head_end, start:end, key_start:key_end] += block.tril() if diagonal else block
+    positions, keys = offset + torch.arange(q_len)[:, None], torch.arange(offset + q_len)[None]  # (q, 1), (1, kv)
+    first = first_keys[:, torch.arange(q_len) // rows]  # (H, q)
+    expected = ((keys <= positions)[None] & (keys[None] >= first[:, :, None])).long()  # (H, q, kv)
+    assert torch.equal(count, expected)
+
+
 def test_shared_windows_keep_more_keys_and_one_reach_per_head():
     starts, blocks = certified_like_starts(get_alibi_slopes(4), 0, 4096, ROWS, 24.0)
     windows = shared_key_windows(starts, blocks)  # (H, blocks)
@@ -68,14 +82,7 @@ def test_grouped_calls_of_windowed_ranges_read_exactly_the_ranges_keys(offset):
     starts, blocks = certified_like_starts(SLOPES, offset, q_len, rows, 8.0)
     windows = shared_key_windows(starts, blocks)
     plan = SplitPlan(SLOPES.double(), offset, q_len, None, (rows,), 1).in_key_ranges(windows)
-    count = torch.zeros(HEADS, q_len, offset + q_len, dtype=torch.int64)
-    for start, end, key_start, key_end, diagonal, head_start, head_end in expanded(plan):
-        block = torch.ones(end - start, key_end - key_start, dtype=torch.int64)
-        count[head_start:head_end, start:end, key_start:key_end] += block.tril() if diagonal else block
-    positions, keys = offset + torch.arange(q_len)[:, None], torch.arange(offset + q_len)[None]  # (q, 1), (1, kv)
-    first = windows[:, torch.arange(q_len) // rows]  # (H, q)
-    expected = ((keys <= positions)[None] & (keys[None] >= first[:, :, None])).long()  # (H, q, kv)
-    assert torch.equal(count, expected)
+    assert_reads_exactly_the_ranges(plan, windows)
 
 
 def test_a_layer_at_8k_on_the_demos_slopes_makes_a_few_calls_not_one_per_head_and_block():
@@ -134,14 +141,7 @@ def test_near_calls_and_the_rest_read_exactly_the_ranges_keys_and_the_near_calls
     widths = torch.tensor(near)[:, None]
     starts = torch.minimum(shared_key_windows(starts, blocks), (blocks[None] - widths).clamp(min=0))
     plan = SplitPlan(SLOPES.double(), offset, q_len, None, (rows,), 1).in_key_ranges(starts, near=near)
-    count = torch.zeros(HEADS, q_len, offset + q_len, dtype=torch.int64)
-    for start, end, key_start, key_end, diagonal, head_start, head_end in expanded(plan):
-        block = torch.ones(end - start, key_end - key_start, dtype=torch.int64)
-        count[head_start:head_end, start:end, key_start:key_end] += block.tril() if diagonal else block
-    positions, keys = offset + torch.arange(q_len)[:, None], torch.arange(offset + q_len)[None]  # (q, 1), (1, kv)
-    first = starts[:, torch.arange(q_len) // rows]  # (H, q)
-    expected = ((keys <= positions)[None] & (keys[None] >= first[:, :, None])).long()  # (H, q, kv)
-    assert torch.equal(count, expected)
+    assert_reads_exactly_the_ranges(plan, starts)
     done = plan.groups[: plan.started]
     near_groups = [group for group in done if not group.diagonal]
     assert near_groups and all(group.diagonal for group in plan.groups[: len(done) - len(near_groups)])
