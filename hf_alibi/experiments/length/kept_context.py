@@ -71,14 +71,12 @@ def capture_queries_keys(model, ids: torch.Tensor, values: bool = False) -> list
     over `ids` (B, L)."""
     captured, handles = [], []
     for block in model.transformer.h:
-        attention = block.attn
 
-        def hook(module, inputs, output, attention=attention):
-            parts = attention.clip_qkv(output).split(attention.embed_dim, dim=2)[: 3 if values else 2]  # (B, L, C)
-            heads = (t.unflatten(2, (attention.num_heads, attention.head_dim)).transpose(1, 2) for t in parts)
-            captured.append(tuple(heads))  # (B, H, L, D) each
+        def hook(attention, args):  # the attention module's own projections of its input (clip_qkv applied)
+            query, key, value = attention.projections(args[0])  # (B, H, L, D) each
+            captured.append((query, key, value) if values else (query, key))
 
-        handles.append(attention.c_attn.register_forward_hook(hook))
+        handles.append(block.attn.register_forward_pre_hook(hook))
     try:
         with torch.no_grad():
             model(ids)

@@ -67,14 +67,23 @@ from .packed_documents import packed_documents  # noqa: F401
 
 logger = logging.get_logger(__name__)
 
-# Inference (no autograd, not traced) over more rows than this runs each block's norm and MLP, which act on each
-# position alone, this many rows at a time, added into the residual stream in place: the same numbers, but the MLP's
-# widest temporaries (4x the width, and the activation's) are this many rows instead of the whole input, so they stay
-# in the heap glibc reuses instead of being mapped and page-faulted afresh at each call. With certified skipping's
-# near keys (`attention_certified.near_widths`), on the demo checkpoint at 256k tokens the forward's working memory
-# went from 1,670 to 1,035 MiB and its time from 16.4 to 12.5 s (`python -m benchmarks.bench_length_scaling`,
-# results/length_scaling/demo.md); a 1.3B-shaped layer's from 115 to 64 KB a token.
-FEED_FORWARD_ROWS = 2048
+# Inference (no autograd, not traced) over more rows than this computes each block's q|k|v projection, norm and MLP,
+# which act on each position alone, this many rows at a time: the same numbers, but the widest temporaries (c_attn's
+# 3x-wide output, the MLP's 4x-wide one and its activation's) are this many rows instead of the whole input, so they
+# stay in the heap glibc reuses instead of being mapped and page-faulted afresh at each call (its mmap threshold tops
+# out at 32 MiB). With certified skipping's near keys (`attention_certified.near_widths`), on the demo checkpoint at
+# 256k tokens the MLP in rows took the forward's working memory from 1,670 to 1,035 MiB and its time from 16.4 to
+# 12.5 s, and q|k|v in rows (c_attn's (L, 3C) output was 48 MiB at 32k) the 32k forward from 1.259 to 1.137 s, the
+# 16k -> 32k doubling from x2.16 to x2.04 (`python -m benchmarks.bench_length_scaling`; BENCHMARKS.md, "Length").
+INFERENCE_ROWS = 2048
+
+
+def rows_at_a_time(hidden_states: torch.Tensor) -> bool:
+    """Whether this forward runs the per-position layers `INFERENCE_ROWS` rows at a time: inference (no autograd),
+    not traced or compiled, over more rows than that."""
+    length = hidden_states.shape[1]  # an int, or a symbol while torch.export traces a dynamic length
+    traced = torch.compiler.is_compiling() or not isinstance(length, int)
+    return not (torch.is_grad_enabled() or traced or length <= INFERENCE_ROWS)  # (no guard on a traced length)
 
 
 class AlibiGPT2Conv1D(Conv1D):
@@ -118,11 +127,7 @@ class AlibiGPT2Attention(nn.Module):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, length, _ = hidden_states.shape
-        # q|k|v of this module's heads: all of them, or a tensor-parallel rank's H' (its c_attn holds [q_r|k_r|v_r])
-        query, key, value = self.clip_qkv(self.c_attn(hidden_states)).chunk(3, dim=2)  # 3 x (B, q, H' D)
-        query, key, value = (
-            t.view(batch, length, -1, self.head_dim).transpose(1, 2) for t in (query, key, value)
-        )  # 3 x (B, H', q, D)
+        query, key, value = self.projections(hidden_states)  # 3 x (B, H', q, D)
         if is_paged_cache(cache):  # continuous batching: every scheduled request's keys, outside compiled graphs
             output, weights = paged_attention(cache, query, key, value, plan, self.scaling, self.layer_idx, self.heads)
         else:
@@ -134,6 +139,24 @@ class AlibiGPT2Attention(nn.Module):
         output = output.reshape(batch, length, -1)  # (B, q, H' D)
         del query, key, value  # c_attn's output is freed before c_proj allocates (unless a cache or autograd keeps it)
         return self.resid_dropout(self.c_proj(output)), weights
+
+    def projections(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of this module's heads, each (B, H', q, D): all heads, or a tensor-parallel rank's H' (its c_attn
+        holds [q_r|k_r|v_r]). Views of c_attn's output; over a long input at inference, three head-major buffers
+        filled `INFERENCE_ROWS` rows at a time (the same numbers)."""
+        batch, length, _ = hidden_states.shape
+        if not rows_at_a_time(hidden_states):
+            qkv = self.clip_qkv(self.c_attn(hidden_states)).chunk(3, dim=2)  # 3 x (B, q, H' D)
+            return tuple(t.view(batch, length, -1, self.head_dim).transpose(1, 2) for t in qkv)  # 3 x (B, H', q, D)
+        buffers = None
+        for start in range(0, length, INFERENCE_ROWS):
+            part = self.clip_qkv(self.c_attn(hidden_states[:, start : start + INFERENCE_ROWS]))  # (B, r, 3 H' D)
+            part = part.view(batch, part.shape[1], 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H', r, D)
+            if start == 0:  # three buffers, not one: each a third of the size, under the mmap threshold longer
+                buffers = tuple(part.new_empty(batch, part.shape[2], length, self.head_dim) for _ in range(3))
+            for buffer, rows in zip(buffers, part):
+                buffer[:, :, start : start + rows.shape[2]] = rows
+        return buffers
 
 
 class AlibiGPT2MLP(nn.Module):
@@ -170,12 +193,10 @@ class AlibiGPT2Block(GradientCheckpointingLayer):
     def forward(self, hidden_states, plan, cache=None, output_attentions=False):
         attn_output, weights = self.attn(self.ln_1(hidden_states), plan, cache, output_attentions)
         hidden_states = hidden_states + attn_output  # (B, q, C): this block's own tensor
-        length = hidden_states.shape[1]  # an int, or a symbol while torch.export traces a dynamic length
-        traced = torch.compiler.is_compiling() or not isinstance(length, int)
-        if torch.is_grad_enabled() or traced or length <= FEED_FORWARD_ROWS:  # (no guard on a traced length)
+        if not rows_at_a_time(hidden_states):
             return hidden_states + self.mlp(self.ln_2(hidden_states)), weights
-        for start in range(0, length, FEED_FORWARD_ROWS):  # inference over a long input: in place, rows at a time
-            rows = hidden_states[:, start : start + FEED_FORWARD_ROWS]  # (B, r, C), a view
+        for start in range(0, hidden_states.shape[1], INFERENCE_ROWS):  # inference, a long input: in place, in rows
+            rows = hidden_states[:, start : start + INFERENCE_ROWS]  # (B, r, C), a view
             rows += self.mlp(self.ln_2(rows))
         return hidden_states, weights
 

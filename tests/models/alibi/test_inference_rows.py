@@ -1,0 +1,97 @@
+"""Inference over long inputs runs each block's q|k|v projection, norm and MLP a block of rows at a time
+(`INFERENCE_ROWS`): q, k and v into three head-major buffers, the MLP added into the residual in place. The same
+numbers as one call over every row, in every hidden state, with padding, `clip_qkv`, a cache and autograd."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from hf_alibi.models.alibi import modeling_alibi_gpt2
+
+
+def _ids_and_mask(model, length=37):
+    ids = torch.randint(0, model.config.vocab_size, (2, length), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # a left-padded row
+    return ids, mask
+
+
+@pytest.mark.parametrize(
+    "backend, overrides",
+    [
+        ("sdpa", {}),
+        ("sdpa", {"gated_mlp": True}),
+        ("sdpa", {"clip_qkv": 0.05}),
+        ("sdpa", {"alibi_skip_eps": 1e-7}),  # certified skipping: the split's calls read the shared buffers
+        ("eager", {}),
+    ],
+    ids=["gelu_mlp", "gated_mlp", "clip_qkv", "skipping", "eager"],
+)
+def test_rows_at_a_time_give_every_hidden_state_and_logit_of_one_call(make_model, monkeypatch, backend, overrides):
+    model = make_model(backend, **overrides)
+    ids, mask = _ids_and_mask(model)
+    with torch.enable_grad():  # autograd on: the whole input at once
+        whole = model(ids, attention_mask=mask, output_hidden_states=True)
+    monkeypatch.setattr(modeling_alibi_gpt2, "INFERENCE_ROWS", 8)  # 37 rows: 5 parts, the last one short
+    with torch.no_grad():
+        parts = model(ids, attention_mask=mask, output_hidden_states=True)
+    for index, (got, want) in enumerate(zip(parts.hidden_states, whole.hidden_states)):
+        torch.testing.assert_close(got, want.detach(), rtol=1e-6, atol=1e-6, msg=f"hidden state {index}")
+    torch.testing.assert_close(parts.logits, whole.logits.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_prefill_in_rows_fills_the_cache_that_decoding_reads(make_model, monkeypatch):
+    model = make_model()
+    ids, mask = _ids_and_mask(model, length=40)
+    prompt, prompt_mask = ids[:, :37], mask[:, :37]
+
+    def prefill_then_decode():
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            first = model(prompt, attention_mask=prompt_mask, cache=cache)
+            logits = [first.logits[:, -1]]
+            for step in range(37, 40):  # three more tokens, one at a time, over the cache
+                out = model(ids[:, step : step + 1], attention_mask=mask[:, : step + 1], cache=cache)
+                logits.append(out.logits[:, -1])
+        return torch.stack(logits, 1), cache
+
+    want, want_cache = prefill_then_decode()  # 37 rows <= INFERENCE_ROWS: one call
+    monkeypatch.setattr(modeling_alibi_gpt2, "INFERENCE_ROWS", 8)
+    got, got_cache = prefill_then_decode()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for layer, (got_layer, want_layer) in enumerate(zip(got_cache.layers, want_cache.layers)):
+        torch.testing.assert_close(got_layer.keys, want_layer.keys, rtol=0, atol=0, msg=f"layer {layer} keys")
+        torch.testing.assert_close(got_layer.values, want_layer.values, rtol=0, atol=0, msg=f"layer {layer} values")
+
+
+def test_projections_in_rows_are_head_major_buffers_equal_to_one_call(make_model, monkeypatch):
+    model = make_model()
+    attention = model.transformer.h[0].attn
+    hidden = torch.randn(2, 21, model.config.n_embd)
+    with torch.no_grad():
+        whole = attention.projections(hidden)  # 21 rows: views of one c_attn call
+        monkeypatch.setattr(modeling_alibi_gpt2, "INFERENCE_ROWS", 4)
+        parts = attention.projections(hidden)
+    for name, got, want in zip("qkv", parts, whole):
+        assert got.shape == (2, model.config.n_head, 21, model.config.n_embd // model.config.n_head), name
+        assert got.is_contiguous(), f"{name}: one contiguous (B, H, L, D) buffer"
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
+
+
+def test_rows_at_a_time_leave_the_blocks_input_untouched(make_model, monkeypatch):
+    monkeypatch.setattr(modeling_alibi_gpt2, "INFERENCE_ROWS", 4)
+    model = make_model()
+    block = model.transformer.h[0]
+    ids = torch.randint(0, model.config.vocab_size, (1, 11))
+    captured = {}
+    handle = block.register_forward_hook(lambda module, args, output: captured.update(args=args, output=output))
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        handle.remove()
+    hidden_in = captured["args"][0]
+    assert hidden_in.data_ptr() != captured["output"][0].data_ptr(), "the block writes into its own tensor"
+    with torch.no_grad():
+        expected = model.transformer.wte(ids)  # the first block's input is the embedding, unchanged by the block
+    torch.testing.assert_close(hidden_in, expected)
