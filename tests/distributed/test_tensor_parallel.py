@@ -75,6 +75,8 @@ def assert_matches_one_process(folder, inputs, ranks, backends=BACKENDS, source=
             got = result[backend]
             error = max_difference(got["padded"][real], expected["padded"][real])
             assert error < ATOL, f"{backend}, rank {rank}: padded logits differ by {error:.2e}"
+            error = max_difference(got["padded_in_rows"][real], expected["padded"][real])
+            assert error < ATOL, f"{backend}, rank {rank}: padded logits, 4 rows at a time, differ by {error:.2e}"
             error = max_difference(got["packed"], expected["packed"])
             assert error < ATOL, f"{backend}, rank {rank}: packed-row logits differ by {error:.2e}"
             assert torch.equal(got["generated"], expected["generated"]), f"{backend}, rank {rank}: other tokens"
