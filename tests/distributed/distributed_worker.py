@@ -34,7 +34,8 @@ def attention_heads(model) -> list:
 
 def in_rows(model, *args, **kwargs):
     """`model(*args, **kwargs)` with inference's row-wise layers 4 rows at a time (`INFERENCE_ROWS`): a rank's q, k
-    and v heads from its c_attn columns, written into its head-major buffers a few rows at a time."""
+    and v heads from its c_attn columns, written into head-major buffers its layers share (no cache) a few rows at a
+    time."""
     from hf_alibi.models.alibi import modeling_alibi_gpt2
 
     rows, modeling_alibi_gpt2.INFERENCE_ROWS = modeling_alibi_gpt2.INFERENCE_ROWS, 4
@@ -61,7 +62,7 @@ def tensor_parallel(args) -> dict:
         with torch.no_grad():
             out["padded"] = model(inputs["ids"], attention_mask=inputs["mask"]).logits
             out["packed"] = model(inputs["packed"], position_ids=inputs["positions"]).logits
-            out["padded_in_rows"] = in_rows(model, inputs["ids"], attention_mask=inputs["mask"]).logits
+            out["padded_in_rows"] = in_rows(model, inputs["ids"], attention_mask=inputs["mask"], use_cache=False).logits
             out["generated"] = model.generate(
                 inputs["ids"],
                 attention_mask=inputs["mask"],

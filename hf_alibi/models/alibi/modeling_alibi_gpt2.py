@@ -86,6 +86,26 @@ def rows_at_a_time(hidden_states: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() or traced or length <= INFERENCE_ROWS)  # (no guard on a traced length)
 
 
+class ProjectionBuffers:
+    """The q, k and v buffers one forward's layers share when they compute them rows at a time and no cache keeps
+    them: each layer overwrites the last one's instead of allocating three more. From 32 MiB on, a fresh tensor is
+    mapped from the system and page-faulted as it is written (8.2 ms per 32 MiB here, 1.4 ms to rewrite one): at 64k
+    tokens of the demo's width each of q, k and v is 32 MiB, and sharing them took a forward's faulted bytes from
+    about 1 GB to 0.75 GB (BENCHMARKS.md, "Length"). Nothing else holds them: hooks see c_attn's rows, the attention
+    module's input and output, never these."""
+
+    def __init__(self):
+        self.buffers: tuple[torch.Tensor, ...] = ()
+
+    def take(self, like: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+        """Three uninitialised tensors of `shape` with `like`'s dtype and device: the last ones where they match."""
+        old = self.buffers[0] if self.buffers else None  # (layers may sit on different devices: device_map)
+        if old is None or (old.shape, old.dtype, old.device) != (shape, like.dtype, like.device):
+            self.buffers = ()  # the old ones freed before the new ones are allocated
+            self.buffers = tuple(like.new_empty(shape) for _ in range(3))
+        return self.buffers
+
+
 class AlibiGPT2Conv1D(Conv1D):
     """transformers' `Conv1D` (GPT-2's `(in, out)` weight layout) whose bias may be absent (`bias=False`, MPT)."""
 
@@ -125,9 +145,10 @@ class AlibiGPT2Attention(nn.Module):
         plan: AlibiAttentionPlan,
         cache: Cache | None = None,
         output_attentions: bool = False,
+        buffers: ProjectionBuffers | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, length, _ = hidden_states.shape
-        query, key, value = self.projections(hidden_states)  # 3 x (B, H', q, D)
+        query, key, value = self.projections(hidden_states, buffers if cache is None else None)  # 3 x (B, H', q, D)
         if is_paged_cache(cache):  # continuous batching: every scheduled request's keys, outside compiled graphs
             output, weights = paged_attention(cache, query, key, value, plan, self.scaling, self.layer_idx, self.heads)
         else:
@@ -140,23 +161,26 @@ class AlibiGPT2Attention(nn.Module):
         del query, key, value  # c_attn's output is freed before c_proj allocates (unless a cache or autograd keeps it)
         return self.resid_dropout(self.c_proj(output)), weights
 
-    def projections(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def projections(
+        self, hidden_states: torch.Tensor, buffers: ProjectionBuffers | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v of this module's heads, each (B, H', q, D): all heads, or a tensor-parallel rank's H' (its c_attn
         holds [q_r|k_r|v_r]). Views of c_attn's output; over a long input at inference, three head-major buffers
-        filled `INFERENCE_ROWS` rows at a time (the same numbers)."""
+        filled `INFERENCE_ROWS` rows at a time (the same numbers): `buffers`' when given (nothing keeps them past this
+        layer's attention), else new ones."""
         batch, length, _ = hidden_states.shape
         if not rows_at_a_time(hidden_states):
             qkv = self.clip_qkv(self.c_attn(hidden_states)).chunk(3, dim=2)  # 3 x (B, q, H' D)
             return tuple(t.view(batch, length, -1, self.head_dim).transpose(1, 2) for t in qkv)  # 3 x (B, H', q, D)
-        buffers = None
         for start in range(0, length, INFERENCE_ROWS):
             part = self.clip_qkv(self.c_attn(hidden_states[:, start : start + INFERENCE_ROWS]))  # (B, r, 3 H' D)
             part = part.view(batch, part.shape[1], 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H', r, D)
             if start == 0:  # three buffers, not one: each a third of the size, under the mmap threshold longer
-                buffers = tuple(part.new_empty(batch, part.shape[2], length, self.head_dim) for _ in range(3))
-            for buffer, rows in zip(buffers, part):
+                shape = (batch, part.shape[2], length, self.head_dim)
+                heads = buffers.take(part, shape) if buffers is not None else [part.new_empty(shape) for _ in "qkv"]
+            for buffer, rows in zip(heads, part):
                 buffer[:, :, start : start + rows.shape[2]] = rows
-        return buffers
+        return tuple(heads)
 
 
 class AlibiGPT2MLP(nn.Module):
@@ -190,8 +214,8 @@ class AlibiGPT2Block(GradientCheckpointingLayer):
         self.ln_2 = norm_layer(config)
         self.mlp = AlibiGPT2MLP(inner_dim, config)
 
-    def forward(self, hidden_states, plan, cache=None, output_attentions=False):
-        attn_output, weights = self.attn(self.ln_1(hidden_states), plan, cache, output_attentions)
+    def forward(self, hidden_states, plan, cache=None, output_attentions=False, buffers=None):
+        attn_output, weights = self.attn(self.ln_1(hidden_states), plan, cache, output_attentions, buffers)
         hidden_states = hidden_states + attn_output  # (B, q, C): this block's own tensor
         if not rows_at_a_time(hidden_states):
             return hidden_states + self.mlp(self.ln_2(hidden_states)), weights
@@ -327,8 +351,9 @@ class AlibiGPT2Model(AlibiGPT2PreTrainedModel):
         hidden_states = self.drop(inputs_embeds)
         # A checkpointed block runs twice (forward, then the backward replay): a cache would get its keys twice.
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        buffers = ProjectionBuffers()  # q, k, v over a long input at inference, shared by the layers (no cache)
         for block in self.h:
-            hidden_states, _ = block(hidden_states, plan, None if checkpointing else cache, output_attentions)
+            hidden_states, _ = block(hidden_states, plan, None if checkpointing else cache, output_attentions, buffers)
         hidden_states = self.ln_f(hidden_states)
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, **with_cache(cache if use_cache else None))
 

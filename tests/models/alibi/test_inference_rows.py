@@ -34,7 +34,7 @@ def test_rows_at_a_time_give_every_hidden_state_and_logit_of_one_call(make_model
         whole = model(ids, attention_mask=mask, output_hidden_states=True)
     monkeypatch.setattr(modeling_alibi_gpt2, "INFERENCE_ROWS", 8)  # 37 rows: 5 parts, the last one short
     with torch.no_grad():
-        parts = model(ids, attention_mask=mask, output_hidden_states=True)
+        parts = model(ids, attention_mask=mask, output_hidden_states=True, use_cache=False)  # layers share q, k, v
     for index, (got, want) in enumerate(zip(parts.hidden_states, whole.hidden_states)):
         torch.testing.assert_close(got, want.detach(), rtol=1e-6, atol=1e-6, msg=f"hidden state {index}")
     torch.testing.assert_close(parts.logits, whole.logits.detach(), rtol=1e-6, atol=1e-6)
@@ -95,3 +95,28 @@ def test_rows_at_a_time_leave_the_blocks_input_untouched(make_model, monkeypatch
     with torch.no_grad():
         expected = model.transformer.wte(ids)  # the first block's input is the embedding, unchanged by the block
     torch.testing.assert_close(hidden_in, expected)
+
+
+def test_layers_share_one_set_of_projection_buffers_unless_a_cache_keeps_the_keys(make_model, monkeypatch):
+    monkeypatch.setattr(modeling_alibi_gpt2, "INFERENCE_ROWS", 8)
+    model = make_model()
+    ids, mask = _ids_and_mask(model)
+    taken = []
+    take = modeling_alibi_gpt2.ProjectionBuffers.take
+
+    def spy(self, like, shape):
+        buffers = take(self, like, shape)
+        taken.append(tuple(buffer.data_ptr() for buffer in buffers))
+        return buffers
+
+    monkeypatch.setattr(modeling_alibi_gpt2.ProjectionBuffers, "take", spy)
+    with torch.no_grad():
+        shared = model(ids, attention_mask=mask, use_cache=False).logits
+    assert len(taken) == model.config.n_layer >= 2 and len(set(taken)) == 1, "every layer writes the same three"
+    taken.clear()
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        cached = model(ids, attention_mask=mask, cache=cache).logits
+    assert taken == [], "a cache keeps each layer's keys and values: new buffers per layer"
+    assert len({layer.keys.data_ptr() for layer in cache.layers}) == model.config.n_layer
+    torch.testing.assert_close(shared, cached, rtol=0, atol=0)
