@@ -158,7 +158,7 @@ class AlibiGPT2Attention(nn.Module):
                 query, key, value, plan, self.scaling, output_attentions, heads=self.heads, layer=self.layer_idx
             )  # (B, q, H', D)
         output = output.reshape(batch, length, -1)  # (B, q, H' D)
-        del query, key, value  # c_attn's output is freed before c_proj allocates (unless a cache or autograd keeps it)
+        del query, key, value  # freed before c_proj allocates, unless a cache, autograd or the shared buffers keep them
         return self.resid_dropout(self.c_proj(output)), weights
 
     def projections(
