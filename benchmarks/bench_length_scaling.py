@@ -16,10 +16,13 @@ Real held-out text of L tokens in the checkpoint's tokenizer (`measure_kept_frac
 - working memory: the growth of the resident set's high-water mark over the state just before one forward
   (`measure.peak_memory`), in a process whose allocator returns every block of 64 KiB or more to the system when it is
   freed (`LIVE_ALLOCATOR`), so that the figure is the live tensors' peak, not what glibc's heap kept from before;
-- time: the min of `--repeats` forwards per timed process, over its `--rounds` processes (and the same growth under
-  the default allocator, for reference); then a prefill of L tokens into the `DynamicCache` `generate()` uses
-  (untimed) and `--decode-steps` greedy steps, one token each, timed one by one (min and median over all rounds): one
-  token at L of context;
+- time: the min of `--repeats` forwards per timed process, over its `--rounds` processes, and the median over the
+  processes of each one's min (the host's speed drifts: on the machine behind BENCHMARKS.md a round's times moved by
+  5-8% against the next, so the min of all rounds can catch a fast spell at one length and not at the next, and
+  move a doubling's ratio by ~0.1; the median is robust to a spell either way); the working memory under the default
+  allocator too, for reference; then a prefill of L tokens into the `DynamicCache` `generate()` uses (untimed) and
+  `--decode-steps` greedy steps, one token each, timed one by one (min and median over all rounds): one token at L of
+  context;
 - `--profile`: `--repeats` more forwards per timed process, profiled: each operator's self CPU seconds per forward,
   its least over the rounds.
 Each doubling's ratio is reported beside the figures: linear is 2.0.
@@ -228,10 +231,17 @@ def memory_limits(cells, shaped, config, budget) -> dict:
     return limits
 
 
+def round_minima(cell: dict, repeats: int) -> list[float]:
+    """Each timed process's least forward: `forward_s` holds the rounds' `repeats` forwards one round after another."""
+    seconds = cell["forward_s"]
+    return [min(seconds[start : start + repeats]) for start in range(0, len(seconds), repeats)]
+
+
 def markdown(report: dict) -> str:
     cells = report["cells"]
     ratio = lambda r: "" if r is None else f" (x{r:.2f})"  # noqa: E731
     forward = doubling(cells, lambda c: min(c["forward_s"]))
+    typical = doubling(cells, lambda c: statistics.median(round_minima(c, report["repeats"])))
     memory = doubling(cells, lambda c: c["forward_bytes"])
     decode = doubling(cells, lambda c: min(c["decode_s"]))
     lines = [
@@ -241,13 +251,15 @@ def markdown(report: dict) -> str:
         f"{cells[0]['threads']} threads, min over {cells[0]['rounds']} fresh process(es) per length x "
         f"{report['repeats']} forwards; command: `{report['command']}`.",
         "",
-        "| tokens | forward, min (s) | forward working memory (MiB) | the same, default allocator (MiB) |"
-        " one decoding step, min (s) | decoding step, median (s) |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| tokens | forward, min (s) | forward, median of the processes' mins (s) | forward working memory (MiB) |"
+        " the same, default allocator (MiB) | one decoding step, min (s) | decoding step, median (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for c, f, m, d in zip(cells, forward, memory, decode):
+    for c, f, t, m, d in zip(cells, forward, typical, memory, decode):
+        median = statistics.median(round_minima(c, report["repeats"]))
         lines.append(
-            f"| {c['length']:,} | {min(c['forward_s']):.3f}{ratio(f)} | {c['forward_bytes'] / 2**20:,.0f}{ratio(m)} "
+            f"| {c['length']:,} | {min(c['forward_s']):.3f}{ratio(f)} | {median:.3f}{ratio(t)} "
+            f"| {c['forward_bytes'] / 2**20:,.0f}{ratio(m)} "
             f"| {c['forward_bytes_default_allocator'] / 2**20:,.0f} | {min(c['decode_s']):.4f}{ratio(d)} "
             f"| {statistics.median(c['decode_s']):.4f} |"
         )

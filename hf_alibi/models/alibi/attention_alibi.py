@@ -184,6 +184,7 @@ def alibi_attention(
     layer: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """ALiBi attention for `query` (B, H, q, D) over `key`/`value` (B, H, kv, D). Returns ((B, q, H, D), weights).
+    The output is a tensor of the call's own, never a view of its inputs: a layer may overwrite it.
 
     `heads` names the global heads this call's query holds (a tensor-parallel rank's slice), None for all of them.
     `layer` names the layer (certified decoding keeps a key-norm summary per layer of a cache).

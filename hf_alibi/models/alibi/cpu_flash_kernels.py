@@ -181,12 +181,12 @@ class _SplitAttention(torch.autograd.Function):
             return output
         # Running (output, log-sum-exp) of each row over the calls so far, in fp32 (fp64 for fp64 inputs); the
         # diagonal groups come first and cover every row once, so they write these, and the others merge into them
-        groups = plan.groups
-        if diagonals is None:
-            output = _like_kernel_output(query, plan.dtype)  # (B, H, q, D)
-            lse = torch.empty(query.shape[:3], dtype=plan.dtype, device=query.device)  # (B, H, q)
+        if diagonals is None:  # the diagonal groups (the plan's first): one strided call's own output, if it can be
+            diagonals = attend_diagonals(plan, query, key, value, scaling)  # (B, H, q, D), (B, H, q)
+            started = sum(group.diagonal for group in plan.groups)
         else:  # the plan's `started` groups' results (its diagonals and near calls), already computed: merged into
-            (output, lse), groups = diagonals, groups[plan.started :]
+            started = plan.started
+        (output, lse), groups = diagonals, plan.groups[started:]
         attend(plan, groups, query, key, value, scaling, output, lse)
         output = output.to(query.dtype)
         ctx.save_for_backward(query, key, value, output, lse)

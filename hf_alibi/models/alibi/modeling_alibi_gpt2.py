@@ -67,14 +67,15 @@ from .packed_documents import packed_documents  # noqa: F401
 
 logger = logging.get_logger(__name__)
 
-# Inference (no autograd, not traced) over more rows than this computes each block's q|k|v projection, norm and MLP,
-# which act on each position alone, this many rows at a time: the same numbers, but the widest temporaries (c_attn's
-# 3x-wide output, the MLP's 4x-wide one and its activation's) are this many rows instead of the whole input, so they
-# stay in the heap glibc reuses instead of being mapped and page-faulted afresh at each call (its mmap threshold tops
-# out at 32 MiB). With certified skipping's near keys (`attention_certified.near_widths`), on the demo checkpoint at
-# 256k tokens the MLP in rows took the forward's working memory from 1,670 to 1,035 MiB and its time from 16.4 to
-# 12.5 s, and q|k|v in rows (c_attn's (L, 3C) output was 48 MiB at 32k) the 32k forward from 1.259 to 1.137 s, the
-# 16k -> 32k doubling from x2.16 to x2.04 (`python -m benchmarks.bench_length_scaling`; BENCHMARKS.md, "Length").
+# Inference (no autograd, not traced) over more rows than this computes each block's q|k|v and output projections,
+# norm and MLP, which act on each position alone, this many rows at a time: the same numbers, but the widest
+# temporaries (c_attn's 3x-wide output, the MLP's 4x-wide one and its activation's) are this many rows instead of the
+# whole input, so they stay in the heap glibc reuses instead of being mapped and page-faulted afresh at each call (its
+# mmap threshold tops out at 32 MiB), and c_proj writes back into the attention's output instead of a tensor of its
+# own. With certified skipping's near keys (`attention_certified.near_widths`), on the demo checkpoint at 256k tokens
+# the MLP in rows took the forward's working memory from 1,670 to 1,035 MiB and its time from 16.4 to 12.5 s, and
+# q|k|v in rows (c_attn's (L, 3C) output was 48 MiB at 32k) the 32k forward from 1.259 to 1.137 s, the 16k -> 32k
+# doubling from x2.16 to x2.04 (`python -m benchmarks.bench_length_scaling`; BENCHMARKS.md, "Length").
 INFERENCE_ROWS = 2048
 
 
@@ -98,12 +99,23 @@ class ProjectionBuffers:
         self.buffers: tuple[torch.Tensor, ...] = ()
 
     def take(self, like: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
-        """Three uninitialised tensors of `shape` with `like`'s dtype and device: the last ones where they match."""
-        old = self.buffers[0] if self.buffers else None  # (layers may sit on different devices: device_map)
+        """`projection_buffers(like, shape)`: the last ones where shape, dtype and device match."""
+        old = self.buffers[-1] if self.buffers else None  # (layers may sit on different devices: device_map)
         if old is None or (old.shape, old.dtype, old.device) != (shape, like.dtype, like.device):
             self.buffers = ()  # the old ones freed before the new ones are allocated
-            self.buffers = tuple(like.new_empty(shape) for _ in range(3))
+            self.buffers = projection_buffers(like, shape)
         return self.buffers
+
+
+def projection_buffers(like: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Uninitialised q, k and v of `shape` (B, H', L, D), with `like`'s dtype and device. k and v are head-major (each
+    head's keys contiguous, what the attention calls read by head and a cache keeps); q is laid out (B, L, H', D),
+    because the attention kernels lay their output out as their query: a head-major query made the certified split
+    copy its diagonal calls' output into a new (B, L, H' D) tensor, 32 MiB at 64k tokens, while this one is the
+    output's (B, L, H' D) view itself (`cpu_flash_kernels.attend_diagonals`), which c_proj then overwrites."""
+    batch, heads, length, dim = shape
+    query = like.new_empty(batch, length, heads, dim).transpose(1, 2)  # (B, H', L, D) seen, (B, L, H', D) in memory
+    return query, like.new_empty(shape), like.new_empty(shape)
 
 
 class AlibiGPT2Conv1D(Conv1D):
@@ -159,15 +171,32 @@ class AlibiGPT2Attention(nn.Module):
             )  # (B, q, H', D)
         output = output.reshape(batch, length, -1)  # (B, q, H' D)
         del query, key, value  # freed before c_proj allocates, unless a cache, autograd or the shared buffers keep them
-        return self.resid_dropout(self.c_proj(output)), weights
+        return self.output_projection(output), weights
+
+    def output_projection(self, output: torch.Tensor) -> torch.Tensor:
+        """c_proj (and its dropout) of the heads' output (B, q, H' D). Over a long input at inference, `INFERENCE_ROWS`
+        rows at a time, written back into `output` itself: a tensor of this call's own (every attention route returns
+        a new one), which becomes the module's output instead of one more tensor as large (the same numbers). A
+        tensor-parallel rank's narrower H' D, or autocast's other dtype, gets a new tensor, still filled in rows."""
+        if not rows_at_a_time(output):
+            return self.resid_dropout(self.c_proj(output))  # (B, q, C)
+        batch, length, _ = output.shape
+        projected = None
+        for start in range(0, length, INFERENCE_ROWS):
+            part = self.resid_dropout(self.c_proj(output[:, start : start + INFERENCE_ROWS]))  # (B, r, C)
+            if projected is None:
+                same = part.shape[-1] == output.shape[-1] and part.dtype == output.dtype
+                projected = output if same else part.new_empty(batch, length, part.shape[-1])  # (B, q, C)
+            projected[:, start : start + part.shape[1]] = part  # rows this call has read already
+        return projected
 
     def projections(
         self, hidden_states: torch.Tensor, buffers: ProjectionBuffers | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v of this module's heads, each (B, H', q, D): all heads, or a tensor-parallel rank's H' (its c_attn
-        holds [q_r|k_r|v_r]). Views of c_attn's output; over a long input at inference, three head-major buffers
-        filled `INFERENCE_ROWS` rows at a time (the same numbers): `buffers`' when given (nothing keeps them past this
-        layer's attention), else new ones."""
+        holds [q_r|k_r|v_r]). Views of c_attn's output; over a long input at inference, three buffers
+        (`projection_buffers`) filled `INFERENCE_ROWS` rows at a time (the same numbers): `buffers`' when given
+        (nothing keeps them past this layer's attention), else new ones."""
         batch, length, _ = hidden_states.shape
         if not rows_at_a_time(hidden_states):
             qkv = self.clip_qkv(self.c_attn(hidden_states)).chunk(3, dim=2)  # 3 x (B, q, H' D)
@@ -177,7 +206,7 @@ class AlibiGPT2Attention(nn.Module):
             part = part.view(batch, part.shape[1], 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H', r, D)
             if start == 0:  # three buffers, not one: each a third of the size, under the mmap threshold longer
                 shape = (batch, part.shape[2], length, self.head_dim)
-                heads = buffers.take(part, shape) if buffers is not None else [part.new_empty(shape) for _ in "qkv"]
+                heads = buffers.take(part, shape) if buffers is not None else projection_buffers(part, shape)
             for buffer, rows in zip(heads, part):
                 buffer[:, :, start : start + rows.shape[2]] = rows
         return tuple(heads)

@@ -1,9 +1,11 @@
-"""Inference over long inputs runs each block's q|k|v projection, norm and MLP a block of rows at a time
-(`INFERENCE_ROWS`): q, k and v into three head-major buffers, the MLP added into the residual in place. The same
-numbers as one call over every row, in every hidden state, with padding, `clip_qkv`, a cache and autograd."""
+"""Inference over long inputs runs each block's q|k|v and output projections, norm and MLP a block of rows at a time
+(`INFERENCE_ROWS`): q, k and v into three buffers, c_proj back into the attention's output, the MLP added into the
+residual in place. The same numbers as one call over every row, in every hidden state, with padding, `clip_qkv`, a
+cache and autograd."""
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
 from hf_alibi.models.alibi import modeling_alibi_gpt2
@@ -64,7 +66,7 @@ def test_a_prefill_in_rows_fills_the_cache_that_decoding_reads(make_model, monke
         torch.testing.assert_close(got_layer.values, want_layer.values, rtol=0, atol=0, msg=f"layer {layer} values")
 
 
-def test_projections_in_rows_are_head_major_buffers_equal_to_one_call(make_model, monkeypatch):
+def test_projections_in_rows_are_buffers_laid_out_for_the_kernels_equal_to_one_call(make_model, monkeypatch):
     model = make_model()
     attention = model.transformer.h[0].attn
     hidden = torch.randn(2, 21, model.config.n_embd)
@@ -74,7 +76,8 @@ def test_projections_in_rows_are_head_major_buffers_equal_to_one_call(make_model
         parts = attention.projections(hidden)
     for name, got, want in zip("qkv", parts, whole):
         assert got.shape == (2, model.config.n_head, 21, model.config.n_embd // model.config.n_head), name
-        assert got.is_contiguous(), f"{name}: one contiguous (B, H, L, D) buffer"
+        layout = got if name != "q" else got.transpose(1, 2)  # q: (B, L, H, D) in memory, as the output will be
+        assert layout.is_contiguous(), f"{name}: one contiguous buffer"
         torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
 
 
@@ -120,3 +123,58 @@ def test_layers_share_one_set_of_projection_buffers_unless_a_cache_keeps_the_key
     assert taken == [], "a cache keeps each layer's keys and values: new buffers per layer"
     assert len({layer.keys.data_ptr() for layer in cache.layers}) == model.config.n_layer
     torch.testing.assert_close(shared, cached, rtol=0, atol=0)
+
+
+def test_output_projection_in_rows_overwrites_the_heads_output_with_one_calls_numbers(make_model, monkeypatch):
+    model = make_model()
+    attention = model.transformer.h[0].attn
+    heads = torch.randn(2, 21, model.config.n_embd)  # (B, q, H D): what the attention routes return, reshaped
+    with torch.no_grad():
+        whole = attention.output_projection(heads.clone())  # 21 rows: one c_proj call
+        monkeypatch.setattr(modeling_alibi_gpt2, "INFERENCE_ROWS", 4)
+        scratch = heads.clone()
+        parts = attention.output_projection(scratch)
+        assert parts.data_ptr() == scratch.data_ptr(), "the heads' output becomes the module's output"
+        torch.testing.assert_close(parts, whole, rtol=1e-6, atol=1e-6)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # c_proj's bf16 rows: a new tensor of autocast's dtype
+            scratch = heads.clone()
+            cast = attention.output_projection(scratch)
+            monkeypatch.setattr(modeling_alibi_gpt2, "INFERENCE_ROWS", 2048)
+            cast_whole = attention.output_projection(heads.clone())
+    assert cast.dtype == cast_whole.dtype == torch.bfloat16
+    torch.testing.assert_close(scratch, heads, rtol=0, atol=0, msg="the fp32 heads' output is left as it was")
+    torch.testing.assert_close(cast, cast_whole, rtol=0, atol=0)
+
+
+class _NewStorages(TorchDispatchMode):
+    """Records the size of every new storage an op returns (not one of its inputs', not a view)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = [*args, *(kwargs or {}).values()]
+        held = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in held:
+                self.sizes.append(tensor.untyped_storage().nbytes())
+        return out
+
+
+@pytest.mark.parametrize("overrides", [{}, {"alibi_skip_eps": 1e-7}], ids=["dense_split", "certified_split"])
+def test_an_inference_forward_in_rows_allocates_three_full_width_tensors_a_layer(make_model, monkeypatch, overrides):
+    # From 32 MiB on, glibc maps each new tensor afresh and page-faults it as it is written (every (L, C) fp32 tensor of
+    # the demo's width at 64k tokens): a layer allocates only what hooks see, its norm's output, its attention module's
+    # output (the attention's own, c_proj written back into it) and its block's; q, k and v are shared by the layers.
+    monkeypatch.setattr(modeling_alibi_gpt2, "INFERENCE_ROWS", 128)
+    model = make_model(**overrides)
+    ids = torch.randint(3, 256, (1, 1024))  # batch 1, whole 256-row blocks: the split's diagonals in one call
+    spy = _NewStorages()
+    with torch.no_grad(), spy:
+        model(ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
+    full_width = ids.shape[1] * model.config.n_embd * 4  # (L, C) fp32 bytes; q, k and v are each that too
+    embedding, shared_qkv, final_norm = 1, 3, 1
+    expected = embedding + shared_qkv + 3 * model.config.n_layer + final_norm
+    assert spy.sizes.count(full_width) == expected
