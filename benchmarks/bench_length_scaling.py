@@ -241,7 +241,8 @@ def markdown(report: dict) -> str:
     cells = report["cells"]
     ratio = lambda r: "" if r is None else f" (x{r:.2f})"  # noqa: E731
     forward = doubling(cells, lambda c: min(c["forward_s"]))
-    typical = doubling(cells, lambda c: statistics.median(round_minima(c, report["repeats"])))
+    median = lambda c: statistics.median(round_minima(c, report["repeats"]))  # noqa: E731
+    typical = doubling(cells, median)
     memory = doubling(cells, lambda c: c["forward_bytes"])
     decode = doubling(cells, lambda c: min(c["decode_s"]))
     lines = [
@@ -256,9 +257,8 @@ def markdown(report: dict) -> str:
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c, f, t, m, d in zip(cells, forward, typical, memory, decode):
-        median = statistics.median(round_minima(c, report["repeats"]))
         lines.append(
-            f"| {c['length']:,} | {min(c['forward_s']):.3f}{ratio(f)} | {median:.3f}{ratio(t)} "
+            f"| {c['length']:,} | {min(c['forward_s']):.3f}{ratio(f)} | {median(c):.3f}{ratio(t)} "
             f"| {c['forward_bytes'] / 2**20:,.0f}{ratio(m)} "
             f"| {c['forward_bytes_default_allocator'] / 2**20:,.0f} | {min(c['decode_s']):.4f}{ratio(d)} "
             f"| {statistics.median(c['decode_s']):.4f} |"

@@ -19,23 +19,14 @@ import sys
 import torch
 
 from benchmarks.bench_length_scaling import write_report
-
-
-def kept_share(first_key: torch.Tensor, rows: int, length: int) -> torch.Tensor:
-    """(H,) share of causal key work kept: row i of block b reads keys first_key[h, b] .. i, of the i + 1 causal."""
-    blocks = first_key.shape[1]
-    first_row = torch.arange(blocks) * rows  # (R,)
-    count = (torch.clamp(first_row + rows, max=length) - first_row).double()  # (R,) rows in each block
-    back = (first_row[None] - first_key).double()  # (H, R) keys left of each block's first row
-    kept = (count[None] * back + count * (count + 1) / 2).sum(-1)  # (H,)
-    return kept / (length * (length + 1) / 2)
+from benchmarks.skip_research import kept_fraction, recorded_key_ranges
 
 
 def layer_windows(first_key: torch.Tensor, rows: int, length: int, settled: int) -> list[dict]:
     """Per head: mean and largest keys read back over the settled blocks, and the kept share."""
     first_row = torch.arange(first_key.shape[1]) * rows
     back = (first_row[None] - first_key)[:, first_row >= settled].double()  # (H, settled blocks)
-    share = kept_share(first_key, rows, length)
+    share = kept_fraction(first_key, length, rows)  # (H,) kept keys / causal keys
     return [
         {"mean_back": float(b.mean()) if b.numel() else 0.0, "max_back": int(b.max()) if b.numel() else 0, "kept": s}
         for b, s in zip(back, share.tolist())
@@ -48,32 +39,19 @@ def measure(checkpoint: str, lengths: list[int], settled: int) -> tuple[list[dic
 
     import hf_alibi  # noqa: F401  (registers the model)
     from benchmarks.measure_kept_fraction import heldout_stream
-    from hf_alibi.models.alibi import attention_certified
     from hf_alibi.models.alibi.alibi_bias import slopes_from_config
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    ranges, certified_split = [], attention_certified.certified_split
-
-    def recording(*args, **kwargs):
-        output, key_ranges = certified_split(*args, **kwargs)
-        ranges.append(key_ranges)
-        return output, key_ranges
-
     cells = []
-    attention_certified.certified_split = recording  # this process's module only: read, never changed
-    try:
-        for length in lengths:
-            ranges.clear()
-            ids = heldout_stream(tokenizer, length)
-            with torch.no_grad():
-                model(ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
-            if not ranges:
-                raise SystemExit(f"length {length}: the forward took no certified split (dense by default there)")
-            heads = [layer_windows(r.first_key.cpu(), r.rows, length, settled) for r in ranges]
-            cells.append({"length": length, "rows": ranges[0].rows, "layers": heads})
-    finally:
-        attention_certified.certified_split = certified_split
+    for length in lengths:
+        ids = heldout_stream(tokenizer, length)
+        with recorded_key_ranges() as ranges, torch.no_grad():
+            model(ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
+        if not ranges:
+            raise SystemExit(f"length {length}: the forward took no certified split (dense by default there)")
+        heads = [layer_windows(r.first_key.cpu(), r.rows, length, settled) for r in ranges]
+        cells.append({"length": length, "rows": ranges[0].rows, "layers": heads})
     return cells, slopes_from_config(model.config).tolist()
 
 
@@ -94,8 +72,8 @@ def markdown(cells: list[dict], command: str, slopes: list[float] | None = None)
             for head, figures in enumerate(heads):
                 work = figures["kept"] * length**2
                 before = previous.get((layer, head))
-                growth = f"x{work / before[1]:.3f}" if before and before[1] else "-"
-                previous[(layer, head)] = (length, work)
+                growth = f"x{work / before:.3f}" if before else "-"
+                previous[(layer, head)] = work
                 name = f"{head} (1/{1 / slopes[head]:g})" if slopes else str(head)
                 lines.append(
                     f"| {length:,} | {layer} | {name} | {figures['mean_back']:,.0f} | {figures['max_back']:,} "

@@ -8,12 +8,14 @@ bounds `hf_alibi/models/alibi/attention_skip.py` ships (its module docstring has
 - Theorem 2 over the `near` nearest keys (`near_key_lse`; production uses the diagonal logit, near = 1: on the demo
   checkpoint at 8k, 32 near keys certified 0.352 of causal work against 0.381, but their float64 products cost more
   than they save);
-- `kept_fraction`, the measurement `measure_kept_fraction`, `compare_lse_bounds` and `bench_skip` report.
+- `kept_fraction`, the measurement `measure_kept_fraction`, `compare_lse_bounds` and `bench_skip` report, and
+  `recorded_key_ranges`, the key ranges a real forward's certified splits read.
 
 `certified_key_starts` and `certified_decode_start` here take the research options and fall back to the shipped
 functions when they are off, so a test can compare the two on the same inputs.
 """
 
+import contextlib
 import math
 
 import torch
@@ -196,3 +198,23 @@ def certified_decode_start(
         return torch.zeros(query.shape[:2], dtype=torch.long, device=query.device)
     blocks = (n, block_norms, centres, radii)
     return _kept_start(query, lse_lower, query_offset, slopes, scaling, block, eps, *blocks)[..., 0]  # (B, H)
+
+
+@contextlib.contextmanager
+def recorded_key_ranges():
+    """Within it, every `attention_certified.certified_split` the model runs appends its `KeyRanges` (the keys each
+    head and block of rows really reads) to the yielded list; the module's function is put back on exit."""
+    from hf_alibi.models.alibi import attention_certified
+
+    ranges, certified_split = [], attention_certified.certified_split
+
+    def recording(*args, **kwargs):
+        output, key_ranges = certified_split(*args, **kwargs)
+        ranges.append(key_ranges)
+        return output, key_ranges
+
+    attention_certified.certified_split = recording
+    try:
+        yield ranges
+    finally:
+        attention_certified.certified_split = certified_split

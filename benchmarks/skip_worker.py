@@ -62,24 +62,12 @@ def kept_fractions(model, ids, eps: float) -> list[float]:
     (untimed) forward through `certified_split`."""
     import torch
 
-    import hf_alibi.models.alibi.attention_certified as attention
-    from benchmarks.skip_research import kept_fraction
+    from benchmarks.skip_research import kept_fraction, recorded_key_ranges
     from hf_alibi.experiments.length.kept_context import bidirectional_kept_fraction
 
-    used, certified_split = [], attention.certified_split
-
-    def recording(*args, **kwargs):
-        output, ranges = certified_split(*args, **kwargs)
-        used.append(ranges)
-        return output, ranges
-
-    attention.certified_split = recording
-    try:
-        model.config.alibi_skip_eps = eps
-        with torch.no_grad():
-            call(model, ids)
-    finally:
-        attention.certified_split = certified_split
+    model.config.alibi_skip_eps = eps
+    with recorded_key_ranges() as used, torch.no_grad():
+        call(model, ids)
     if not used:  # the forward did not skip ("auto" where it does not pay)
         return []
     length = ids.shape[1]

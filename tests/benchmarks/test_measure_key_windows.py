@@ -4,7 +4,7 @@ the settled blocks, and the kept work's growth by length (the band's edge: a fix
 import pytest
 import torch
 
-from benchmarks.measure_key_windows import kept_share, layer_windows, markdown
+from benchmarks.measure_key_windows import layer_windows, markdown
 
 
 def brute_kept_share(first_key, rows, length):
@@ -18,8 +18,9 @@ def brute_kept_share(first_key, rows, length):
 def test_the_kept_share_counts_each_rows_keys_from_its_blocks_first_key():
     rows, length = 4, 14  # four blocks, the last one short
     first_key = torch.tensor([[0, 0, 0, 0], [0, 2, 5, 9], [0, 4, 8, 12]])  # dense; a window; the diagonal blocks alone
-    assert kept_share(first_key, rows, length).tolist() == pytest.approx(brute_kept_share(first_key, rows, length))
-    assert kept_share(first_key, rows, length)[0] == pytest.approx(1.0)
+    kept = [head["kept"] for head in layer_windows(first_key, rows, length, settled=0)]
+    assert kept == pytest.approx(brute_kept_share(first_key, rows, length))
+    assert kept[0] == pytest.approx(1.0)
 
 
 def test_windows_average_over_the_settled_blocks_and_a_fixed_window_doubles_its_work_faster_than_2x():
