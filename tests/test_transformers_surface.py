@@ -60,6 +60,7 @@ MODEL_SURFACE = {
     "TENSOR_PARALLEL_SUPPORTED": "5.24+ with torch.distributed",
     "TENSOR_PARALLEL_TRANSFORMERS": "5.24: the oldest release tensor parallelism and FSDP2 are tested on",
     "require_tensor_parallel": "refuses sharding in one line before 5.24",
+    "runs_unobserved": "torch.nn.Module's hook dicts and torch.nn.modules.module's global ones, torch 2.0-2.14 (any release)",
 }
 PACKAGE_SURFACE = {
     "TRANSFORMERS_VERSION": "every release",

@@ -41,6 +41,7 @@ from .transformers_compat import (
     init,
     model_inputs,
     output_cache,
+    runs_unobserved,
     takes_past_key_values,
     update_cache,
     with_cache,
@@ -158,9 +159,15 @@ class AlibiGPT2Attention(nn.Module):
         cache: Cache | None = None,
         output_attentions: bool = False,
         buffers: ProjectionBuffers | None = None,
+        norm: nn.Module | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The heads' attention over `hidden_states` (B, q, C) and its output projection: (B, q, C), and the attention
+        weights if `output_attentions`. `norm`: the block's norm, applied here to each block of rows just before
+        c_attn, when the block runs the layer in rows (`AlibiGPT2Block.forward`); `hidden_states` is then the norm's
+        input."""
         batch, length, _ = hidden_states.shape
-        query, key, value = self.projections(hidden_states, buffers if cache is None else None)  # 3 x (B, H', q, D)
+        buffers = buffers if cache is None else None
+        query, key, value = self.projections(hidden_states, buffers, norm)  # 3 x (B, H', q, D)
         if is_paged_cache(cache):  # continuous batching: every scheduled request's keys, outside compiled graphs
             output, weights = paged_attention(cache, query, key, value, plan, self.scaling, self.layer_idx, self.heads)
         else:
@@ -191,18 +198,20 @@ class AlibiGPT2Attention(nn.Module):
         return projected
 
     def projections(
-        self, hidden_states: torch.Tensor, buffers: ProjectionBuffers | None = None
+        self, hidden_states: torch.Tensor, buffers: ProjectionBuffers | None = None, norm: nn.Module | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v of this module's heads, each (B, H', q, D): all heads, or a tensor-parallel rank's H' (its c_attn
         holds [q_r|k_r|v_r]). Views of c_attn's output; over a long input at inference, three buffers
         (`projection_buffers`) filled `INFERENCE_ROWS` rows at a time (the same numbers): `buffers`' when given
-        (nothing keeps them past this layer's attention), else new ones."""
+        (nothing keeps them past this layer's attention), else new ones. `norm`, if given, normalises each block of
+        rows first (no (B, q, C) tensor of its output)."""
         batch, length, _ = hidden_states.shape
+        norm = nn.Identity() if norm is None else norm
         if not rows_at_a_time(hidden_states):
-            qkv = self.clip_qkv(self.c_attn(hidden_states)).chunk(3, dim=2)  # 3 x (B, q, H' D)
+            qkv = self.clip_qkv(self.c_attn(norm(hidden_states))).chunk(3, dim=2)  # 3 x (B, q, H' D)
             return tuple(t.view(batch, length, -1, self.head_dim).transpose(1, 2) for t in qkv)  # 3 x (B, H', q, D)
         for start in range(0, length, INFERENCE_ROWS):
-            part = self.clip_qkv(self.c_attn(hidden_states[:, start : start + INFERENCE_ROWS]))  # (B, r, 3 H' D)
+            part = self.clip_qkv(self.c_attn(norm(hidden_states[:, start : start + INFERENCE_ROWS])))  # (B, r, 3H'D)
             part = part.view(batch, part.shape[1], 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H', r, D)
             if start == 0:  # three buffers, not one: each a third of the size, under the mmap threshold longer
                 shape = (batch, part.shape[2], length, self.head_dim)
@@ -244,12 +253,30 @@ class AlibiGPT2Block(GradientCheckpointingLayer):
         self.mlp = AlibiGPT2MLP(inner_dim, config)
 
     def forward(self, hidden_states, plan, cache=None, output_attentions=False, buffers=None):
-        attn_output, weights = self.attn(self.ln_1(hidden_states), plan, cache, output_attentions, buffers)
-        hidden_states = hidden_states + attn_output  # (B, q, C): this block's own tensor
         if not rows_at_a_time(hidden_states):
+            attn_output, weights = self.attn(self.ln_1(hidden_states), plan, cache, output_attentions, buffers)
+            hidden_states = hidden_states + attn_output  # (B, q, C)
             return hidden_states + self.mlp(self.ln_2(hidden_states)), weights
-        for start in range(0, hidden_states.shape[1], INFERENCE_ROWS):  # inference, a long input: in place, in rows
+        # Inference over a long input: the layer in rows (`INFERENCE_ROWS`), the same numbers. When nothing observes the
+        # norm or the attention module (no hooks, no wrapper: `runs_unobserved`), the norm runs on each block of rows
+        # just before c_attn and the attention's output, a tensor of its own, becomes the block's, the residual and the
+        # MLP added into it: the layer allocates one (B, q, C) tensor instead of three, and reads none of them back
+        # from memory after a pass over the whole input (the first doubling from 16k tokens: BENCHMARKS.md, "Length").
+        # Otherwise hooks see what they always do: the norm's whole output, the attention module's own.
+        fused = runs_unobserved(self.ln_1) and runs_unobserved(self.attn)
+        if fused:
+            attn_output, weights = self.attn(hidden_states, plan, cache, output_attentions, buffers, norm=self.ln_1)
+        else:
+            attn_output, weights = self.attn(self.ln_1(hidden_states), plan, cache, output_attentions, buffers)
+        residual = None
+        if fused and attn_output.dtype == hidden_states.dtype:  # (autocast's bf16 output: added as below, in fp32)
+            hidden_states, residual = attn_output, hidden_states  # (B, q, C) each; the residual added in rows
+        else:
+            hidden_states = hidden_states + attn_output  # (B, q, C): this block's own tensor
+        for start in range(0, hidden_states.shape[1], INFERENCE_ROWS):  # in place, in rows
             rows = hidden_states[:, start : start + INFERENCE_ROWS]  # (B, r, C), a view
+            if residual is not None:
+                rows += residual[:, start : start + INFERENCE_ROWS]  # attention + residual: the sum above, exactly
             rows += self.mlp(self.ln_2(rows))
         return hidden_states, weights
 

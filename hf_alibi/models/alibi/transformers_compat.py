@@ -22,6 +22,7 @@ import warnings
 import torch
 import transformers
 from packaging.version import Version
+from torch.nn.modules import module as _torch_module
 from transformers import Cache, PretrainedConfig
 from transformers.generation.continuous_batching import PagedAttentionCache
 from transformers.masking_utils import find_packed_sequence_indices as _find_packed_sequence_indices
@@ -257,6 +258,33 @@ def check_continuous_batching() -> None:
         )
 
 
+# --- Hooks (torch) -------------------------------------------------------------------------------------------------
+# torch.nn.Module keeps a module's hooks, and every module's global ones, in these private dicts, the names its own
+# `Module._call_impl` reads to call `forward` and nothing else when all are empty: the same in torch 2.0 to 2.14.
+_GLOBAL_HOOKS = (
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_forward_hooks",
+    "_global_forward_pre_hooks",
+)
+_MODULE_HOOKS = ("_backward_hooks", "_backward_pre_hooks", "_forward_hooks", "_forward_pre_hooks")
+
+
+def runs_unobserved(module: torch.nn.Module) -> bool:
+    """Whether calling `module` runs its class's `forward` and nothing else: no hook on it or on every module (torch's
+    own no-hook test), and no wrapper set on the instance (accelerate's `add_hook_to_module` replaces `forward`
+    there). Then nothing outside the caller sees its inputs or its output. Missing names (another torch) count as
+    observed."""
+    if "forward" in vars(module):
+        return False
+    try:
+        hooks = [getattr(module, name) for name in _MODULE_HOOKS]
+        hooks += [getattr(_torch_module, name) for name in _GLOBAL_HOOKS]
+    except AttributeError:
+        return False
+    return not any(hooks)
+
+
 __all__ = [
     "CACHE_FIELD",
     "Conv1D",
@@ -278,6 +306,7 @@ __all__ = [
     "takes_past_key_values",
     "transformers_at_least",
     "update_cache",
+    "runs_unobserved",
     "was_loaded",
     "with_cache",
 ]

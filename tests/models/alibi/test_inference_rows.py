@@ -1,7 +1,8 @@
 """Inference over long inputs runs each block's q|k|v and output projections, norm and MLP a block of rows at a time
 (`INFERENCE_ROWS`): q, k and v into three buffers, c_proj back into the attention's output, the MLP added into the
 residual in place. The same numbers as one call over every row, in every hidden state, with padding, `clip_qkv`, a
-cache and autograd."""
+cache and autograd. When no hook or wrapper observes a block's norm and attention module (`runs_unobserved`), the norm
+runs on c_attn's rows and the attention's output becomes the block's; with one, hooks see what one call gives them."""
 
 import pytest
 import torch
@@ -42,6 +43,81 @@ def test_rows_at_a_time_give_every_hidden_state_and_logit_of_one_call(make_model
     torch.testing.assert_close(parts.logits, whole.logits.detach(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "backend, overrides",
+    [
+        ("sdpa", {}),
+        ("sdpa", {"gated_mlp": True, "norm_type": "rms_norm"}),
+        ("sdpa", {"clip_qkv": 0.05}),
+        ("sdpa", {"alibi_skip_eps": 1e-7}),
+        ("eager", {}),
+    ],
+    ids=["gelu_mlp", "gated_mlp_rms_norm", "clip_qkv", "skipping", "eager"],
+)
+def test_unobserved_layers_in_rows_give_the_logits_of_one_call(make_model, monkeypatch, backend, overrides):
+    # No output_hidden_states here: asking for it installs transformers' recording hooks on every block and attention
+    # module for good, and an observed layer keeps the norm's whole output (the test above)
+    model = make_model(backend, **overrides)
+    ids, mask = _ids_and_mask(model)
+    with torch.no_grad():
+        whole = model(ids, attention_mask=mask, use_cache=False).logits  # 37 rows: one call per layer
+        monkeypatch.setattr(modeling_alibi_gpt2, "INFERENCE_ROWS", 8)
+        assert all(modeling_alibi_gpt2.runs_unobserved(block.attn) for block in model.transformer.h)
+        parts = model(ids, attention_mask=mask, use_cache=False).logits
+    torch.testing.assert_close(parts, whole, rtol=1e-6, atol=1e-6)
+
+
+def test_a_hook_on_the_attention_module_sees_the_norms_output_and_keeps_its_own_output(make_model, monkeypatch):
+    monkeypatch.setattr(modeling_alibi_gpt2, "INFERENCE_ROWS", 8)
+    model = make_model()
+    block = model.transformer.h[1]
+    ids, mask = _ids_and_mask(model)
+    with torch.no_grad():
+        unobserved = model(ids, attention_mask=mask, use_cache=False).logits
+    seen = {}
+
+    def record(module, args, output):
+        seen.update(input=args[0], output=output[0], output_then=output[0].clone())
+
+    hooks = [
+        block.register_forward_pre_hook(lambda module, args: seen.update(block_input=args[0])),
+        block.attn.register_forward_hook(record),
+    ]
+    try:
+        with torch.no_grad():
+            observed = model(ids, attention_mask=mask, use_cache=False).logits
+            normed = block.ln_1(seen["block_input"])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    torch.testing.assert_close(seen["input"], normed, rtol=0, atol=0, msg="the attention module's input: ln_1's output")
+    torch.testing.assert_close(seen["output"], seen["output_then"], rtol=0, atol=0, msg="not written after the hook")
+    torch.testing.assert_close(observed, unobserved, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "observe",
+    [
+        lambda module: module.register_forward_hook(lambda *args: None),
+        lambda module: module.register_forward_pre_hook(lambda *args: None),
+        lambda module: torch.nn.modules.module.register_module_forward_hook(lambda *args: None),
+        lambda module: setattr(module, "forward", module.forward),  # accelerate's add_hook_to_module does this
+    ],
+    ids=["forward_hook", "pre_hook", "global_hook", "wrapped_forward"],
+)
+def test_runs_unobserved_sees_hooks_global_hooks_and_wrapped_forwards(observe):
+    module = torch.nn.Linear(2, 2)
+    assert modeling_alibi_gpt2.runs_unobserved(module)
+    handle = observe(module)
+    try:
+        assert not modeling_alibi_gpt2.runs_unobserved(module)
+    finally:
+        if handle is not None:
+            handle.remove()
+        vars(module).pop("forward", None)
+    assert modeling_alibi_gpt2.runs_unobserved(module)
+
+
 def test_a_prefill_in_rows_fills_the_cache_that_decoding_reads(make_model, monkeypatch):
     model = make_model()
     ids, mask = _ids_and_mask(model, length=40)
@@ -78,7 +154,7 @@ def test_projections_in_rows_are_buffers_laid_out_for_the_kernels_equal_to_one_c
         assert got.shape == (2, model.config.n_head, 21, model.config.n_embd // model.config.n_head), name
         layout = got if name != "q" else got.transpose(1, 2)  # q: (B, L, H, D) in memory, as the output will be
         assert layout.is_contiguous(), f"{name}: one contiguous buffer"
-        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=name)  # (BLAS may block 4 and 42 rows apart)
 
 
 def test_rows_at_a_time_leave_the_blocks_input_untouched(make_model, monkeypatch):
@@ -163,18 +239,25 @@ class _NewStorages(TorchDispatchMode):
         return out
 
 
+@pytest.mark.parametrize("observed", [False, True], ids=["unobserved", "hooked_attention"])
 @pytest.mark.parametrize("overrides", [{}, {"alibi_skip_eps": 1e-7}], ids=["dense_split", "certified_split"])
-def test_an_inference_forward_in_rows_allocates_three_full_width_tensors_a_layer(make_model, monkeypatch, overrides):
-    # From 32 MiB on, glibc maps each new tensor afresh and page-faults it as it is written (every (L, C) fp32 tensor of
-    # the demo's width at 64k tokens): a layer allocates only what hooks see, its norm's output, its attention module's
-    # output (the attention's own, c_proj written back into it) and its block's; q, k and v are shared by the layers.
+def test_an_inference_forward_in_rows_allocates_one_full_width_tensor_a_layer(
+    make_model, monkeypatch, overrides, observed
+):
+    # Each new (L, C) tensor is memory the forward writes afresh: from 32 MiB on (the demo's width at 64k tokens) glibc
+    # maps and page-faults every one, and below that the heap it trims does too. An unobserved layer allocates one, the
+    # attention's output (c_proj, the residual and the MLP written into it); a layer whose attention module has a hook
+    # also allocates what the hook sees, its norm's whole output, and its block's own output. q, k and v are shared.
     monkeypatch.setattr(modeling_alibi_gpt2, "INFERENCE_ROWS", 128)
     model = make_model(**overrides)
+    hooks = [block.attn.register_forward_hook(lambda *args: None) for block in model.transformer.h if observed]
     ids = torch.randint(3, 256, (1, 1024))  # batch 1, whole 256-row blocks: the split's diagonals in one call
     spy = _NewStorages()
     with torch.no_grad(), spy:
         model(ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
+    for hook in hooks:
+        hook.remove()
     full_width = ids.shape[1] * model.config.n_embd * 4  # (L, C) fp32 bytes; q, k and v are each that too
     embedding, shared_qkv, final_norm = 1, 3, 1
-    expected = embedding + shared_qkv + 3 * model.config.n_layer + final_norm
+    expected = embedding + shared_qkv + (3 if observed else 1) * model.config.n_layer + final_norm
     assert spy.sizes.count(full_width) == expected
