@@ -19,11 +19,16 @@ ATOL = 1e-5
 @st.composite
 def models(draw, backends=("eager", "sdpa", "flex_attention")):
     """A tiny random model with a random backend and SDPA query chunk (small ones exercise the chunked bank; the
-    split path serves SDPA's multi-row calls, the bank its decoding rows)."""
+    split path serves SDPA's multi-row calls, the bank its decoding rows).
+
+    Widths of at least 4: a LayerNorm over 2 features maps them to about -1 and +1 and, where the two are close,
+    magnifies rounding by up to 1/sqrt(eps), about 300x. One head of width 2 failed the cache property at 1.6e-5 and
+    6.7e-5 against ATOL 1e-5 on fresh draws; the same saved example in float64 passes: the norm's conditioning."""
     heads = draw(st.integers(1, 6))
+    head_dims = [dim for dim in (2, 4, 8) if heads * dim >= 4]
     config = AlibiGPT2Config(
         vocab_size=64,
-        n_embd=heads * draw(st.sampled_from([2, 4, 8])),
+        n_embd=heads * draw(st.sampled_from(head_dims)),
         n_layer=draw(st.integers(1, 2)),
         n_head=heads,
         alibi_max_bias=draw(st.sampled_from([8.0, 4.0, 16.0])),
