@@ -275,9 +275,9 @@ def markdown(report: dict) -> str:
     return "\n".join(lines + profile_lines(cells, "forwards")) + "\n"
 
 
-def command_line(argv) -> str:
-    """The command that ran, as the reports quote it."""
-    return "python -m benchmarks.bench_length_scaling " + " ".join(sys.argv[1:] if argv is None else argv)
+def command_line(argv, module: str = "benchmarks.bench_length_scaling") -> str:
+    """The command that ran (`python -m module`, then `argv` or the process's arguments), as the reports quote it."""
+    return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
 
 
 def write_report(out: str, report: dict, text: str) -> None:

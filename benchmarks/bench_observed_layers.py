@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.bench_length_scaling import write_report
+from benchmarks.bench_length_scaling import command_line, write_report
 
 
 def child(args) -> dict:
@@ -107,12 +107,12 @@ def main(argv=None) -> None:
         seconds = {name: sum((run["seconds"][name] for run in runs), []) for name in ("unobserved", "hooked")}
         cells.append({"length": length, "seconds": seconds})
         print(json.dumps(cells[-1]), flush=True)
-    command = "python -m benchmarks.bench_observed_layers " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = {"command": command, "cells": cells}
+    command = command_line(argv, "benchmarks.bench_observed_layers")
     text = markdown(cells, command)
-    print(text)
     if args.out:
-        write_report(args.out, report, text)
+        write_report(args.out, {"command": command, "cells": cells}, text)  # (printed there too)
+    else:
+        print(text)
 
 
 if __name__ == "__main__":

@@ -206,12 +206,15 @@ class AlibiGPT2Attention(nn.Module):
         (nothing keeps them past this layer's attention), else new ones. `norm`, if given, normalises each block of
         rows first (no (B, q, C) tensor of its output)."""
         batch, length, _ = hidden_states.shape
-        norm = nn.Identity() if norm is None else norm
+
+        def normed(rows):  # (no module built per call: decoding runs this every step)
+            return rows if norm is None else norm(rows)
+
         if not rows_at_a_time(hidden_states):
-            qkv = self.clip_qkv(self.c_attn(norm(hidden_states))).chunk(3, dim=2)  # 3 x (B, q, H' D)
+            qkv = self.clip_qkv(self.c_attn(normed(hidden_states))).chunk(3, dim=2)  # 3 x (B, q, H' D)
             return tuple(t.view(batch, length, -1, self.head_dim).transpose(1, 2) for t in qkv)  # 3 x (B, H', q, D)
         for start in range(0, length, INFERENCE_ROWS):
-            part = self.clip_qkv(self.c_attn(norm(hidden_states[:, start : start + INFERENCE_ROWS])))  # (B, r, 3H'D)
+            part = self.clip_qkv(self.c_attn(normed(hidden_states[:, start : start + INFERENCE_ROWS])))  # (B, r, 3H'D)
             part = part.view(batch, part.shape[1], 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H', r, D)
             if start == 0:  # three buffers, not one: each a third of the size, under the mmap threshold longer
                 shape = (batch, part.shape[2], length, self.head_dim)

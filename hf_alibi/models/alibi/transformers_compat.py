@@ -303,10 +303,10 @@ __all__ = [
     "init",
     "model_inputs",
     "output_cache",
+    "runs_unobserved",
     "takes_past_key_values",
     "transformers_at_least",
     "update_cache",
-    "runs_unobserved",
     "was_loaded",
     "with_cache",
 ]
