@@ -19,8 +19,10 @@ Real held-out text of L tokens in the checkpoint's tokenizer (`measure_kept_frac
 - time: the min of `--repeats` forwards per timed process, over its `--rounds` processes, and the median over the
   processes of each one's min (the host's speed drifts: on the machine behind BENCHMARKS.md a round's times moved by
   5-8% against the next, so the min of all rounds can catch a fast spell at one length and not at the next, and
-  move a doubling's ratio by ~0.1; the median is robust to a spell either way); the working memory under the default
-  allocator too, for reference; then a prefill of L tokens into the `DynamicCache` `generate()` uses (untimed) and
+  move a doubling's ratio by ~0.1; the median is robust to a spell either way); with several rounds, each doubling
+  round by round too: the ratio of one round's two processes (run one after the other, so a spell of the host falls
+  on both), its median over the rounds and a distribution-free interval for that median; the working memory under
+  the default allocator too, for reference; then a prefill of L tokens into the `DynamicCache` `generate()` uses (untimed) and
   `--decode-steps` greedy steps, one token each, timed one by one (min and median over all rounds): one token at L of
   context;
 - `--profile`: `--repeats` more forwards per timed process, profiled: each operator's self CPU seconds per forward,
@@ -48,6 +50,7 @@ the depth) at `--shape-lengths`.
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -237,6 +240,69 @@ def round_minima(cell: dict, repeats: int) -> list[float]:
     return [min(seconds[start : start + repeats]) for start in range(0, len(seconds), repeats)]
 
 
+def round_medians(cell: dict, key: str) -> list[float]:
+    """Each timed process's median of `key`'s figures (`decode_s`: its decoding steps), one process after another."""
+    seconds, rounds = cell[key], cell["rounds"]
+    per = len(seconds) // rounds
+    return [statistics.median(seconds[start : start + per]) for start in range(0, per * rounds, per)]
+
+
+def median_interval(values: list[float], confidence: float = 0.9) -> tuple[float, float, float, float]:
+    """(median, low, high, the interval's coverage): the distribution-free interval for the median of `values`
+    between its k-th least and k-th largest, k the largest whose coverage, 1 - 2 P(Binomial(n, 1/2) <= k - 1), is at
+    least `confidence` (k = 1, the least and the largest, when none is)."""
+    ordered, n = sorted(values), len(values)
+    cover = lambda k: 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n  # noqa: E731
+    k = max([k for k in range(1, (n + 1) // 2 + 1) if cover(k) >= confidence], default=1)
+    return statistics.median(ordered), ordered[k - 1], ordered[n - k], cover(k)
+
+
+def paired_doublings(cells: list[dict], per_round) -> list[dict]:
+    """Each doubling round by round: the ratio of the two lengths' processes of one round (run one after the other,
+    so a slow or fast spell of the host falls on both), `per_round(cell)` giving each round's figure; their median and
+    its interval (`median_interval`)."""
+    doublings = []
+    for a, b in zip(cells, cells[1:]):
+        ratios = [y / x for x, y in zip(per_round(a), per_round(b))]
+        median, low, high, cover = median_interval(ratios)
+        doublings.append(
+            {
+                "lengths": (a["length"], b["length"]),
+                "ratios": ratios,
+                "median": median,
+                "interval": (low, high),
+                "coverage": cover,
+            }
+        )
+    return doublings
+
+
+def paired_lines(report: dict) -> list[str]:
+    """The forward's and the decoding step's doublings round by round (`paired_doublings`)."""
+    forward = paired_doublings(report["cells"], lambda c: round_minima(c, report["repeats"]))
+    decode = paired_doublings(report["cells"], lambda c: round_medians(c, "decode_s"))
+    lines = [
+        "",
+        "## Each doubling round by round",
+        "",
+        "In each round every length ran once, shortest first, so a doubling's two processes ran one after the other: "
+        "the ratio of their figures (the forward: each process's min; a decoding step: each process's median step), "
+        "its median over the rounds, and a distribution-free interval for that median (between two of the ratios "
+        "ranked by size: coverage 1 - 2 P(Binomial(rounds, 1/2) < k) for the k-th from each end).",
+        "",
+        "| doubling | forward, each round | median | interval (coverage) | decoding step, median | interval |",
+        "|---|---|---:|---|---:|---|",
+    ]
+    for f, d in zip(forward, decode):
+        low, high = f["interval"]
+        lines.append(
+            f"| {f['lengths'][0]:,} -> {f['lengths'][1]:,} | {', '.join(f'{r:.2f}' for r in f['ratios'])} "
+            f"| x{f['median']:.3f} | x{low:.3f} - x{high:.3f} ({f['coverage']:.0%}) | x{d['median']:.3f} "
+            f"| x{d['interval'][0]:.3f} - x{d['interval'][1]:.3f} ({d['coverage']:.0%}) |"
+        )
+    return lines
+
+
 def markdown(report: dict) -> str:
     cells = report["cells"]
     ratio = lambda r: "" if r is None else f" (x{r:.2f})"  # noqa: E731
@@ -272,7 +338,8 @@ def markdown(report: dict) -> str:
             f"**{limit['generate_tokens']:,} tokens**; working memory {limit['working_bytes_per_token']:,.0f} bytes a "
             "token."
         )
-    return "\n".join(lines + profile_lines(cells, "forwards")) + "\n"
+    paired = paired_lines(report) if cells[0]["rounds"] > 1 else []
+    return "\n".join(lines + paired + profile_lines(cells, "forwards")) + "\n"
 
 
 def command_line(argv, module: str = "benchmarks.bench_length_scaling") -> str:

@@ -142,3 +142,21 @@ def test_the_profile_table_follows_the_longest_lengths_operators_with_each_doubl
     assert "| `aten::mm` | 1.000 | 2.600 (x2.60) |" in text
     assert "| `aten::cat` | - | 0.100 |" in text
     assert profile_lines([{"length": 1024}], "step") == []
+
+
+def test_each_doubling_is_paired_round_by_round_with_a_distribution_free_interval_for_its_median():
+    from benchmarks.bench_length_scaling import median_interval, paired_doublings, round_medians
+
+    # two rounds of two forwards each: the host slowed down in the second round, on both lengths alike
+    cells = [cell(1024, 1.0, 10 * MIB), cell(2048, 2.0, 18 * MIB)]
+    cells[0].update(forward_s=[1.0, 1.1, 1.5, 1.6], decode_s=[0.01, 0.03, 0.02, 0.015, 0.015, 0.015], rounds=2)
+    cells[1].update(forward_s=[2.1, 2.0, 3.2, 3.0], decode_s=[0.02, 0.06, 0.04, 0.03, 0.03, 0.03], rounds=2)
+    forward = paired_doublings(cells, lambda c: round_minima(c, repeats=2))[0]
+    assert forward["ratios"] == [pytest.approx(2.0), pytest.approx(2.0)], "the slow round's 2x is still 2x"
+    assert round_medians(cells[1], "decode_s") == [0.04, 0.03]
+    # n = 8: the 2nd least and 2nd largest cover the median with 1 - 2 (1 + 8) / 256 = 93%
+    median, low, high, coverage = median_interval([2.3, 1.9, 2.0, 2.05, 2.1, 1.8, 2.02, 2.08])
+    assert (median, low, high) == (pytest.approx(2.035), 1.9, 2.1) and coverage == pytest.approx(1 - 18 / 256)
+    assert median_interval([2.0, 2.2, 2.1]) == (2.1, 2.0, 2.2, 0.75), "too few rounds: the range, its coverage said"
+    report = {"checkpoint_name": "c", "command": "x", "memory_gib": 1.0, "repeats": 2, "cells": cells, "limits": {}}
+    assert "| 1,024 -> 2,048 | 2.00, 2.00 | x2.000 | x2.000 - x2.000 (50%) | x2.000 |" in markdown(report)
