@@ -3,15 +3,8 @@ through the two longest lengths, and the largest context a memory budget holds (
 
 import pytest
 
-from benchmarks.bench_length_scaling import (
-    SHAPE_1_3B,
-    doubling,
-    main,
-    markdown,
-    memory_limits,
-    round_minima,
-    shaped_weights_bytes,
-)
+from benchmarks.bench_length_scaling import SHAPE_1_3B, main, memory_limits, shaped_weights_bytes
+from benchmarks.length_report import doubling, markdown, round_minima
 
 MIB = 1 << 20
 
@@ -145,7 +138,7 @@ def test_the_profile_table_follows_the_longest_lengths_operators_with_each_doubl
 
 
 def test_each_doubling_is_paired_round_by_round_with_a_distribution_free_interval_for_its_median():
-    from benchmarks.bench_length_scaling import median_interval, paired_doublings, round_medians
+    from benchmarks.length_report import median_interval, paired_doublings, round_medians
 
     # two rounds of two forwards each: the host slowed down in the second round, on both lengths alike
     cells = [cell(1024, 1.0, 10 * MIB), cell(2048, 2.0, 18 * MIB)]
