@@ -21,10 +21,10 @@ Real held-out text of L tokens in the checkpoint's tokenizer (`measure_kept_frac
   5-8% against the next, so the min of all rounds can catch a fast spell at one length and not at the next, and
   move a doubling's ratio by ~0.1; the median is robust to a spell either way); with several rounds, each doubling
   round by round too: the ratio of one round's two processes (run one after the other, so a spell of the host falls
-  on both), its median over the rounds and a distribution-free interval for that median; the working memory under
-  the default allocator too, for reference; then a prefill of L tokens into the `DynamicCache` `generate()` uses (untimed) and
-  `--decode-steps` greedy steps, one token each, timed one by one (min and median over all rounds): one token at L of
-  context;
+  on both), its median over the rounds and a distribution-free interval for that median (`length_report.py`); the
+  working memory under the default allocator too, for reference; then a prefill of L tokens into the `DynamicCache`
+  `generate()` uses (untimed) and `--decode-steps` greedy steps, one token each, timed one by one (min and median over
+  all rounds; with several rounds, each doubling round by round too): one token at L of context;
 - `--profile`: `--repeats` more forwards per timed process, profiled: each operator's self CPU seconds per forward,
   its least over the rounds.
 Each doubling's ratio is reported beside the figures: linear is 2.0.

@@ -1,10 +1,11 @@
-"""`bench_length_scaling`'s figures from its processes' results: the doubling ratios, the per-token working memory
-through the two longest lengths, and the largest context a memory budget holds (checkpoint and 1.3B shape)."""
+"""`bench_length_scaling`'s figures from its processes' results: the doubling ratios (also round by round), the
+per-token working memory through the two longest lengths, and the largest context a memory budget holds (checkpoint
+and 1.3B shape)."""
 
 import pytest
 
 from benchmarks.bench_length_scaling import SHAPE_1_3B, main, memory_limits, shaped_weights_bytes
-from benchmarks.length_report import doubling, markdown, round_minima
+from benchmarks.length_report import doubling, markdown, median_interval, paired_doublings, round_medians, round_minima
 
 MIB = 1 << 20
 
@@ -138,8 +139,6 @@ def test_the_profile_table_follows_the_longest_lengths_operators_with_each_doubl
 
 
 def test_each_doubling_is_paired_round_by_round_with_a_distribution_free_interval_for_its_median():
-    from benchmarks.length_report import median_interval, paired_doublings, round_medians
-
     # two rounds of two forwards each: the host slowed down in the second round, on both lengths alike
     cells = [cell(1024, 1.0, 10 * MIB), cell(2048, 2.0, 18 * MIB)]
     cells[0].update(forward_s=[1.0, 1.1, 1.5, 1.6], decode_s=[0.01, 0.03, 0.02, 0.015, 0.015, 0.015], rounds=2)
