@@ -9,17 +9,19 @@ import statistics
 from benchmarks.length_training import doubling, profile_lines
 
 
+def per_process(seconds: list[float], per: int, reduce) -> list[float]:
+    """`reduce` of each timed process's figures: `seconds` holds `per` of them a process, one process after another."""
+    return [reduce(seconds[start : start + per]) for start in range(0, len(seconds), per)]
+
+
 def round_minima(cell: dict, repeats: int) -> list[float]:
     """Each timed process's least forward: `forward_s` holds the rounds' `repeats` forwards one round after another."""
-    seconds = cell["forward_s"]
-    return [min(seconds[start : start + repeats]) for start in range(0, len(seconds), repeats)]
+    return per_process(cell["forward_s"], repeats, min)
 
 
 def round_medians(cell: dict, key: str) -> list[float]:
     """Each timed process's median of `key`'s figures (`decode_s`: its decoding steps), one process after another."""
-    seconds, rounds = cell[key], cell["rounds"]
-    per = len(seconds) // rounds
-    return [statistics.median(seconds[start : start + per]) for start in range(0, per * rounds, per)]
+    return per_process(cell[key], len(cell[key]) // cell["rounds"], statistics.median)
 
 
 def median_interval(values: list[float], confidence: float = 0.9) -> tuple[float, float, float, float]:
